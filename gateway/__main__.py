@@ -1,0 +1,94 @@
+"""The ``fairgate`` command: serve, check-config, sim, demo."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from gateway import __version__
+from gateway.logs import configure_logging
+from gateway.policy import PolicyError, load_policy
+from gateway.settings import Settings
+
+__all__ = ["main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    result: int = args.run(args)
+    return result
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fairgate", description="Fair admission proxy for Ollama and llama.cpp servers."
+    )
+    parser.add_argument("--version", action="version", version=f"fairgate {__version__}")
+    commands = parser.add_subparsers(dest="command")
+
+    serve = commands.add_parser("serve", help="run the gateway (settings from FAIRGATE_*)")
+    serve.set_defaults(run=_serve)
+
+    check = commands.add_parser("check-config", help="validate a policy YAML file")
+    check.add_argument("file", type=Path, help="the YAML file to check")
+    check.set_defaults(run=_check_config)
+
+    from gateway.sim import add_sim_arguments
+
+    sim = commands.add_parser("sim", help="run a simulated Ollama (or llama.cpp) server")
+    add_sim_arguments(sim)
+    sim.set_defaults(run=_sim)
+
+    demo = commands.add_parser("demo", help="a simulated backend with the gateway in front")
+    demo.add_argument("--port", type=int, default=8080, help="the gateway's port")
+    demo.add_argument("--backend-port", type=int, default=11435, help="the simulator's port")
+    demo.set_defaults(run=_demo)
+    return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    settings = Settings()
+    configure_logging(settings.log_format, settings.log_level)
+    try:
+        policy = load_policy(settings.config)
+    except PolicyError as exc:
+        print(f"fairgate: cannot start: {exc}", file=sys.stderr)
+        return 2
+    from gateway.app import run_app
+
+    run_app(settings, policy)
+    return 0
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    try:
+        policy = load_policy(args.file)
+    except PolicyError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    print(f"{args.file}: ok ({len(policy.backends)} backend(s))")
+    return 0
+
+
+def _sim(args: argparse.Namespace) -> int:
+    from gateway.sim import run_sim, sim_config_from_args
+
+    run_sim(sim_config_from_args(args), args.host, args.port)
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from gateway.demo import run_demo
+
+    run_demo(gateway_port=args.port, backend_port=args.backend_port)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""One record per request, filled along its path and written as one access log line."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field
+
+import structlog
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from gateway.errors import GatewayError, api_of, error_response
+
+__all__ = ["RECORD", "RequestRecord", "access_log_middleware"]
+
+log = structlog.get_logger("fairgate.access")
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What happened to one request; read by the access log (and by metrics)."""
+
+    request_id: str
+    method: str
+    path: str
+    arrived: float = field(default_factory=time.monotonic)
+    user: str | None = None
+    model: str | None = None
+    backend: str | None = None
+    status: int = 0
+    reason: str | None = None
+    bytes_out: int = 0
+    queue_wait: float | None = None
+    first_byte_at: float | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    client_gone: bool = False
+
+    def fields(self) -> dict[str, object]:
+        done = time.monotonic()
+        ttft = None if self.first_byte_at is None else round(self.first_byte_at - self.arrived, 4)
+        wait = None if self.queue_wait is None else round(self.queue_wait, 4)
+        return {
+            "request_id": self.request_id,
+            "method": self.method,
+            "path": self.path,
+            "user": self.user,
+            "model": self.model,
+            "backend": self.backend,
+            "status": self.status,
+            "reason": self.reason,
+            "bytes": self.bytes_out,
+            "queue_wait_s": wait,
+            "ttft_s": ttft,
+            "total_s": round(done - self.arrived, 4),
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "client_gone": self.client_gone,
+        }
+
+
+RECORD = web.RequestKey("record", RequestRecord)
+
+
+def _request_id(request: web.Request) -> str:
+    given = request.headers.get("X-Request-Id", "")
+    return given[:64] if given.isprintable() and given else secrets.token_hex(8)
+
+
+@web.middleware
+async def access_log_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Bind the request id, map errors to the API's shape, and log the request once."""
+    record = RequestRecord(_request_id(request), request.method, request.path)
+    request[RECORD] = record
+    structlog.contextvars.bind_contextvars(request_id=record.request_id)
+    try:
+        response = await _answer(request, handler, record)
+        record.status = record.status or response.status
+        return response
+    finally:
+        log.info("request", **record.fields())
+        structlog.contextvars.unbind_contextvars("request_id")
+
+
+async def _answer(
+    request: web.Request, handler: Handler, record: RequestRecord
+) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except GatewayError as error:
+        record.status, record.reason = error.status, error.reason
+        return error_response(api_of(request.path), error)
+    except web.HTTPException as exc:
+        # aiohttp's own refusals (no such route, wrong method, body over client_max_size).
+        if exc.status < 400:
+            raise
+        refusal = GatewayError(
+            exc.status, _HTTP_REASONS.get(exc.status, "bad_request"), exc.text or exc.reason
+        )
+        if exc.status in _HTTP_MESSAGES:
+            refusal.message = _HTTP_MESSAGES[exc.status]
+        record.status, record.reason = refusal.status, refusal.reason
+        return error_response(api_of(request.path), refusal)
+    except BaseException:
+        record.client_gone = record.client_gone or request.transport is None
+        record.status = record.status or 499
+        raise
+
+
+_HTTP_REASONS = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
+_HTTP_MESSAGES = {
+    404: "no such endpoint on this gateway",
+    405: "method not allowed on this endpoint",
+}

@@ -1,0 +1,102 @@
+"""create_app(): routes, middlewares and the lifetime of shared resources; no request logic."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+
+from gateway.access import access_log_middleware
+from gateway.admission import Admission
+from gateway.keys import ADMISSION, LIVE, SESSION, SETTINGS
+from gateway.live import LivePolicy
+from gateway.policy import Policy
+from gateway.proxy import add_routes
+from gateway.scheduler import Fifo
+from gateway.settings import Settings
+from gateway.status import add_status_route
+
+__all__ = ["bound_url", "create_app", "run_app", "start_server"]
+
+
+def create_app(
+    settings: Settings, policy: Policy, policy_path: Path | None = None
+) -> web.Application:
+    """The gateway; ``policy_path`` is watched and re-read (also on SIGHUP) when given."""
+    app = web.Application(
+        middlewares=[access_log_middleware], client_max_size=settings.max_body_bytes
+    )
+    live = LivePolicy(policy, policy_path)
+    admission = Admission(policy, live.current.pool, Fifo())
+    live.on_reload.append(admission.reconfigure)
+    app[SETTINGS] = settings
+    app[LIVE] = live
+    app[ADMISSION] = admission
+    app.cleanup_ctx.append(_upstream_session)
+    app.cleanup_ctx.append(_policy_watcher)
+    add_routes(app)
+    add_status_route(app)
+    return app
+
+
+async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
+    """One pooled client session for every backend, closed on shutdown."""
+    connector = aiohttp.TCPConnector(limit=app[SETTINGS].upstream_pool_size, ttl_dns_cache=300)
+    async with aiohttp.ClientSession(
+        connector=connector, auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None)
+    ) as session:
+        app[SESSION] = session
+        yield
+
+
+async def _policy_watcher(app: web.Application) -> AsyncIterator[None]:
+    live = app[LIVE]
+    if live.path is None:
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+        # Only the main thread of a Unix process can take signals; elsewhere, watch only.
+        loop.add_signal_handler(signal.SIGHUP, live.reload)
+    watcher = asyncio.create_task(live.watch(app[SETTINGS].reload_interval))
+    yield
+    watcher.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await watcher
+    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+        loop.remove_signal_handler(signal.SIGHUP)
+
+
+def run_app(settings: Settings, policy: Policy) -> None:
+    """Serve until interrupted; handlers are cancelled when their client disconnects."""
+    web.run_app(
+        create_app(settings, policy, settings.config),
+        host=settings.host,
+        port=settings.port,
+        access_log=None,
+        handler_cancellation=True,
+        print=None,
+    )
+
+
+async def start_server(app: web.Application, host: str, port: int) -> web.AppRunner:
+    """Start ``app`` on host:port (0 picks a free port) and return its runner.
+
+    Handlers are cancelled when their client disconnects: that cancellation is what closes
+    the upstream request at once and frees the backend's slot.
+    """
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner
+
+
+def bound_url(runner: web.AppRunner) -> str:
+    """http://host:port of the first address ``runner`` listens on."""
+    host, port = runner.addresses[0][:2]
+    return f"http://{host}:{port}"

@@ -1,0 +1,107 @@
+"""Who is asking: an API key (bearer, basic-auth password or X-API-Key), else the client address.
+
+Keys are held as SHA-256 digests and the digest of what the client sent is compared with every
+one of them in constant time, so neither the timing of a refusal nor a log line gives a key away.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import os
+from dataclasses import dataclass
+from ipaddress import IPv4Address, IPv6Address, ip_address
+
+from multidict import CIMultiDictProxy
+
+from gateway.errors import GatewayError
+from gateway.policy import ANONYMOUS, Policy
+
+__all__ = ["Directory"]
+
+
+@dataclass(frozen=True, slots=True)
+class _ClientRule:
+    network: object  # IPv4Network | IPv6Network; typed loosely for the `in` test
+    prefix: int
+    user: str
+
+
+class Directory:
+    """Resolves a request's credentials to a user name, built once per policy version."""
+
+    def __init__(self, policy: Policy) -> None:
+        self._digests: list[tuple[bytes, str]] = []
+        rules: list[_ClientRule] = []
+        for name, user in policy.users.items():
+            self._digests += [(_digest_of_configured(key), name) for key in user.keys]
+            rules += [_ClientRule(net, net.prefixlen, name) for net in user.clients]
+        # The most specific range wins: a /32 for the TV beats a /24 for the whole LAN.
+        self._client_rules = sorted(rules, key=lambda rule: -rule.prefix)
+        self._open = not policy.users
+        self._anonymous = self._open or ANONYMOUS in policy.users
+        self.admins = frozenset(name for name, user in policy.users.items() if user.admin)
+
+    def identify(self, headers: CIMultiDictProxy[str], remote: str | None) -> str:
+        """The user name, or GatewayError 401 when the request cannot be attributed."""
+        key = _presented_key(headers)
+        if key is not None:
+            return self._user_of_key(key)
+        address = _address(remote)
+        if address is not None:
+            for rule in self._client_rules:
+                if address in rule.network:  # type: ignore[operator]
+                    return rule.user
+        if self._anonymous:
+            return ANONYMOUS
+        raise GatewayError(401, "unauthorized", "an API key is required (Authorization: Bearer)")
+
+    def _user_of_key(self, key: str) -> str:
+        digest = hashlib.sha256(key.encode()).digest()
+        user = None
+        for known, name in self._digests:  # no early exit: the time taken says nothing
+            if hmac.compare_digest(known, digest):
+                user = name
+        if user is not None:
+            return user
+        if self._open:
+            return ANONYMOUS
+        raise GatewayError(401, "unauthorized", "unknown API key")
+
+
+def _digest_of_configured(key: str) -> bytes:
+    if key.startswith("sha256:"):
+        return bytes.fromhex(key[7:])
+    if key.startswith("env:"):
+        key = os.environ.get(key[4:], "")
+    return hashlib.sha256(key.encode()).digest()
+
+
+def _presented_key(headers: CIMultiDictProxy[str]) -> str | None:
+    authorization = headers.get("Authorization", "")
+    scheme, _, value = authorization.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    if scheme.lower() == "basic" and value.strip():
+        # http://alice:KEY@host/ : the password is the key; the user name is a label.
+        try:
+            decoded = base64.b64decode(value.strip(), validate=True).decode()
+        except (ValueError, UnicodeDecodeError):
+            raise GatewayError(401, "unauthorized", "malformed basic credentials") from None
+        password = decoded.partition(":")[2]
+        return password or None
+    api_key = headers.get("X-API-Key", "").strip()
+    return api_key or None
+
+
+def _address(remote: str | None) -> IPv4Address | IPv6Address | None:
+    if not remote:
+        return None
+    try:
+        address = ip_address(remote)
+    except ValueError:
+        return None
+    if isinstance(address, IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address

@@ -1,0 +1,17 @@
+"""Typed keys for what the application holds: explicit state, no module-level singletons."""
+
+from __future__ import annotations
+
+import aiohttp
+from aiohttp import web
+
+from gateway.admission import Admission
+from gateway.live import LivePolicy
+from gateway.settings import Settings
+
+__all__ = ["ADMISSION", "LIVE", "SESSION", "SETTINGS"]
+
+SETTINGS = web.AppKey("settings", Settings)
+LIVE = web.AppKey("live_policy", LivePolicy)
+ADMISSION = web.AppKey("admission", Admission)
+SESSION = web.AppKey("session", aiohttp.ClientSession)

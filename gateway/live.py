@@ -1,0 +1,89 @@
+"""The policy in force, swapped whole when the YAML file changes or on SIGHUP.
+
+A request reads ``LivePolicy.current`` once and keeps that view to its end, so a reload
+never changes the rules under a request that is already being handled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from gateway.backends import BackendPool
+from gateway.identity import Directory
+from gateway.policy import Policy, PolicyError, load_policy
+
+__all__ = ["LivePolicy", "PolicyView"]
+
+log = structlog.get_logger("fairgate.policy")
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyView:
+    """One version of the policy with what is derived from it."""
+
+    policy: Policy
+    directory: Directory
+    pool: BackendPool
+
+    @classmethod
+    def of(cls, policy: Policy) -> PolicyView:
+        return cls(policy, Directory(policy), BackendPool(policy.backends))
+
+
+class LivePolicy:
+    """Holds the current PolicyView and replaces it when the file changes."""
+
+    def __init__(self, policy: Policy, path: Path | None = None) -> None:
+        self.current = PolicyView.of(policy)
+        self.path = path
+        self.on_reload: list[Callable[[PolicyView], None]] = []
+        self.on_reload_failed: list[Callable[[str], None]] = []
+        self.reloads_ok = 0
+        self.reloads_failed = 0
+        self.last_error: str | None = None
+        self._seen = _fingerprint(path)
+
+    def reload(self) -> bool:
+        """Re-read the file; keep the old policy (and say why) when the new one is invalid."""
+        if self.path is None:
+            return False
+        self._seen = _fingerprint(self.path)
+        try:
+            policy = load_policy(self.path)
+        except PolicyError as exc:
+            self.reloads_failed += 1
+            self.last_error = str(exc)
+            log.error("policy_reload_failed", path=str(self.path), error=str(exc))
+            for failure_listener in self.on_reload_failed:
+                failure_listener(str(exc))
+            return False
+        self.current = PolicyView.of(policy)
+        for listener in self.on_reload:
+            listener(self.current)
+        self.reloads_ok += 1
+        self.last_error = None
+        log.info("policy_reloaded", path=str(self.path), users=len(policy.users))
+        return True
+
+    async def watch(self, interval: float) -> None:
+        """Reload whenever the file's identity, size or mtime changes (edits, renames, k8s)."""
+        while True:
+            await asyncio.sleep(interval)
+            if self.path is not None and _fingerprint(self.path) != self._seen:
+                self.reload()
+
+
+def _fingerprint(path: Path | None) -> tuple[int, int, int] | None:
+    if path is None:
+        return None
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns

@@ -1,0 +1,246 @@
+"""The admin's YAML file: users and their keys, limits, the waiting room, backends, timeouts.
+
+Validation errors name the file, the line and the field path, because the person reading
+them is editing that file by hand.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from functools import cached_property
+from ipaddress import IPv4Network, IPv6Network
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gateway.durations import Duration
+
+__all__ = [
+    "ANONYMOUS",
+    "BackendConfig",
+    "Limits",
+    "Policy",
+    "PolicyError",
+    "QueueConfig",
+    "Timeouts",
+    "UserConfig",
+    "load_policy",
+    "parse_policy",
+]
+
+ANONYMOUS = "anonymous"
+"""A user of this name catches requests that bring no key and match no client rule."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+BackendKind = Literal["ollama", "llamacpp", "openai"]
+
+
+class BackendConfig(_Strict):
+    """One inference server the gateway sends work to."""
+
+    name: str = Field(min_length=1, description="Name used in logs, metrics and /status.")
+    url: str = Field(description="Base URL, e.g. http://127.0.0.1:11434.")
+    kind: BackendKind = Field(default="ollama", description="ollama, llamacpp or openai.")
+    slots: int | None = Field(
+        default=None,
+        ge=1,
+        description="Requests it runs at once; must equal OLLAMA_NUM_PARALLEL (or -np).",
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, url: str) -> str:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return url.rstrip("/")
+
+    @model_validator(mode="after")
+    def _ollama_needs_slots(self) -> BackendConfig:
+        # Ollama does not expose OLLAMA_NUM_PARALLEL, so the admin has to state it.
+        if self.kind == "ollama" and self.slots is None:
+            raise ValueError("an ollama backend needs slots (its OLLAMA_NUM_PARALLEL)")
+        return self
+
+
+class Timeouts(_Strict):
+    """How long the gateway waits on a backend before giving a clear error."""
+
+    connect: Duration = Field(default=5.0, gt=0, description="To open a connection.")
+    first_byte: Duration = Field(
+        default=300.0, gt=0, description="From sending to the first byte (covers model load)."
+    )
+    idle: Duration = Field(default=120.0, gt=0, description="Longest gap between two chunks.")
+
+
+class Limits(_Strict):
+    """What one user may hold: running requests, waiting requests, and a share."""
+
+    max_concurrent: int = Field(default=1, ge=1, description="Requests running at once.")
+    max_queued: int = Field(default=2, ge=0, description="Requests waiting; more gets 503.")
+    weight: float = Field(default=1.0, gt=0, description="Share of the GPU against others.")
+
+
+_SHA256_KEY = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+class UserConfig(_Strict):
+    """One person or device; unset limits come from ``defaults``."""
+
+    keys: list[str] = Field(
+        default_factory=list,
+        description="API keys: plain text, sha256:<hex of the key>, or env:VARIABLE.",
+    )
+    clients: list[IPv4Network | IPv6Network] = Field(
+        default_factory=list,
+        description="Addresses or CIDR ranges identified as this user without a key (a TV).",
+    )
+    max_concurrent: int | None = Field(default=None, ge=1)
+    max_queued: int | None = Field(default=None, ge=0)
+    weight: float | None = Field(default=None, gt=0)
+    models: list[str] | None = Field(
+        default=None, description="Models this user may use; unset means every model."
+    )
+    admin: bool = Field(default=False, description="May read /status from other machines.")
+
+    @field_validator("keys")
+    @classmethod
+    def _keys_resolvable(cls, keys: list[str]) -> list[str]:
+        for key in keys:
+            if key.startswith("sha256:") and not _SHA256_KEY.fullmatch(key):
+                raise ValueError("sha256: keys need 64 lowercase hex digits (sha256sum of the key)")
+            if key.startswith("env:") and not os.environ.get(key[4:]):
+                raise ValueError(f"environment variable {key[4:]} is not set")
+            if not key:
+                raise ValueError("an empty key would let anyone in")
+        return keys
+
+
+class QueueConfig(_Strict):
+    """The gateway's waiting room: short, so that saying no is fast and honest."""
+
+    max_depth: int = Field(default=16, ge=0, description="Requests waiting, all users together.")
+    max_wait: Duration = Field(default=30.0, gt=0, description="Longest wait before a 503.")
+
+
+class Policy(_Strict):
+    """Everything the admin controls; reloaded live from the YAML file."""
+
+    defaults: Limits = Limits()
+    queue: QueueConfig = QueueConfig()
+    users: dict[str, UserConfig] = Field(
+        default_factory=dict,
+        description="Who may use the gateway. Without any user, everyone is anonymous.",
+    )
+    backends: list[BackendConfig] = Field(min_length=1)
+    timeouts: Timeouts = Timeouts()
+
+    def limits_of(self, user: str) -> Limits:
+        """The user's limits, each unset field taken from ``defaults``."""
+        return self._limits.get(user, self.defaults)
+
+    @cached_property
+    def _limits(self) -> dict[str, Limits]:
+        merged = {}
+        for name, config in self.users.items():
+            given = config.model_dump(include=set(Limits.model_fields), exclude_none=True)
+            merged[name] = self.defaults.model_copy(update=given)
+        return merged
+
+    @field_validator("users")
+    @classmethod
+    def _keys_unique(cls, users: dict[str, UserConfig]) -> dict[str, UserConfig]:
+        owners: dict[str, str] = {}
+        for name, user in users.items():
+            for key in user.keys:
+                if key in owners:
+                    raise ValueError(f"users {owners[key]} and {name} share a key")
+                owners[key] = name
+        return users
+
+    @field_validator("backends")
+    @classmethod
+    def _unique_names(cls, backends: list[BackendConfig]) -> list[BackendConfig]:
+        names = [backend.name for backend in backends]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"backend names must be unique: {', '.join(duplicates)}")
+        return backends
+
+
+class PolicyError(Exception):
+    """The policy file cannot be used; the message names the file, line and field."""
+
+
+def load_policy(path: Path) -> Policy:
+    """Read and validate the policy file at ``path``."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PolicyError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    return parse_policy(text, source=str(path))
+
+
+def parse_policy(text: str, source: str = "<policy>") -> Policy:
+    """Validate policy YAML ``text``; ``source`` names it in error messages."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        raise PolicyError(f"{where}: invalid YAML: {exc.problem or exc.context}") from exc
+    if not isinstance(data, dict):
+        raise PolicyError(f"{source}:1: the file must be a mapping (backends:, users:, ...)")
+    try:
+        return Policy.model_validate(data)
+    except ValidationError as exc:
+        raise PolicyError(_describe(exc, root, source)) from exc
+
+
+def _describe(exc: ValidationError, root: yaml.Node | None, source: str) -> str:
+    lines = []
+    for error in exc.errors(include_url=False):
+        loc = error["loc"]
+        field = _dotted(loc) or "(top level)"
+        scalar = isinstance(error["input"], str | int | float | bool)
+        got = f" (got {error['input']!r})" if scalar and error["type"] != "missing" else ""
+        message = error["msg"].removeprefix("Value error, ")
+        lines.append(f"{source}:{_line_of(root, loc)}: {field}: {message}{got}")
+    return "\n".join(lines)
+
+
+def _dotted(loc: tuple[int | str, ...]) -> str:
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else f".{part}" if text else str(part)
+    return text
+
+
+def _line_of(node: yaml.Node | None, loc: tuple[int | str, ...]) -> int:
+    """The 1-based line of the deepest YAML node that ``loc`` reaches."""
+    line = node.start_mark.line + 1 if node is not None else 1
+    for part in loc:
+        child = _child(node, part)
+        if child is None:
+            break
+        key_node, node = child
+        line = key_node.start_mark.line + 1
+    return line
+
+
+def _child(node: yaml.Node | None, part: int | str) -> tuple[yaml.Node, yaml.Node] | None:
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            if key.value == str(part):
+                return key, value
+    if isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+        item: Any = node.value[part]
+        return item, item
+    return None

@@ -1,0 +1,130 @@
+"""Command-line flags of ``fairgate sim``."""
+
+from __future__ import annotations
+
+import argparse
+
+from .config import SimConfig
+from .wire import parse_keep_alive
+
+__all__ = ["add_sim_arguments", "sim_config_from_args"]
+
+_DEFAULTS = SimConfig()
+
+
+def _keep_alive(text: str) -> float:
+    """Seconds, or a Go duration such as 5m; negative means forever."""
+    try:
+        return parse_keep_alive(float(text))
+    except ValueError:
+        pass
+    try:
+        return parse_keep_alive(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _models(text: str) -> list[str]:
+    models = [name.strip() for name in text.split(",") if name.strip()]
+    if not models:
+        raise argparse.ArgumentTypeError("at least one model name")
+    return models
+
+
+def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the simulator's flags (and --host/--port) to ``parser``."""
+    d = _DEFAULTS
+    add = parser.add_argument
+    add("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    add("--port", type=int, default=11434, help="port to listen on (default: %(default)s)")
+    add(
+        "--flavor",
+        choices=["ollama", "llamacpp"],
+        default=d.flavor,
+        help="which server to imitate (default: %(default)s)",
+    )
+    add(
+        "--parallel",
+        type=int,
+        default=d.parallel,
+        help="slots, like OLLAMA_NUM_PARALLEL or llama-server -np (default: %(default)s)",
+    )
+    add(
+        "--models",
+        type=_models,
+        default=",".join(d.models),
+        help="comma-separated model names (default: %(default)s)",
+    )
+    add(
+        "--prefill-tps",
+        type=float,
+        default=d.prefill_tokens_per_s,
+        help="prompt tokens per second, 0 = instant (default: %(default)s)",
+    )
+    add(
+        "--decode-tps",
+        type=float,
+        default=d.decode_tokens_per_s,
+        help="output tokens per second of one stream, 0 = instant (default: %(default)s)",
+    )
+    add(
+        "--decode-slowdown",
+        type=float,
+        default=d.decode_slowdown,
+        help="each extra running stream slows every token by this fraction (default: %(default)s)",
+    )
+    add(
+        "--prefill-blocks-decode",
+        action=argparse.BooleanOptionalAction,
+        default=d.prefill_blocks_decode,
+        help="a prefilling prompt pauses every other stream (default: %(default)s)",
+    )
+    add(
+        "--load-seconds",
+        type=float,
+        default=d.load_seconds,
+        help="time to load a model that is not loaded (default: %(default)s)",
+    )
+    add(
+        "--keep-alive",
+        type=_keep_alive,
+        default=d.default_keep_alive,
+        help="seconds (or 5m, 1h) a model stays loaded after use; negative = forever "
+        "(default: %(default)s)",
+    )
+    add(
+        "--output-tokens",
+        type=int,
+        default=d.default_output_tokens,
+        help="reply length when a request sets no limit (default: %(default)s)",
+    )
+    add(
+        "--embedding-dims",
+        type=int,
+        default=d.embedding_dims,
+        help="length of embedding vectors (default: %(default)s)",
+    )
+    add(
+        "--max-queue",
+        type=int,
+        default=d.max_queue,
+        help="waiting requests beyond which Ollama answers 503 (default: %(default)s)",
+    )
+
+
+def sim_config_from_args(args: argparse.Namespace) -> SimConfig:
+    """The SimConfig that flags added by add_sim_arguments describe."""
+    return SimConfig(
+        flavor=args.flavor,
+        parallel=args.parallel,
+        models=list(args.models),
+        prefill_tokens_per_s=args.prefill_tps,
+        decode_tokens_per_s=args.decode_tps,
+        decode_slowdown=args.decode_slowdown,
+        prefill_blocks_decode=args.prefill_blocks_decode,
+        load_seconds=args.load_seconds,
+        default_keep_alive=args.keep_alive,
+        default_output_tokens=args.output_tokens,
+        embedding_dims=args.embedding_dims,
+        max_queue=args.max_queue,
+    )

@@ -1,0 +1,279 @@
+"""Ollama's native API (/api/*), byte for byte as Ollama's server/routes.go writes it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from .catalog import CONTEXT_LENGTH, MODIFIED_AT_NS, details, model_digest, model_spec, show_payload
+from .config import GenJob, GenResult, QueueFull, SimAbort, faults_from
+from .engine import Engine
+from .ollama_common import (
+    MAX_QUEUE_MESSAGE,
+    NDJSON,
+    OLLAMA_VERSION,
+    RequestError,
+    cut_connection,
+    embed_text,
+    error_response,
+    json_response,
+    keep_alive_of,
+    message_text,
+    now_utc,
+    output_budget,
+    read_body,
+    typed,
+)
+from .recording import TapStream
+from .wire import float32_widened, go_expiry, go_json, go_time, tokens_in
+
+__all__ = ["OllamaAPI"]
+
+
+class OllamaAPI:
+    """Handlers for /api/* on one engine."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def resolve(self, name: str) -> str | None:
+        """The configured model ``name`` refers to (":latest" implied, case-insensitive)."""
+        wanted = name.lower()
+        for model in self.engine.config.models:
+            if model.lower() in (wanted, f"{wanted}:latest"):
+                return model
+        return None
+
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_get("/", self.root)
+        app.router.add_get("/api/version", self.version)
+        app.router.add_get("/api/tags", self.tags)
+        app.router.add_get("/api/ps", self.ps)
+        app.router.add_post("/api/show", self.guarded(self.show))
+        app.router.add_post("/api/chat", self.guarded(self.chat))
+        app.router.add_post("/api/generate", self.guarded(self.generate))
+        app.router.add_post("/api/embed", self.guarded(self.embed))
+        app.router.add_post("/api/embeddings", self.guarded(self.embeddings))
+
+    @staticmethod
+    def guarded(
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        async def run(request: web.Request) -> web.StreamResponse:
+            try:
+                return await handler(request)
+            except RequestError as exc:
+                return error_response(exc)
+            except QueueFull:
+                return error_response(RequestError(503, MAX_QUEUE_MESSAGE))
+
+        return run
+
+    async def root(self, request: web.Request) -> web.Response:
+        return web.Response(text="Ollama is running", content_type="text/plain", charset="utf-8")
+
+    async def version(self, request: web.Request) -> web.Response:
+        return json_response({"version": OLLAMA_VERSION})
+
+    async def tags(self, request: web.Request) -> web.Response:
+        models = [
+            {
+                "name": name,
+                "model": name,
+                "modified_at": go_time(MODIFIED_AT_NS, utc=False),
+                "size": model_spec(name).size,
+                "digest": model_digest(name),
+                "details": details(name),
+            }
+            for name in self.engine.config.models
+        ]
+        return json_response({"models": models})
+
+    async def ps(self, request: web.Request) -> web.Response:
+        now = self.engine.clock()
+        loaded = sorted(self.engine.loaded_models().items(), key=lambda item: -item[1])
+        models = [
+            {
+                "name": name,
+                "model": name,
+                "size": model_spec(name).size,
+                "digest": model_digest(name),
+                "details": details(name),
+                "expires_at": go_expiry(expires, now),
+                "size_vram": model_spec(name).size,
+                "context_length": CONTEXT_LENGTH,
+            }
+            for name, expires in loaded
+        ]
+        return json_response({"models": models})
+
+    async def show(self, request: web.Request) -> web.Response:
+        body = await read_body(request, "api.ShowRequest")
+        name = str(body.get("model") or body.get("name") or "")
+        if not name:
+            raise RequestError(400, "model is required")
+        model = self.resolve(name)
+        if model is None:
+            raise RequestError(404, f"model '{name}' not found")
+        return json_response(show_payload(model))
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generation(request, chat=True)
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        return await self._generation(request, chat=False)
+
+    async def _generation(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        go_struct = "api.ChatRequest" if chat else "api.GenerateRequest"
+        body = await read_body(request, go_struct)
+        name = typed(body, "model", str, go_struct, "string") or ""
+        stream = typed(body, "stream", bool, go_struct, "bool")
+        options = typed(body, "options", dict, go_struct, "map[string]interface {}") or {}
+        keep_alive = keep_alive_of(body)
+        if chat:
+            messages = typed(body, "messages", list, go_struct, "[]api.Message") or []
+            texts = [message_text(m.get("content")) for m in messages if isinstance(m, dict)]
+            prompt = "\n".join(texts)
+            counted = prompt
+            empty = not messages
+        else:
+            prompt = typed(body, "prompt", str, go_struct, "string") or ""
+            counted = (typed(body, "system", str, go_struct, "string") or "") + prompt
+            empty = not prompt
+        if not empty:
+            self.engine.record_prompt(prompt)
+        faults = faults_from(body, native=True)
+        if faults.status is not None:
+            raise RequestError(faults.status, "simulated failure")
+        if not name and chat:
+            raise RequestError(400, "model is required")
+        model = self.resolve(name)
+        if model is None:
+            raise RequestError(404, f"model '{name}' not found")
+
+        head: dict[str, Any] = {"model": name, "created_at": ""}
+        if empty:
+            reason = "unload" if keep_alive == 0 else "load"
+            if reason == "unload":
+                self.engine.unload(model)
+            else:
+                await self.engine.use_model(model, keep_alive)
+                self.engine.release_model(model, keep_alive)
+            reply = dict(head, created_at=now_utc())
+            reply.update(
+                {"message": {"role": "assistant", "content": ""}} if chat else {"response": ""}
+            )
+            return json_response(dict(reply, done=True, done_reason=reason))
+
+        tokens, limited = output_budget(
+            options.get("num_predict"), self.engine.config.default_output_tokens
+        )
+        job = GenJob(model, tokens_in(counted), tokens, limited, keep_alive, faults)
+
+        def chunk(text: str) -> dict[str, Any]:
+            piece = (
+                {"message": {"role": "assistant", "content": text}} if chat else {"response": text}
+            )
+            return dict(head, created_at=now_utc(), **piece, done=False)
+
+        def final(text: str, result: GenResult) -> dict[str, Any]:
+            reply = chunk(text)
+            reply.update(done=True, done_reason=result.done_reason)
+            if not chat:
+                reply["context"] = list(range(1, job.prompt_tokens + result.eval_count + 1))
+            reply.update(
+                total_duration=result.total_ns,
+                load_duration=result.load_ns,
+                prompt_eval_count=job.prompt_tokens,
+                prompt_eval_duration=result.prompt_ns,
+                eval_count=result.eval_count,
+                eval_duration=result.eval_ns,
+            )
+            return reply
+
+        if stream is False:
+            parts: list[str] = []
+
+            async def collect(text: str) -> None:
+                parts.append(text)
+
+            result = await self.engine.generate(job, collect)
+            return json_response(final("".join(parts), result))
+
+        response = TapStream(NDJSON, keep=self.engine.config.record_replies)
+
+        async def send(value: dict[str, Any]) -> None:
+            if not response.prepared:
+                await response.prepare(request)
+            await response.write(go_json(value) + b"\n")
+
+        async def emit(text: str) -> None:
+            await send(chunk(text))
+
+        try:
+            result = await self.engine.generate(job, emit)
+            await send(final("", result))
+        except SimAbort:
+            await cut_connection(request, response)
+        except ConnectionError:
+            pass  # the client went away; the engine has already freed the slot
+        return response
+
+    async def embed(self, request: web.Request) -> web.Response:
+        body = await read_body(request, "api.EmbedRequest")
+        name = typed(body, "model", str, "api.EmbedRequest", "string") or ""
+        keep_alive = keep_alive_of(body)
+        raw_input = body.get("input")
+        if isinstance(raw_input, str):
+            inputs = [raw_input] if raw_input else []
+        elif isinstance(raw_input, list) and all(isinstance(i, str) for i in raw_input):
+            inputs = list(raw_input)
+        elif raw_input is None:
+            inputs = []
+        else:
+            raise RequestError(400, "invalid input type")
+        model = self._embedding_model(name, body)
+        if not inputs:
+            await self.engine.use_model(model, keep_alive)
+            self.engine.release_model(model, keep_alive)
+            return json_response({"model": name, "embeddings": []})
+        tokens = sum(tokens_in(text) for text in inputs)
+        total_ns, load_ns = await self.engine.embed(model, tokens, keep_alive)
+        dims = body.get("dimensions")
+        vectors = [embed_text(text, self.engine.config.embedding_dims, dims) for text in inputs]
+        return json_response(
+            {
+                "model": name,
+                "embeddings": vectors,
+                "total_duration": total_ns,
+                "load_duration": load_ns,
+                "prompt_eval_count": tokens,
+            }
+        )
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        body = await read_body(request, "api.EmbeddingRequest")
+        name = typed(body, "model", str, "api.EmbeddingRequest", "string") or ""
+        prompt = typed(body, "prompt", str, "api.EmbeddingRequest", "string") or ""
+        keep_alive = keep_alive_of(body)
+        model = self._embedding_model(name, body)
+        if not prompt:
+            await self.engine.use_model(model, keep_alive)
+            self.engine.release_model(model, keep_alive)
+            return json_response({"embedding": []})
+        await self.engine.embed(model, tokens_in(prompt), keep_alive)
+        vector = embed_text(prompt, self.engine.config.embedding_dims, None)
+        return json_response({"embedding": [float32_widened(v) for v in vector]})
+
+    def _embedding_model(self, name: str, body: dict[str, Any]) -> str:
+        faults = faults_from(body, native=True)
+        if faults.status is not None:
+            raise RequestError(faults.status, "simulated failure")
+        model = self.resolve(name) if name else None
+        if model is None:
+            # The embed handlers report a missing model through handleScheduleError.
+            raise RequestError(404, f"model {json.dumps(name)} not found, try pulling it first")
+        return model

@@ -1,0 +1,52 @@
+"""Copies of what the simulator received and sent, for byte-for-byte relay tests."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from multidict import CIMultiDict
+
+__all__ = ["Recorder", "TapStream"]
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class TapStream(web.StreamResponse):
+    """A streamed reply that keeps a copy of its body when the simulator records replies."""
+
+    def __init__(self, content_type: str, *, keep: bool) -> None:
+        super().__init__(headers={"Content-Type": content_type})
+        self.keep = keep
+        self.copy = bytearray()
+
+    async def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self.keep:
+            self.copy.extend(data)
+        await super().write(data)
+
+
+class Recorder:
+    """Request headers, reply bodies and reply Content-Types, in arrival order."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.request_headers: list[CIMultiDict[str]] = []
+        self.replies: list[bytes] = []
+        self.reply_types: list[str] = []
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not self.enabled or request.path.startswith("/sim/"):
+            return await handler(request)
+        self.request_headers.append(request.headers.copy())
+        response = await handler(request)
+        if isinstance(response, TapStream):
+            body = bytes(response.copy)
+        elif isinstance(response, web.Response) and isinstance(response.body, bytes):
+            body = response.body
+        else:
+            body = b""
+        self.replies.append(body)
+        self.reply_types.append(response.headers.get("Content-Type", ""))
+        return response

@@ -1,0 +1,186 @@
+"""The relay: one upstream request, its reply passed to the client chunk by chunk, unchanged.
+
+The failure rule (as in uvicorn): before the first byte went out, the client gets a JSON error
+in its API's shape; after it, an in-band error line (Ollama's NDJSON convention, or an SSE
+event) and the stream is closed. Either way the upstream request is closed, so the backend
+frees its slot, and the caller's permit is released by its ``async with``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import structlog
+from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from gateway.access import RequestRecord
+from gateway.errors import GatewayError, inband_error
+from gateway.policy import Timeouts
+from gateway.usage import final_counts
+
+__all__ = ["relay"]
+
+log = structlog.get_logger("fairgate.relay")
+
+# RFC 9110 section 7.6.1, plus what must not cross the gateway: the client's credentials,
+# and lengths/encodings that the two separate connections settle for themselves.
+_NOT_FORWARDED = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "accept-encoding",
+        "authorization",
+        "x-api-key",
+        "cookie",
+    }
+)
+_NOT_RETURNED = _NOT_FORWARDED | {"server", "date", "set-cookie"}
+_TAIL_CHUNKS = 4
+_WHOLE_BODY_LIMIT = 1 << 20
+
+
+async def relay(
+    request: web.Request,
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes | None,
+    timeouts: Timeouts,
+    record: RequestRecord,
+) -> web.StreamResponse:
+    """Send the request to ``url`` and stream the reply back to the client."""
+    upstream, first = await _open(request, session, url, body, timeouts)
+    record.first_byte_at = time.monotonic()
+    async with upstream:
+        return await _pump(request, upstream, first, timeouts.idle, record)
+
+
+async def _open(
+    request: web.Request,
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes | None,
+    timeouts: Timeouts,
+) -> tuple[aiohttp.ClientResponse, bytes]:
+    """The upstream reply and its first chunk, or a GatewayError saying what went wrong."""
+    upstream = None
+    try:
+        async with asyncio.timeout(timeouts.first_byte):
+            upstream = await session.request(
+                request.method,
+                url,
+                data=body,
+                headers=_forward_headers(request.headers),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect),
+                allow_redirects=False,
+            )
+            return upstream, await upstream.content.readany()
+    except BaseException as exc:
+        if upstream is not None:
+            upstream.close()
+        raise _open_error(exc, timeouts) from exc
+
+
+def _open_error(exc: BaseException, timeouts: Timeouts) -> BaseException:
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return GatewayError(502, "backend_unreachable", f"cannot reach the backend: {exc}")
+    if isinstance(exc, aiohttp.ServerTimeoutError):
+        return GatewayError(
+            504, "backend_timeout", f"cannot connect to the backend within {timeouts.connect:g}s"
+        )
+    if isinstance(exc, TimeoutError):
+        return GatewayError(
+            504, "backend_timeout", f"the backend sent nothing within {timeouts.first_byte:g}s"
+        )
+    if isinstance(exc, aiohttp.ClientError):
+        return GatewayError(502, "backend_failed", f"the backend failed before replying: {exc!r}")
+    return exc
+
+
+async def _pump(
+    request: web.Request,
+    upstream: aiohttp.ClientResponse,
+    chunk: bytes,
+    idle: float,
+    record: RequestRecord,
+) -> web.StreamResponse:
+    response = web.StreamResponse(status=upstream.status, headers=_return_headers(upstream))
+    response.headers["X-Request-Id"] = record.request_id
+    if upstream.content_length is not None:
+        response.content_length = upstream.content_length
+    keep_whole = (upstream.content_length or _WHOLE_BODY_LIMIT + 1) <= _WHOLE_BODY_LIMIT
+    content_type = upstream.headers.get("Content-Type", "")
+    tail: list[bytes] = []
+    await response.prepare(request)
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(idle) as deadline:
+            while chunk:
+                await response.write(chunk)
+                record.bytes_out += len(chunk)
+                tail.append(chunk)
+                if not keep_whole and len(tail) > _TAIL_CHUNKS:
+                    del tail[0]
+                deadline.reschedule(loop.time() + idle)
+                chunk = await upstream.content.readany()
+    except ConnectionResetError:
+        record.client_gone = True
+        record.status = 499
+        return response
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        reason = (
+            f"the backend sent nothing for {idle:g}s"
+            if isinstance(exc, TimeoutError)
+            else f"the backend failed mid-stream: {exc!r}"
+        )
+        await _fail_inband(request, response, content_type, reason, record)
+        return response
+    record.prompt_tokens, record.completion_tokens = final_counts(content_type, b"".join(tail))
+    await response.write_eof()
+    return response
+
+
+async def _fail_inband(
+    request: web.Request,
+    response: web.StreamResponse,
+    content_type: str,
+    reason: str,
+    record: RequestRecord,
+) -> None:
+    record.reason = "backend_failed_mid_stream"
+    log.warning("stream_failed", reason=reason, backend=record.backend, model=record.model)
+    if response.content_length is not None or request.transport is None:
+        # A reply with a declared length cannot carry an error line: cut the connection,
+        # which the client reports as an incomplete body.
+        if request.transport is not None:
+            request.transport.close()
+        return
+    try:
+        await response.write(inband_error(content_type, reason))
+        await response.write_eof()
+    except ConnectionResetError:
+        record.client_gone = True
+
+
+def _forward_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
+    forwarded = CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in _NOT_FORWARDED)
+    # Uncompressed replies keep the relay byte-faithful and the final counts readable.
+    forwarded["Accept-Encoding"] = "identity"
+    return forwarded
+
+
+def _return_headers(upstream: aiohttp.ClientResponse) -> CIMultiDict[str]:
+    return CIMultiDict(
+        (k, v) for k, v in upstream.headers.items() if k.lower() not in _NOT_RETURNED
+    )

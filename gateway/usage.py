@@ -1,0 +1,44 @@
+"""Token counts read from the end of a reply, where every API puts its final tally.
+
+Only the last few chunks are kept and parsed once, after the stream ends: the relay does no
+per-chunk parsing for this.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+__all__ = ["final_counts"]
+
+
+def final_counts(content_type: str, tail: bytes) -> tuple[int | None, int | None]:
+    """(prompt tokens, completion tokens) from the final chunk of a reply, when it has them."""
+    is_sse = content_type.startswith("text/event-stream")
+    for line in reversed(tail.splitlines()):
+        payload = line.removeprefix(b"data:").strip() if is_sse else line.strip()
+        if not payload.startswith(b"{"):
+            continue
+        try:
+            chunk = json.loads(payload)
+        except ValueError:
+            continue
+        counts = _counts(chunk) if isinstance(chunk, dict) else None
+        if counts is not None:
+            return counts
+    return None, None
+
+
+def _counts(chunk: dict[str, Any]) -> tuple[int | None, int | None] | None:
+    if "prompt_eval_count" in chunk or "eval_count" in chunk:  # Ollama native
+        return _int(chunk.get("prompt_eval_count")), _int(chunk.get("eval_count"))
+    usage = chunk.get("usage")
+    if isinstance(usage, dict):  # OpenAI-compatible
+        return _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens"))
+    if "tokens_evaluated" in chunk and chunk.get("stop"):  # llama.cpp native /completion
+        return _int(chunk.get("tokens_evaluated")), _int(chunk.get("tokens_predicted"))
+    return None
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -1,0 +1,72 @@
+"""Real servers on loopback ports: the simulator as backend, the gateway in front of it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from gateway.app import bound_url, create_app, start_server
+from gateway.policy import Policy, load_policy, parse_policy
+from gateway.settings import Settings
+from gateway.sim import SimConfig, Simulator
+
+StartSim = Callable[..., Awaitable[tuple[Simulator, str]]]
+StartGateway = Callable[..., Awaitable["Gateway"]]
+
+
+@dataclass(frozen=True)
+class Gateway:
+    url: str
+    app: web.Application
+
+
+@pytest.fixture
+async def servers() -> AsyncIterator[AsyncExitStack]:
+    async with AsyncExitStack() as stack:
+        yield stack
+
+
+async def serve(stack: AsyncExitStack, app: web.Application) -> str:
+    runner = await start_server(app, "127.0.0.1", 0)
+    stack.push_async_callback(runner.cleanup)
+    return bound_url(runner)
+
+
+@pytest.fixture
+def start_sim(servers: AsyncExitStack) -> StartSim:
+    """Start a simulator with fast defaults; keyword arguments override SimConfig fields."""
+
+    async def start(**overrides: Any) -> tuple[Simulator, str]:
+        fields: dict[str, Any] = {"prefill_tokens_per_s": 0.0, "decode_tokens_per_s": 500.0}
+        fields.update(overrides)
+        simulator = Simulator(SimConfig(**fields))
+        return simulator, await serve(servers, simulator.make_app())
+
+    return start
+
+
+@pytest.fixture
+def start_gateway(servers: AsyncExitStack) -> StartGateway:
+    """Start a gateway from policy YAML text, a Policy, or a file that it then watches."""
+
+    async def start(policy: str | Policy | Path, **settings: Any) -> Gateway:
+        path = policy if isinstance(policy, Path) else None
+        if isinstance(policy, Path):
+            policy = load_policy(policy)
+        elif isinstance(policy, str):
+            policy = parse_policy(policy)
+        app = create_app(Settings(**settings), policy, path)
+        return Gateway(await serve(servers, app), app)
+
+    return start
+
+
+def one_backend(url: str, slots: int = 1, kind: str = "ollama", extra: str = "") -> str:
+    """Policy YAML with a single backend at ``url``."""
+    return f"backends:\n  - {{name: sim, url: {url}, kind: {kind}, slots: {slots}}}\n{extra}"

@@ -1,0 +1,33 @@
+"""Durations as the YAML and Ollama's keep_alive write them."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.durations import parse_duration
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("30s", 30.0),
+        ("5m", 300.0),
+        ("1h30m", 5400.0),
+        ("250ms", 0.25),
+        ("-1", -1.0),
+        ("-5m", -300.0),
+        (12, 12.0),
+        (1.5, 1.5),
+        ("0", 0.0),
+    ],
+)
+def test_durations_read_as_seconds(text: object, seconds: float) -> None:
+    """Go-style strings and plain numbers all become seconds, negatives kept."""
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["soon", "5 minutes", "", "1x", True, None, "m5"])
+def test_malformed_durations_are_refused(text: object) -> None:
+    """Anything else is a ValueError naming the value."""
+    with pytest.raises(ValueError, match="duration"):
+        parse_duration(text)

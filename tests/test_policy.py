@@ -1,0 +1,99 @@
+"""The admin's YAML: validation errors point at the line and the field; check-config exits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.__main__ import main
+from gateway.policy import PolicyError, load_policy, parse_policy
+
+REPO = Path(__file__).resolve().parent.parent
+
+GOOD = """\
+backends:
+  - name: gpu
+    url: http://127.0.0.1:11434
+    kind: ollama
+    slots: 4
+timeouts: {connect: 2s, first_byte: 5m, idle: 90}
+"""
+
+
+def _error_of(text: str) -> str:
+    with pytest.raises(PolicyError) as caught:
+        parse_policy(text, source="house.yaml")
+    return str(caught.value)
+
+
+class TestParsePolicy:
+    def test_a_good_file_gives_durations_in_seconds(self) -> None:
+        """Durations written as 2s, 5m or a number all become seconds."""
+        policy = parse_policy(GOOD)
+        assert policy.timeouts.connect == 2.0
+        assert policy.timeouts.first_byte == 300.0
+        assert policy.timeouts.idle == 90.0
+        assert policy.backends[0].slots == 4
+
+    def test_broken_yaml_names_the_file_line_and_column(self) -> None:
+        """A YAML syntax error points at the line where parsing failed."""
+        message = _error_of("backends:\n  - name: gpu\n    url: [unclosed\n")
+        assert message.startswith("house.yaml:4:")
+        assert "invalid YAML" in message
+
+    def test_an_unknown_key_names_its_line_and_path(self) -> None:
+        """A misspelt key is refused at its own line, with its full path."""
+        message = _error_of(GOOD.replace("    slots: 4", "    slot: 4"))
+        assert "house.yaml:5: backends[0].slot: Extra inputs are not permitted" in message
+
+    def test_a_wrong_type_names_its_line_and_value(self) -> None:
+        """A value of the wrong type is refused with the value shown."""
+        message = _error_of(GOOD.replace("slots: 4", "slots: four"))
+        assert "house.yaml:5: backends[0].slots:" in message
+        assert "'four'" in message
+
+    def test_a_bad_duration_is_explained(self) -> None:
+        """A duration that cannot be read says what a duration looks like."""
+        message = _error_of(GOOD.replace("idle: 90", "idle: soon"))
+        assert "house.yaml:6: timeouts.idle: 'soon' is not a duration" in message
+
+    def test_an_ollama_backend_without_slots_is_refused(self) -> None:
+        """Ollama cannot report its parallelism, so the file must state it."""
+        message = _error_of(GOOD.replace("    slots: 4\n", ""))
+        assert "house.yaml:2: backends[0]: an ollama backend needs slots" in message
+
+    def test_duplicate_backend_names_are_refused(self) -> None:
+        """Two backends with one name would be indistinguishable in metrics."""
+        text = (
+            "backends:\n"
+            "  - {name: a, url: http://a, slots: 1}\n"
+            "  - {name: a, url: http://b, slots: 1}\n"
+        )
+        assert "backend names must be unique: a" in _error_of(text)
+
+    def test_a_file_that_is_not_a_mapping_is_refused(self) -> None:
+        """A list or a scalar at the top level is not a policy."""
+        assert "must be a mapping" in _error_of("- just\n- a list\n")
+
+
+class TestCheckConfigCommand:
+    def test_the_shipped_example_passes(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """deploy/fairgate.example.yaml is a valid policy."""
+        assert main(["check-config", str(REPO / "deploy" / "fairgate.example.yaml")]) == 0
+        assert ": ok" in capsys.readouterr().out
+
+    def test_a_broken_file_exits_non_zero_with_the_problem(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """check-config prints the field and line of the problem and exits 1."""
+        broken = tmp_path / "fairgate.yaml"
+        broken.write_text(GOOD.replace("kind: ollama", "kind: vllm"))
+        assert main(["check-config", str(broken)]) == 1
+        err = capsys.readouterr().err
+        assert f"{broken}:4: backends[0].kind:" in err
+
+    def test_a_missing_file_is_reported(self, tmp_path: Path) -> None:
+        """A path that does not exist is a PolicyError, not a traceback."""
+        with pytest.raises(PolicyError, match="cannot read"):
+            load_policy(tmp_path / "absent.yaml")

@@ -1,0 +1,120 @@
+"""The policy file reloads live: caps change, broken files are refused, keys rotate."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import aiohttp
+
+from gateway.keys import ADMISSION, LIVE
+from gateway.live import PolicyView
+from tests.conftest import Gateway, StartGateway, StartSim
+from tests.test_admission import MODEL, held, idle, queued, until
+
+
+def policy_text(sim_url: str, alice: str = "{keys: [alice-key]}") -> str:
+    return (
+        "defaults: {max_concurrent: 1, max_queued: 4}\n"
+        f"users:\n  alice: {alice}\n"
+        f"backends:\n  - {{name: sim, url: {sim_url}, kind: ollama, slots: 4}}\n"
+    )
+
+
+async def rewrite(gateway: Gateway, path: Path, text: str, *, valid: bool = True) -> None:
+    """Replace the policy file and wait for the watcher to apply (or refuse) it."""
+    live = gateway.app[LIVE]
+    done = asyncio.get_running_loop().create_future()
+    listeners: list[Callable[..., None]] = live.on_reload if valid else live.on_reload_failed  # type: ignore[assignment]
+    listener: Callable[..., None] = lambda _: done.done() or done.set_result(None)  # noqa: E731
+    listeners.append(listener)
+    staged = path.with_suffix(".new")
+    staged.write_text(text)
+    staged.replace(path)  # an atomic rename, as editors and config managers do
+    try:
+        await asyncio.wait_for(done, timeout=5)
+    finally:
+        listeners.remove(listener)
+
+
+async def chat_status(gateway: Gateway, key: str) -> int:
+    headers = {"Authorization": f"Bearer {key}"}
+    body = {"model": MODEL, "prompt": "hi", "stream": False}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(gateway.url + "/api/generate", json=body, headers=headers) as reply,
+    ):
+        return reply.status
+
+
+class TestLiveReload:
+    async def test_a_raised_cap_lets_a_waiting_request_run_at_once(
+        self, start_sim: StartSim, start_gateway: StartGateway, tmp_path: Path
+    ) -> None:
+        """Raising max_concurrent in the file dispatches the request that was waiting."""
+        _, sim_url = await start_sim(parallel=8)
+        path = tmp_path / "fairgate.yaml"
+        path.write_text(policy_text(sim_url))
+        gateway = await start_gateway(path, reload_interval=0.05)
+        admission = gateway.app[ADMISSION]
+        async with held(gateway, "alice-key", "one"):
+            second = asyncio.create_task(chat_status(gateway, "alice-key"))
+            await until(admission, queued("alice", 1))
+            await rewrite(
+                gateway, path, policy_text(sim_url, "{keys: [alice-key], max_concurrent: 2}")
+            )
+            assert await asyncio.wait_for(second, timeout=5) == 200
+        await until(admission, idle)
+
+    async def test_a_lowered_cap_applies_as_running_requests_finish(
+        self, start_sim: StartSim, start_gateway: StartGateway, tmp_path: Path
+    ) -> None:
+        """Lowering the cap keeps running requests and holds new ones back until below it."""
+        _, sim_url = await start_sim(parallel=8)
+        path = tmp_path / "fairgate.yaml"
+        path.write_text(policy_text(sim_url, "{keys: [alice-key], max_concurrent: 2}"))
+        gateway = await start_gateway(path, reload_interval=0.05)
+        admission = gateway.app[ADMISSION]
+        async with held(gateway, "alice-key", "one"):
+            async with held(gateway, "alice-key", "two"):
+                await rewrite(gateway, path, policy_text(sim_url))
+                third = asyncio.create_task(chat_status(gateway, "alice-key"))
+                await until(admission, queued("alice", 1))
+            # One finished, but alice still runs one: at the new cap of 1, the third waits.
+            await until(admission, lambda snap: snap.users["alice"] != (2, 1))
+            assert admission.snapshot().users["alice"] == (1, 1)
+        assert await asyncio.wait_for(third, timeout=5) == 200
+        await until(admission, idle)
+
+    async def test_a_broken_file_keeps_the_old_policy(
+        self, start_sim: StartSim, start_gateway: StartGateway, tmp_path: Path
+    ) -> None:
+        """An invalid file is refused, counted, and the gateway goes on with the old rules."""
+        _, sim_url = await start_sim()
+        path = tmp_path / "fairgate.yaml"
+        path.write_text(policy_text(sim_url))
+        gateway = await start_gateway(path, reload_interval=0.05)
+        await rewrite(gateway, path, "users: [broken\n", valid=False)
+        live = gateway.app[LIVE]
+        assert live.reloads_failed == 1 and live.last_error and "invalid YAML" in live.last_error
+        assert await chat_status(gateway, "alice-key") == 200
+
+    async def test_a_rotated_key_works_and_the_old_one_stops(
+        self, start_sim: StartSim, start_gateway: StartGateway, tmp_path: Path
+    ) -> None:
+        """After SIGHUP with a new key in the file, only the new key is accepted."""
+        _, sim_url = await start_sim()
+        path = tmp_path / "fairgate.yaml"
+        path.write_text(policy_text(sim_url))
+        gateway = await start_gateway(path, reload_interval=3600)
+        assert await chat_status(gateway, "alice-key") == 200
+        reloaded: asyncio.Future[PolicyView] = asyncio.get_running_loop().create_future()
+        gateway.app[LIVE].on_reload.append(reloaded.set_result)
+        path.write_text(policy_text(sim_url, "{keys: [alice-new-key]}"))
+        os.kill(os.getpid(), signal.SIGHUP)
+        await asyncio.wait_for(reloaded, timeout=5)
+        assert await chat_status(gateway, "alice-new-key") == 200
+        assert await chat_status(gateway, "alice-key") == 401
