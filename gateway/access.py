@@ -27,6 +27,8 @@ class RequestRecord:
     arrived: float = field(default_factory=time.monotonic)
     user: str | None = None
     model: str | None = None
+    klass: str | None = None  # light or heavy
+    input_estimate: int | None = None
     backend: str | None = None
     status: int = 0
     reason: str | None = None
@@ -36,6 +38,7 @@ class RequestRecord:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     client_gone: bool = False
+    retried: bool = False  # sent to a second backend after the first failed
 
     def fields(self) -> dict[str, object]:
         done = time.monotonic()
@@ -47,6 +50,8 @@ class RequestRecord:
             "path": self.path,
             "user": self.user,
             "model": self.model,
+            "class": self.klass,
+            "input_estimate": self.input_estimate,
             "backend": self.backend,
             "status": self.status,
             "reason": self.reason,
@@ -57,6 +62,7 @@ class RequestRecord:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "client_gone": self.client_gone,
+            "retried": self.retried,
         }
 
 

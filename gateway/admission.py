@@ -26,7 +26,7 @@ from gateway.backends import Backend, BackendPool
 from gateway.errors import Api
 from gateway.live import PolicyView
 from gateway.policy import Policy
-from gateway.scheduler import Candidate, Ordering
+from gateway.scheduler import Candidate, Fair, Fifo, Ordering
 
 __all__ = ["Admission", "AdmissionSnapshot", "Permit", "Refusal", "Ticket"]
 
@@ -40,7 +40,9 @@ class Ticket:
     user: str
     model: str
     api: Api
-    cost: float = 0.0  # estimated tokens, for the fair ordering
+    input_tokens: float = 0.0  # estimated prompt tokens, charged at dispatch
+    heavy: bool = False  # may hold only classes.heavy.max_slots of a backend
+    class_weight: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,15 +79,39 @@ class Permit:
     the next waiting request in.
     """
 
-    __slots__ = ("_admission", "_released", "backend", "granted_at", "queue_wait", "ticket")
+    __slots__ = (
+        "_admission",
+        "_released",
+        "backend",
+        "granted_at",
+        "output_charged",
+        "queue_wait",
+        "ticket",
+        "weight",
+    )
 
-    def __init__(self, admission: Admission, ticket: Ticket, backend: Backend, waited: float):
+    def __init__(self, admission: Admission, waiter: _Waiter, backend: Backend):
         self._admission = admission
         self._released = False
-        self.ticket = ticket
+        self.ticket = waiter.ticket
+        self.weight = waiter.candidate.weight
         self.backend = backend
-        self.queue_wait = waited
         self.granted_at = admission.clock()
+        self.queue_wait = self.granted_at - waiter.arrived
+        self.output_charged = 0.0
+
+    def add_output(self, tokens: float) -> None:
+        """Charge tokens as they stream, so a long reply counts before it ends."""
+        self.output_charged += tokens
+        self._admission.ordering.on_output(self.ticket.user, self.weight, tokens)
+
+    def settle(self, input_tokens: int | None, output_tokens: int | None) -> None:
+        """Correct the charges with the backend's own counts, when it reported them."""
+        ordering, user = self._admission.ordering, self.ticket.user
+        if input_tokens is not None:
+            ordering.on_correction(user, self.weight, input_tokens - self.ticket.input_tokens)
+        if output_tokens is not None:
+            self.add_output(output_tokens - self.output_charged)
 
     async def __aenter__(self) -> Permit:
         return self
@@ -98,7 +124,7 @@ class Permit:
     def release(self) -> None:
         if not self._released:
             self._released = True
-            self._admission._release(self.ticket.user, self.backend, self.granted_at)
+            self._admission._release(self.ticket, self.backend, self.granted_at)
 
 
 # Until real requests have been timed, assume a reply holds its slot this long.
@@ -111,18 +137,25 @@ class Admission:
 
     policy: Policy
     pool: BackendPool
-    ordering: Ordering
     clock: Callable[[], float] = time.monotonic
+    ordering: Ordering = field(init=False)
     _waiting: dict[str, deque[_Waiter]] = field(default_factory=dict)
     _running: Counter[str] = field(default_factory=Counter)  # by user
     _busy: Counter[str] = field(default_factory=Counter)  # by backend name
+    _heavy: Counter[str] = field(default_factory=Counter)  # heavy requests, by backend name
     _seq: itertools.count[int] = field(default_factory=itertools.count)
     _depth: int = 0
     _hold_estimate: float = _DEFAULT_HOLD_SECONDS
     _change: asyncio.Future[None] | None = None
 
+    def __post_init__(self) -> None:
+        self.ordering = ordering_for(self.policy)
+
     def reconfigure(self, view: PolicyView) -> None:
         """Apply a new policy: new admissions follow it at once; held permits stay valid."""
+        old, new = self.policy, view.policy
+        if (new.scheduling, new.costs) != (old.scheduling, old.costs):
+            self.ordering = ordering_for(new)
         self.policy, self.pool = view.policy, view.pool
         self._dispatch()
 
@@ -140,13 +173,34 @@ class Admission:
                 backend = await asyncio.shield(waiter.turn)
         except TimeoutError:
             if waiter.turn.done():  # granted as the timer fired: take the turn after all
-                return Permit(self, ticket, waiter.turn.result(), self.clock() - waiter.arrived)
+                return Permit(self, waiter, waiter.turn.result())
             self._leave(waiter)
             return self._refusal("wait_timeout", ticket.user)
         except BaseException:
             self._abandon(waiter)
             raise
-        return Permit(self, ticket, backend, self.clock() - waiter.arrived)
+        return Permit(self, waiter, backend)
+
+    def can_reroute(self, permit: Permit) -> bool:
+        """Whether another backend could take this permit's request right now."""
+        return any(b.name != permit.backend.name for b in self._free_backends(permit.ticket))
+
+    def reroute(self, permit: Permit) -> bool:
+        """Move a permit whose backend failed before replying to another free backend."""
+        failed = permit.backend
+        others = [b for b in self._free_backends(permit.ticket) if b.name != failed.name]
+        if not others:
+            return False
+        chosen = self.pool.prefer(others, permit.ticket.model, self._busy)
+        self._take(permit.ticket, chosen)
+        self._give_back(permit.ticket, failed)
+        permit.backend = chosen
+        return True
+
+    def wake(self) -> None:
+        """Something outside changed (a backend came back, its slots became known)."""
+        self._notify()
+        self._dispatch()
 
     def changed(self) -> asyncio.Future[None]:
         """A future resolved at the next change of counts (for /status watchers and tests)."""
@@ -175,8 +229,13 @@ class Admission:
     # -- the waiting room --------------------------------------------------------------
 
     def _enqueue(self, ticket: Ticket) -> _Waiter:
-        self.ordering.on_arrival(ticket.user, frozenset(self._waiting))
-        candidate = Candidate(next(self._seq), ticket.user, ticket.cost)
+        user = ticket.user
+        if user not in self._waiting:
+            # VTC's rule: a user whose queue was empty is lifted to the least-served user
+            # still waiting, so idle (or merely running) time cannot be banked into a burst.
+            self.ordering.on_arrival(user, self._waiting.keys())
+        weight = self.policy.limits_of(user).weight * ticket.class_weight
+        candidate = Candidate(next(self._seq), user, weight, ticket.input_tokens)
         loop = asyncio.get_running_loop()
         waiter = _Waiter(ticket, candidate, self.clock(), loop.create_future())
         self._waiting.setdefault(ticket.user, deque()).append(waiter)
@@ -192,12 +251,13 @@ class Admission:
         self._depth -= 1
         if not queue:
             del self._waiting[waiter.ticket.user]
+            self._idle_check(waiter.ticket.user)
         self._notify()
 
     def _abandon(self, waiter: _Waiter) -> None:
         """The client went away while waiting: give back a turn granted in the meantime."""
         if waiter.turn.done() and not waiter.turn.cancelled():
-            self._release(waiter.ticket.user, waiter.turn.result(), self.clock())
+            self._release(waiter.ticket, waiter.turn.result(), self.clock())
         else:
             waiter.turn.cancel()
             self._leave(waiter)
@@ -237,9 +297,9 @@ class Admission:
             if choice is None:
                 return
             waiter, backend = choice
+            self._running[waiter.ticket.user] += 1  # before leaving: the user stays active
             self._leave(waiter)
-            self._running[waiter.ticket.user] += 1
-            self._busy[backend.name] += 1
+            self._take(waiter.ticket, backend)
             self.ordering.on_dispatch(waiter.candidate)
             waiter.turn.set_result(backend)
 
@@ -261,20 +321,40 @@ class Admission:
         return offers[chosen.seq]
 
     def _free_backend(self, ticket: Ticket) -> Backend | None:
-        free = [
+        free = self._free_backends(ticket)
+        return self.pool.prefer(free, ticket.model, self._busy) if free else None
+
+    def _free_backends(self, ticket: Ticket) -> list[Backend]:
+        heavy = self.policy.classes.heavy
+        return [
             backend
             for backend in self.pool.serving(ticket.api, ticket.model)
             if self._busy[backend.name] < backend.slots
+            and not (ticket.heavy and self._heavy[backend.name] >= heavy.slots_on(backend.slots))
         ]
-        return self.pool.prefer(free, ticket.model, self._busy) if free else None
 
-    def _release(self, user: str, backend: Backend, granted_at: float) -> None:
-        _decrement(self._running, user)
+    def _take(self, ticket: Ticket, backend: Backend) -> None:
+        self._busy[backend.name] += 1
+        if ticket.heavy:
+            self._heavy[backend.name] += 1
+
+    def _give_back(self, ticket: Ticket, backend: Backend) -> None:
         _decrement(self._busy, backend.name)
+        if ticket.heavy:
+            _decrement(self._heavy, backend.name)
+
+    def _release(self, ticket: Ticket, backend: Backend, granted_at: float) -> None:
+        _decrement(self._running, ticket.user)
+        self._give_back(ticket, backend)
+        self._idle_check(ticket.user)
         held = self.clock() - granted_at
         self._hold_estimate += 0.2 * (held - self._hold_estimate)
         self._notify()
         self._dispatch()
+
+    def _idle_check(self, user: str) -> None:
+        if user not in self._waiting and user not in self._running:
+            self.ordering.on_idle(user)
 
 
 def _decrement(counter: Counter[str], key: str) -> None:
@@ -283,3 +363,10 @@ def _decrement(counter: Counter[str], key: str) -> None:
         counter.pop(key, None)
     else:
         counter[key] -= 1
+
+
+def ordering_for(policy: Policy) -> Ordering:
+    """The ordering policy the YAML asks for."""
+    if policy.scheduling == "fifo":
+        return Fifo()
+    return Fair(w_in=policy.costs.input, w_out=policy.costs.output)

@@ -9,19 +9,22 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
+import structlog
 from aiohttp import web
 
 from gateway.access import access_log_middleware
 from gateway.admission import Admission
-from gateway.keys import ADMISSION, LIVE, SESSION, SETTINGS
+from gateway.backends import BackendMonitor
+from gateway.keys import ADMISSION, LIVE, MONITOR, SESSION, SETTINGS
 from gateway.live import LivePolicy
 from gateway.policy import Policy
 from gateway.proxy import add_routes
-from gateway.scheduler import Fifo
 from gateway.settings import Settings
 from gateway.status import add_status_route
 
 __all__ = ["bound_url", "create_app", "run_app", "start_server"]
+
+log = structlog.get_logger("fairgate")
 
 
 def create_app(
@@ -31,13 +34,14 @@ def create_app(
     app = web.Application(
         middlewares=[access_log_middleware], client_max_size=settings.max_body_bytes
     )
-    live = LivePolicy(policy, policy_path)
-    admission = Admission(policy, live.current.pool, Fifo())
+    live = LivePolicy(policy, {}, policy_path)
+    admission = Admission(policy, live.current.pool)
     live.on_reload.append(admission.reconfigure)
     app[SETTINGS] = settings
     app[LIVE] = live
     app[ADMISSION] = admission
     app.cleanup_ctx.append(_upstream_session)
+    app.cleanup_ctx.append(_backend_monitor)
     app.cleanup_ctx.append(_policy_watcher)
     add_routes(app)
     add_status_route(app)
@@ -52,6 +56,20 @@ async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
     ) as session:
         app[SESSION] = session
         yield
+
+
+async def _backend_monitor(app: web.Application) -> AsyncIterator[None]:
+    """Probe every backend in the background; a change lets waiting requests be dispatched."""
+    live, admission = app[LIVE], app[ADMISSION]
+    monitor = BackendMonitor(app[SESSION], live.states, admission.wake)
+    policy = live.current.policy
+    await monitor.start(policy.backends, policy.monitoring)
+    live.on_reload.append(
+        lambda view: monitor.reconcile(view.policy.backends, view.policy.monitoring)
+    )
+    app[MONITOR] = monitor
+    yield
+    await monitor.close()
 
 
 async def _policy_watcher(app: web.Application) -> AsyncIterator[None]:
@@ -74,6 +92,18 @@ async def _policy_watcher(app: web.Application) -> AsyncIterator[None]:
 
 def run_app(settings: Settings, policy: Policy) -> None:
     """Serve until interrupted; handlers are cancelled when their client disconnects."""
+    log.info(
+        "serving",
+        listen=f"http://{settings.listen}",
+        policy=str(settings.config),
+        backends=[f"{b.name}={b.url}" for b in policy.backends],
+        users=len(policy.users),
+        scheduling=policy.scheduling,
+    )
+    if not policy.users:
+        log.warning(
+            "open_gateway", hint="no users in the policy: anyone who can reach it may use it"
+        )
     web.run_app(
         create_app(settings, policy, settings.config),
         host=settings.host,

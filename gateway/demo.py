@@ -24,7 +24,10 @@ def run_demo(gateway_port: int, backend_port: int) -> None:
 
 
 async def _demo(gateway_port: int, backend_port: int) -> None:
-    settings = Settings(listen=f"127.0.0.1:{gateway_port}", log_format="console")
+    # Warnings only: the access log would interleave with the streamed reply.
+    settings = Settings(
+        listen=f"127.0.0.1:{gateway_port}", log_format="console", log_level="WARNING"
+    )
     configure_logging(settings.log_format, settings.log_level)
     simulator = Simulator(SimConfig(parallel=2, decode_tokens_per_s=15.0, default_output_tokens=40))
     backend = await start_server(simulator.make_app(), "127.0.0.1", backend_port)

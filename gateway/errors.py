@@ -13,7 +13,15 @@ from enum import Enum
 
 from aiohttp import web
 
-__all__ = ["Api", "GatewayError", "api_of", "error_body", "error_response", "inband_error"]
+__all__ = [
+    "Api",
+    "BackendFailure",
+    "GatewayError",
+    "api_of",
+    "error_body",
+    "error_response",
+    "inband_error",
+]
 
 
 class Api(Enum):
@@ -42,6 +50,11 @@ class GatewayError(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+
+class BackendFailure(GatewayError):
+    """The backend refused the connection or answered 5xx before any byte reached the
+    client: the request can safely go to another backend."""
 
 
 _OPENAI_TYPES = {

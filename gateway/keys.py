@@ -6,12 +6,14 @@ import aiohttp
 from aiohttp import web
 
 from gateway.admission import Admission
+from gateway.backends import BackendMonitor
 from gateway.live import LivePolicy
 from gateway.settings import Settings
 
-__all__ = ["ADMISSION", "LIVE", "SESSION", "SETTINGS"]
+__all__ = ["ADMISSION", "LIVE", "MONITOR", "SESSION", "SETTINGS"]
 
 SETTINGS = web.AppKey("settings", Settings)
 LIVE = web.AppKey("live_policy", LivePolicy)
 ADMISSION = web.AppKey("admission", Admission)
 SESSION = web.AppKey("session", aiohttp.ClientSession)
+MONITOR = web.AppKey("backend_monitor", BackendMonitor)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import structlog
 
-from gateway.backends import BackendPool
+from gateway.backends import BackendPool, BackendState
 from gateway.identity import Directory
 from gateway.policy import Policy, PolicyError, load_policy
 
@@ -32,15 +32,18 @@ class PolicyView:
     pool: BackendPool
 
     @classmethod
-    def of(cls, policy: Policy) -> PolicyView:
-        return cls(policy, Directory(policy), BackendPool(policy.backends))
+    def of(cls, policy: Policy, states: dict[str, BackendState]) -> PolicyView:
+        return cls(policy, Directory(policy), BackendPool(policy.backends, states))
 
 
 class LivePolicy:
     """Holds the current PolicyView and replaces it when the file changes."""
 
-    def __init__(self, policy: Policy, path: Path | None = None) -> None:
-        self.current = PolicyView.of(policy)
+    def __init__(
+        self, policy: Policy, states: dict[str, BackendState], path: Path | None = None
+    ) -> None:
+        self.states = states
+        self.current = PolicyView.of(policy, states)
         self.path = path
         self.on_reload: list[Callable[[PolicyView], None]] = []
         self.on_reload_failed: list[Callable[[str], None]] = []
@@ -63,7 +66,7 @@ class LivePolicy:
             for failure_listener in self.on_reload_failed:
                 failure_listener(str(exc))
             return False
-        self.current = PolicyView.of(policy)
+        self.current = PolicyView.of(policy, self.states)
         for listener in self.on_reload:
             listener(self.current)
         self.reloads_ok += 1

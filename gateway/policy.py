@@ -21,7 +21,11 @@ from gateway.durations import Duration
 __all__ = [
     "ANONYMOUS",
     "BackendConfig",
+    "Classes",
+    "Costs",
+    "HeavyClass",
     "Limits",
+    "Monitoring",
     "Policy",
     "PolicyError",
     "QueueConfig",
@@ -79,6 +83,19 @@ class Timeouts(_Strict):
     idle: Duration = Field(default=120.0, gt=0, description="Longest gap between two chunks.")
 
 
+class Monitoring(_Strict):
+    """How the gateway watches its backends, in the background."""
+
+    interval: Duration = Field(default=5.0, gt=0, description="Between two probes of a backend.")
+    timeout: Duration = Field(default=3.0, gt=0, description="For one probe request.")
+    unhealthy_after: int = Field(
+        default=2, ge=1, description="Failed probes in a row before a backend leaves rotation."
+    )
+    healthy_after: int = Field(
+        default=2, ge=1, description="Good probes in a row before it comes back."
+    )
+
+
 class Limits(_Strict):
     """What one user may hold: running requests, waiting requests, and a share."""
 
@@ -129,8 +146,67 @@ class QueueConfig(_Strict):
     max_wait: Duration = Field(default=30.0, gt=0, description="Longest wait before a 503.")
 
 
+class HeavyClass(_Strict):
+    """Long-context requests: they may hold only some of a backend's slots at once."""
+
+    min_prompt_tokens: int = Field(
+        default=2048, ge=1, description="An estimated prompt this long (or longer) is heavy."
+    )
+    min_num_ctx: int | None = Field(
+        default=None, ge=1, description="A requested options.num_ctx this large is heavy."
+    )
+    max_slots: int | str = Field(
+        default="50%",
+        description="Slots of each backend heavy requests may hold: a count, or a share (50%).",
+    )
+    weight: float = Field(default=1.0, gt=0, description="Share multiplier for heavy requests.")
+
+    @field_validator("max_slots")
+    @classmethod
+    def _count_or_share(cls, value: int | str) -> int | str:
+        if isinstance(value, int):
+            if value < 1:
+                raise ValueError("must be at least 1")
+            return value
+        if not re.fullmatch(r"\d{1,3}%", value) or not 0 < int(value[:-1]) <= 100:
+            raise ValueError("a count (2) or a share of the slots (50%)")
+        return value
+
+    def slots_on(self, backend_slots: int) -> int:
+        """How many of ``backend_slots`` heavy requests may hold; at least one."""
+        if isinstance(self.max_slots, int):
+            return min(self.max_slots, backend_slots)
+        return max(1, backend_slots * int(self.max_slots[:-1]) // 100)
+
+
+class LightClass(_Strict):
+    """Everything that is not heavy: chats, short questions."""
+
+    weight: float = Field(default=1.0, gt=0, description="Share multiplier for light requests.")
+
+
+class Classes(_Strict):
+    heavy: HeavyClass = HeavyClass()
+    light: LightClass = LightClass()
+
+
+class Costs(_Strict):
+    """What a request costs the fair scheduler, in weighted tokens."""
+
+    input: float = Field(default=1.0, ge=0, description="Weight of one prompt token.")
+    output: float = Field(default=2.0, ge=0, description="Weight of one generated token.")
+    image_tokens: int = Field(default=768, ge=0, description="Prompt tokens counted per image.")
+
+
 class Policy(_Strict):
     """Everything the admin controls; reloaded live from the YAML file."""
+
+    scheduling: Literal["fair", "fifo"] = Field(
+        default="fair",
+        description="fair: weighted virtual token counters; fifo: first come, first served.",
+    )
+    classes: Classes = Classes()
+    costs: Costs = Costs()
 
     defaults: Limits = Limits()
     queue: QueueConfig = QueueConfig()
@@ -139,6 +215,7 @@ class Policy(_Strict):
         description="Who may use the gateway. Without any user, everyone is anonymous.",
     )
     backends: list[BackendConfig] = Field(min_length=1)
+    monitoring: Monitoring = Monitoring()
     timeouts: Timeouts = Timeouts()
 
     def limits_of(self, user: str) -> Limits:

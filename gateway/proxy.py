@@ -5,16 +5,22 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import structlog
 from aiohttp import web
 
 from gateway.access import RECORD
-from gateway.admission import Refusal, Ticket
-from gateway.errors import GatewayError, api_of
-from gateway.keys import ADMISSION, LIVE, SESSION
-from gateway.policy import Policy
+from gateway.admission import Permit, Refusal, Ticket
+from gateway.backends import BackendPool
+from gateway.classify import classify
+from gateway.errors import Api, BackendFailure, GatewayError, api_of
+from gateway.keys import ADMISSION, LIVE, MONITOR, SESSION
+from gateway.listings import add_listing_routes, model_not_found
+from gateway.policy import Policy, Timeouts
 from gateway.streaming import relay
 
 __all__ = ["add_routes"]
+
+log = structlog.get_logger("fairgate.proxy")
 
 GENERATION_PATHS = (
     "/api/chat",
@@ -25,13 +31,6 @@ GENERATION_PATHS = (
     "/v1/completions",
     "/v1/embeddings",
 )
-READ_PATHS = (
-    ("GET", "/api/tags"),
-    ("GET", "/api/ps"),
-    ("GET", "/api/version"),
-    ("POST", "/api/show"),
-    ("GET", "/v1/models"),
-)
 # Model management changes what every user of the box gets; not through a shared gateway.
 MANAGEMENT_PATHS = ("/api/pull", "/api/push", "/api/create", "/api/copy", "/api/delete")
 
@@ -39,8 +38,7 @@ MANAGEMENT_PATHS = ("/api/pull", "/api/push", "/api/create", "/api/copy", "/api/
 def add_routes(app: web.Application) -> None:
     for path in GENERATION_PATHS:
         app.router.add_post(path, generate)
-    for method, path in READ_PATHS:
-        app.router.add_route(method, path, read_only)
+    add_listing_routes(app)
     for path in MANAGEMENT_PATHS:
         app.router.add_route("*", path, refuse_management)
     app.router.add_route("*", "/api/blobs/{digest}", refuse_management)
@@ -48,34 +46,72 @@ def add_routes(app: web.Application) -> None:
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
-    """A generation or embedding request: identify, admit, wait for a turn, relay, release."""
+    """A generation or embedding request: identify, classify, admit, relay, release."""
     record = request[RECORD]
     view = request.app[LIVE].current
     api = api_of(request.path)
     record.user = view.directory.identify(request.headers, request.remote)
     body = await request.read()
-    record.model = _model_name(_json_object(body))
+    fields = _json_object(body)
+    record.model = _model_name(fields)
     _check_model_allowed(view.policy, record.user, record.model)
-    outcome = await request.app[ADMISSION].acquire(Ticket(record.user, record.model, api))
+    _check_model_served(view.pool, api, record.model)
+    estimate = classify(fields, view.policy)
+    record.klass, record.input_estimate = estimate.klass, estimate.input_tokens
+    ticket = Ticket(
+        record.user,
+        record.model,
+        api,
+        input_tokens=estimate.input_tokens,
+        heavy=estimate.klass == "heavy",
+        class_weight=estimate.weight,
+    )
+    outcome = await request.app[ADMISSION].acquire(ticket)
     if isinstance(outcome, Refusal):
         raise GatewayError(503, outcome.reason, outcome.message, outcome.retry_after)
     async with outcome as permit:
         record.queue_wait = permit.queue_wait
         record.backend = permit.backend.name
-        url = permit.backend.url + request.path_qs
-        return await relay(request, request.app[SESSION], url, body, view.policy.timeouts, record)
+        response = await _relay_with_failover(request, permit, body, view.policy.timeouts)
+        permit.settle(record.prompt_tokens, record.completion_tokens)
+        return response
 
 
-async def read_only(request: web.Request) -> web.StreamResponse:
-    """Listings and metadata: identified, never queued, relayed as they are."""
+async def _relay_with_failover(
+    request: web.Request, permit: Permit, body: bytes, timeouts: Timeouts
+) -> web.StreamResponse:
+    """Relay on the permit's backend; if it fails before any byte, once more on another."""
     record = request[RECORD]
-    view = request.app[LIVE].current
-    record.user = view.directory.identify(request.headers, request.remote)
-    backend = view.pool.for_reads(api_of(request.path))
-    record.backend = backend.name
-    body = await request.read() if request.can_read_body else None
-    url = backend.url + request.path_qs
-    return await relay(request, request.app[SESSION], url, body, view.policy.timeouts, record)
+
+    async def attempt(fail_fast: bool) -> web.StreamResponse:
+        backend = permit.backend
+        return await relay(
+            request,
+            request.app[SESSION],
+            backend.url + request.path_qs,
+            body,
+            timeouts,
+            record,
+            meter=permit.add_output,
+            fail_fast=fail_fast,
+            # llama-server closes the connection after a streamed reply although it
+            # promised keep-alive; a pooled connection would then fail on the next request.
+            close_connection=backend.kind == "llamacpp",
+        )
+
+    admission = request.app[ADMISSION]
+    try:
+        # With nowhere else to go, the backend's own error reaches the client as it is.
+        return await attempt(fail_fast=admission.can_reroute(permit))
+    except BackendFailure as failure:
+        failed = permit.backend.name
+        if failure.reason == "backend_unreachable":
+            request.app[MONITOR].report_failure(failed, failure.message)
+        if not admission.reroute(permit):
+            raise
+        log.warning("failover", failed=failed, to=permit.backend.name, error=failure.message)
+        record.backend, record.retried = permit.backend.name, True
+        return await attempt(fail_fast=False)
 
 
 async def refuse_management(request: web.Request) -> web.StreamResponse:
@@ -108,6 +144,16 @@ def _model_name(fields: dict[str, Any]) -> str:
     if not isinstance(model, str) or not model:
         raise GatewayError(400, "bad_request", "model is required")
     return model
+
+
+def _check_model_served(pool: BackendPool, api: Api, model: str) -> None:
+    if pool.serving(api, model):
+        return
+    if pool.known_nowhere(api, model):
+        raise model_not_found(model)
+    raise GatewayError(
+        503, "no_backend", f"no healthy backend serves {model!r} right now", retry_after=10.0
+    )
 
 
 def _check_model_allowed(policy: Policy, user: str, model: str) -> None:

@@ -2,15 +2,20 @@
 
 Admission offers, for each user who could run something now, that user's first eligible
 waiting request; the ordering picks one. FIFO is what Ollama and llama.cpp do themselves.
+
+Fair is the Virtual Token Counter (VTC) of Sheng et al., "Fairness in Serving Large Language
+Models", OSDI 2024 (https://arxiv.org/abs/2401.00588): each user has a counter of the service
+it received, in weighted tokens divided by its weight, and the user with the smallest counter
+goes next. Time is virtual: the counters move only when tokens are charged.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["Candidate", "Fifo", "Ordering"]
+__all__ = ["Candidate", "Fair", "Fifo", "Ordering"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,18 +24,51 @@ class Candidate:
 
     seq: int  # arrival order, unique and increasing
     user: str
-    cost: float  # estimated service in tokens
+    weight: float  # the user's weight times the request class's weight
+    input_tokens: float  # estimated prompt tokens of this request
+
+    def __post_init__(self) -> None:
+        # Charges are divided by the weight: zero would divide by zero, a negative weight
+        # would turn service into credit.
+        if not self.weight > 0:
+            raise ValueError(f"a candidate's weight must be > 0, not {self.weight!r}")
 
 
 class Ordering(Protocol):
-    def choose(self, candidates: Sequence[Candidate]) -> Candidate:
-        """The candidate to run next; ``candidates`` is never empty."""
+    """What admission tells the ordering, and the one question it asks it."""
 
-    def on_arrival(self, user: str, waiting_users: frozenset[str]) -> None:
-        """A request of ``user`` starts waiting; ``waiting_users`` had requests waiting before."""
+    def choose(self, candidates: Sequence[Candidate]) -> Candidate:
+        """The request to run next, one of ``candidates``.
+
+        ``candidates`` is never empty and holds at most one request per user: that user's
+        first eligible one, so each user's own requests keep their arrival order.
+        """
+
+    def on_arrival(self, user: str, active_users: Collection[str]) -> None:
+        """A request of ``user`` starts waiting, and ``user`` had none waiting before.
+
+        ``active_users``: the other users with requests waiting now, as in the paper. Call
+        it even if ``user`` has requests running, or a user who never goes idle keeps the
+        credit of its quiet stretches and a burst spends it. Leave out users who only have
+        requests running, or newcomers lifted to a light user's low counter pass it on, and
+        a burst at that level delays the backlogged users for as long as that has gone on.
+        Either way the wait bound in tests/test_scheduler.py no longer holds.
+        """
 
     def on_dispatch(self, candidate: Candidate) -> None:
         """``candidate`` was given a slot."""
+
+    def on_output(self, user: str, weight: float, tokens: float) -> None:
+        """``tokens`` more output tokens streamed (negative: a correction downwards)."""
+
+    def on_correction(self, user: str, weight: float, input_delta: float) -> None:
+        """The backend counted ``input_delta`` more prompt tokens than estimated (or fewer)."""
+
+    def on_idle(self, user: str) -> None:
+        """``user`` has nothing waiting or running any more."""
+
+    def counters(self) -> Mapping[str, float]:
+        """A snapshot of the virtual counters by user, for metrics."""
 
 
 class Fifo:
@@ -39,8 +77,78 @@ class Fifo:
     def choose(self, candidates: Sequence[Candidate]) -> Candidate:
         return min(candidates, key=lambda candidate: candidate.seq)
 
-    def on_arrival(self, user: str, waiting_users: frozenset[str]) -> None:
+    def on_arrival(self, user: str, active_users: Collection[str]) -> None:
         return None
 
     def on_dispatch(self, candidate: Candidate) -> None:
         return None
+
+    def on_output(self, user: str, weight: float, tokens: float) -> None:
+        return None
+
+    def on_correction(self, user: str, weight: float, input_delta: float) -> None:
+        return None
+
+    def on_idle(self, user: str) -> None:
+        return None
+
+    def counters(self) -> Mapping[str, float]:
+        return {}
+
+
+class Fair:
+    """Weighted fair sharing of service: the Virtual Token Counter.
+
+    A user's counter grows by ``w_in`` per prompt token and ``w_out`` per output token,
+    divided by the request's weight; the user with the smallest counter goes next, the
+    earlier request on a tie. State is one float per user ever seen.
+    """
+
+    def __init__(self, w_in: float = 1.0, w_out: float = 2.0) -> None:
+        if w_in < 0 or w_out < 0:
+            raise ValueError(f"token costs must be >= 0, not w_in={w_in!r}, w_out={w_out!r}")
+        self._w_in = w_in
+        self._w_out = w_out
+        self._counters: dict[str, float] = {}
+        self._last_dispatched: str | None = None
+
+    def choose(self, candidates: Sequence[Candidate]) -> Candidate:
+        return min(candidates, key=lambda candidate: (self._counter(candidate.user), candidate.seq))
+
+    def on_arrival(self, user: str, active_users: Collection[str]) -> None:
+        # The lift: a user who starts waiting joins at the level of the least-served user
+        # waiting, so time spent idle cannot be banked and spent later as a burst.
+        if active_users:
+            level = min(self._counter(other) for other in active_users)
+        elif self._last_dispatched is not None:
+            # Nobody waits: join where the last dispatched user is, which is where the
+            # waiting room left off (the paper's Algorithm 2 uses the last user to leave the
+            # queue). Keeping the counter as it was would let a user who was light long ago,
+            # arriving first after a quiet spell, starve the others until it caught up.
+            level = self._counter(self._last_dispatched)
+        else:
+            level = 0.0
+        self._counters[user] = max(self._counter(user), level)
+
+    def on_dispatch(self, candidate: Candidate) -> None:
+        self._charge(candidate.user, self._w_in * candidate.input_tokens / candidate.weight)
+        self._last_dispatched = candidate.user
+
+    def on_output(self, user: str, weight: float, tokens: float) -> None:
+        self._charge(user, self._w_out * tokens / weight)
+
+    def on_correction(self, user: str, weight: float, input_delta: float) -> None:
+        self._charge(user, self._w_in * input_delta / weight)
+
+    def on_idle(self, user: str) -> None:
+        # Counters persist: lifting compares against them when the user comes back.
+        return None
+
+    def counters(self) -> Mapping[str, float]:
+        return dict(self._counters)
+
+    def _counter(self, user: str) -> float:
+        return self._counters.get(user, 0.0)
+
+    def _charge(self, user: str, amount: float) -> None:
+        self._counters[user] = self._counter(user) + amount

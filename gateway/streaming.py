@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 import aiohttp
 import structlog
@@ -17,7 +18,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from gateway.access import RequestRecord
-from gateway.errors import GatewayError, inband_error
+from gateway.errors import BackendFailure, GatewayError, inband_error
 from gateway.policy import Timeouts
 from gateway.usage import final_counts
 
@@ -48,6 +49,7 @@ _NOT_FORWARDED = frozenset(
 )
 _NOT_RETURNED = _NOT_FORWARDED | {"server", "date", "set-cookie"}
 _TAIL_CHUNKS = 4
+_METER_EVERY = 8  # tokens between charges to the fair scheduler
 _WHOLE_BODY_LIMIT = 1 << 20
 
 
@@ -58,12 +60,25 @@ async def relay(
     body: bytes | None,
     timeouts: Timeouts,
     record: RequestRecord,
+    meter: Callable[[int], None] | None = None,
+    fail_fast: bool = False,
+    close_connection: bool = False,
 ) -> web.StreamResponse:
-    """Send the request to ``url`` and stream the reply back to the client."""
-    upstream, first = await _open(request, session, url, body, timeouts)
+    """Send the request to ``url`` and stream the reply back to the client.
+
+    ``meter`` is told, every few tokens, how many more have streamed (one NDJSON line or
+    one SSE event per token), so that long replies are charged while they run. With
+    ``fail_fast``, a 5xx reply raises BackendFailure instead of reaching the client, so the
+    caller can try another backend. ``close_connection`` keeps the connection out of the
+    pool after this request.
+    """
+    headers = _forward_headers(request.headers)
+    if close_connection:
+        headers["Connection"] = "close"
+    upstream, first = await _open(request, session, url, body, headers, timeouts, fail_fast)
     record.first_byte_at = time.monotonic()
     async with upstream:
-        return await _pump(request, upstream, first, timeouts.idle, record)
+        return await _pump(request, upstream, first, timeouts.idle, record, meter)
 
 
 async def _open(
@@ -71,7 +86,9 @@ async def _open(
     session: aiohttp.ClientSession,
     url: str,
     body: bytes | None,
+    headers: CIMultiDict[str],
     timeouts: Timeouts,
+    fail_fast: bool,
 ) -> tuple[aiohttp.ClientResponse, bytes]:
     """The upstream reply and its first chunk, or a GatewayError saying what went wrong."""
     upstream = None
@@ -81,10 +98,15 @@ async def _open(
                 request.method,
                 url,
                 data=body,
-                headers=_forward_headers(request.headers),
+                headers=headers,
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect),
                 allow_redirects=False,
             )
+            if fail_fast and upstream.status >= 500:
+                detail = (await upstream.text(errors="replace"))[:300]
+                raise BackendFailure(
+                    502, "backend_failed", f"the backend answered {upstream.status}: {detail}"
+                )
             return upstream, await upstream.content.readany()
     except BaseException as exc:
         if upstream is not None:
@@ -93,8 +115,10 @@ async def _open(
 
 
 def _open_error(exc: BaseException, timeouts: Timeouts) -> BaseException:
+    if isinstance(exc, GatewayError):
+        return exc
     if isinstance(exc, aiohttp.ClientConnectorError):
-        return GatewayError(502, "backend_unreachable", f"cannot reach the backend: {exc}")
+        return BackendFailure(502, "backend_unreachable", f"cannot reach the backend: {exc}")
     if isinstance(exc, aiohttp.ServerTimeoutError):
         return GatewayError(
             504, "backend_timeout", f"cannot connect to the backend within {timeouts.connect:g}s"
@@ -114,6 +138,7 @@ async def _pump(
     chunk: bytes,
     idle: float,
     record: RequestRecord,
+    meter: Callable[[int], None] | None,
 ) -> web.StreamResponse:
     response = web.StreamResponse(status=upstream.status, headers=_return_headers(upstream))
     response.headers["X-Request-Id"] = record.request_id
@@ -122,6 +147,8 @@ async def _pump(
     keep_whole = (upstream.content_length or _WHOLE_BODY_LIMIT + 1) <= _WHOLE_BODY_LIMIT
     content_type = upstream.headers.get("Content-Type", "")
     tail: list[bytes] = []
+    newlines_per_token = 2 if content_type.startswith("text/event-stream") else 1
+    unmetered = 0
     await response.prepare(request)
     loop = asyncio.get_running_loop()
     try:
@@ -132,6 +159,11 @@ async def _pump(
                 tail.append(chunk)
                 if not keep_whole and len(tail) > _TAIL_CHUNKS:
                     del tail[0]
+                if meter is not None:
+                    unmetered += chunk.count(b"\n")
+                    if unmetered >= _METER_EVERY * newlines_per_token:
+                        meter(unmetered // newlines_per_token)
+                        unmetered %= newlines_per_token
                 deadline.reschedule(loop.time() + idle)
                 chunk = await upstream.content.readany()
     except ConnectionResetError:

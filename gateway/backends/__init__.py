@@ -1,5 +1,6 @@
-"""The inference servers behind the gateway, and which one a request goes to."""
+"""The inference servers behind the gateway: their state, their health, and routing."""
 
-from gateway.backends.pool import Backend, BackendPool
+from gateway.backends.monitor import BackendMonitor
+from gateway.backends.pool import Backend, BackendPool, BackendState, model_key
 
-__all__ = ["Backend", "BackendPool"]
+__all__ = ["Backend", "BackendMonitor", "BackendPool", "BackendState", "model_key"]

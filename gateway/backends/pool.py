@@ -1,52 +1,89 @@
-"""Backends as configured, and the choice of one for a request."""
+"""Backends as configured plus what their monitor has seen, and the choice among them."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
-from gateway.errors import Api, GatewayError
+from gateway.errors import Api
 from gateway.policy import BackendConfig
 
-__all__ = ["Backend", "BackendPool"]
+__all__ = ["Backend", "BackendPool", "BackendState", "model_key"]
+
+
+def model_key(name: str) -> str:
+    """Ollama treats ``llama3.2`` and ``llama3.2:latest`` as one model."""
+    return name if ":" in name else f"{name}:latest"
+
+
+@dataclass(slots=True)
+class BackendState:
+    """What the monitor last saw of a backend; it outlives policy reloads."""
+
+    healthy: bool = True  # optimistic until the first probe says otherwise
+    failures: int = 0  # consecutive failed probes
+    successes: int = 0  # consecutive good probes
+    slots: int | None = None  # as the backend reports them (llama.cpp /props)
+    models: frozenset[str] | None = None  # model keys it serves; None: not known yet
+    loaded: dict[str, str | None] = field(default_factory=dict)  # model key -> expires_at
+    sleeping: bool = False
+    listings: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # path -> entries
+    last_error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Backend:
-    """One inference server; ``slots`` is how many requests it runs at once."""
+    """One inference server: its configuration and its live state."""
 
     name: str
     url: str
     kind: str
-    slots: int
+    configured_slots: int | None
+    state: BackendState
 
-    @classmethod
-    def from_config(cls, config: BackendConfig) -> Backend:
-        # llama.cpp reports its slots itself (GET /props); until it has, assume one.
-        return cls(config.name, config.url, config.kind, config.slots or 1)
+    @property
+    def slots(self) -> int:
+        """How many requests it runs at once: configured, else reported, else one."""
+        return self.configured_slots or self.state.slots or 1
 
     def speaks(self, api: Api) -> bool:
         """Ollama's native API is served only by Ollama; every kind speaks /v1."""
         return api is Api.OPENAI or self.kind == "ollama"
 
+    def serves(self, model: str) -> bool:
+        models = self.state.models
+        return models is None or model_key(model) in models
+
+    def has_loaded(self, model: str) -> bool:
+        return self.kind != "ollama" or model_key(model) in self.state.loaded
+
 
 class BackendPool:
-    """The configured backends; routing picks among those that speak the request's API."""
+    """The configured backends; routing picks among those that can run a request."""
 
-    def __init__(self, configs: list[BackendConfig]) -> None:
-        self.backends = [Backend.from_config(config) for config in configs]
+    def __init__(self, configs: list[BackendConfig], states: dict[str, BackendState]) -> None:
+        # The states are shared with the monitor and with pools of later policy versions.
+        self.backends = [
+            Backend(c.name, c.url, c.kind, c.slots, states.setdefault(c.name, BackendState()))
+            for c in configs
+        ]
 
     def serving(self, api: Api, model: str) -> list[Backend]:
-        """Backends that can run a request for ``model`` on ``api``."""
-        return [backend for backend in self.backends if backend.speaks(api)]
+        """Healthy backends that speak ``api`` and serve ``model``."""
+        return [b for b in self.backends if b.state.healthy and b.speaks(api) and b.serves(model)]
 
     def prefer(self, free: list[Backend], model: str, busy: Mapping[str, int]) -> Backend:
-        """Among backends with a free slot, the one with the most free slots."""
-        return max(free, key=lambda backend: backend.slots - busy.get(backend.name, 0))
+        """Where ``model`` is loaded now (a cold load costs seconds), then the most free slots."""
+        return max(
+            free,
+            key=lambda b: (b.has_loaded(model), b.slots - busy.get(b.name, 0)),
+        )
 
-    def for_reads(self, api: Api) -> Backend:
-        """The backend that answers listings and metadata."""
-        for backend in self.backends:
-            if backend.speaks(api):
-                return backend
-        raise GatewayError(503, "no_backend", f"no configured backend serves the {api.value} API")
+    def known_nowhere(self, api: Api, model: str) -> bool:
+        """True when every backend for ``api`` has listed its models and none lists ``model``."""
+        speaking = [b for b in self.backends if b.speaks(api)]
+        return all(b.state.models is not None and not b.serves(model) for b in speaking)
+
+    def healthy(self, api: Api) -> list[Backend]:
+        return [b for b in self.backends if b.state.healthy and b.speaks(api)]

@@ -1,0 +1,147 @@
+"""Fairness: the household mix run three ways, side by side, in one process.
+
+1. direct: the light users and ONE well-behaved heavy user (one request at a time) straight
+   to the backend, no gateway: the reference, the best any admission order can give.
+2. fifo: the heavy user floods (several long prompts at once) through the gateway with
+   first-come-first-served ordering and no class limit, which is what Ollama does.
+3. fair: the same flood through the gateway with the weighted fair scheduler and heavy
+   requests limited to one of the two slots.
+
+The backend is the simulator: 2 slots, a long prompt's prefill stalls every stream (as
+llama.cpp's batches do). Prints, per user and per class: requests, 503s, TTFT p50/p95,
+ITL p95, tokens; Jain's fairness index over the light users' TTFT; throughput.
+
+    .venv/bin/python -m benchmarks.fairness
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from dataclasses import dataclass, replace
+
+from aiohttp import web
+
+from benchmarks.household import Mix, Outcome, p95, run_mix
+from gateway.app import bound_url, create_app, start_server
+from gateway.logs import configure_logging
+from gateway.policy import parse_policy
+from gateway.settings import Settings
+from gateway.sim import SimConfig, Simulator
+
+__all__ = ["Run", "compare", "main"]
+
+SLOTS = 2
+SIM = {
+    "parallel": SLOTS,
+    "prefill_tokens_per_s": 20_000.0,
+    "decode_tokens_per_s": 100.0,
+    "decode_slowdown": 0.1,
+    "prefill_blocks_decode": True,
+}
+FLOOD = Mix()
+REFERENCE = replace(FLOOD, heavy_streams=1)
+
+
+@dataclass
+class Run:
+    name: str
+    outcomes: list[Outcome]
+    seconds: float
+    max_running: int
+
+    def light_ttft(self) -> list[float]:
+        return [t for o in self.outcomes if o.klass == "light" for t in o.ttft]
+
+
+def _policy(sim_url: str, scheduling: str, heavy_slots: int, mix: Mix) -> str:
+    users = [f"light{n}" for n in range(mix.light_users)] + ["heavy"]
+    entries = "".join(f"  {user}: {{keys: [{user}-key]}}\n" for user in users)
+    return (
+        f"scheduling: {scheduling}\n"
+        f"classes: {{heavy: {{min_prompt_tokens: 1000, max_slots: {heavy_slots}}}}}\n"
+        f"defaults: {{max_concurrent: {mix.heavy_streams}, max_queued: 8}}\n"
+        "queue: {max_depth: 32, max_wait: 60s}\n"
+        f"users:\n{entries}"
+        f"backends:\n  - {{name: sim, url: {sim_url}, kind: ollama, slots: {SLOTS}}}\n"
+    )
+
+
+async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
+    runner = await start_server(app, "127.0.0.1", 0)
+    return runner, bound_url(runner)
+
+
+async def _run(name: str, mix: Mix, scheduling: str | None, heavy_slots: int = SLOTS) -> Run:
+    simulator = Simulator(SimConfig(**SIM))  # type: ignore[arg-type]
+    backend, sim_url = await _serve(simulator.make_app())
+    runners = [backend]
+    url, keys = sim_url, None
+    if scheduling is not None:
+        policy = parse_policy(_policy(sim_url, scheduling, heavy_slots, mix))
+        gateway, url = await _serve(create_app(Settings(log_level="WARNING"), policy))
+        runners.append(gateway)
+        keys = {user: f"{user}-key" for user in policy.users}
+    started = time.perf_counter()
+    try:
+        outcomes = await run_mix(url, mix, keys)
+    finally:
+        for runner in reversed(runners):
+            await runner.cleanup()
+    return Run(name, outcomes, time.perf_counter() - started, simulator.stats.max_running)
+
+
+async def compare(flood: Mix = FLOOD, reference: Mix = REFERENCE) -> list[Run]:
+    """The three runs, one after another on the same machine."""
+    return [
+        await _run("direct, one heavy request at a time", reference, None),
+        await _run("gateway fifo, heavy flood", flood, "fifo"),
+        await _run("gateway fair, heavy flood", flood, "fair", heavy_slots=1),
+    ]
+
+
+def jain(values: list[float]) -> float:
+    """Jain's index: 1 when every value is equal, 1/n when one takes everything."""
+    if not values or not any(values):
+        return float("nan")
+    return sum(values) ** 2 / (len(values) * sum(v * v for v in values))
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:8.0f}"
+
+
+def report(runs: list[Run]) -> str:
+    lines = []
+    reference = p95(runs[0].light_ttft())
+    for run in runs:
+        tokens = sum(o.tokens for o in run.outcomes)
+        lines.append(
+            f"\n{run.name}: {run.seconds:.2f} s, {tokens / run.seconds:.0f} tokens/s, "
+            f"backend max concurrent {run.max_running}"
+        )
+        lines.append("  user      class  requests  503s  TTFT p50  TTFT p95  ITL p95  tokens")
+        for o in run.outcomes:
+            median = statistics.median(o.ttft) if o.ttft else float("nan")
+            lines.append(
+                f"  {o.user:8}  {o.klass:5}  {len(o.ttft):8d}  {o.refused:4d}  {_ms(median)}"
+                f"  {_ms(p95(o.ttft))}  {_ms(p95(o.gaps))}  {o.tokens:6d}"
+            )
+        light = run.light_ttft()
+        per_user = [statistics.mean(o.ttft) for o in run.outcomes if o.klass == "light" and o.ttft]
+        lines.append(
+            f"  light p95 TTFT {p95(light) * 1000:.0f} ms = {p95(light) / reference:.2f}x the "
+            f"direct reference; Jain index over light users' mean TTFT {jain(per_user):.3f}"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    configure_logging("json", "WARNING")
+    print(__doc__.split("\n\n")[0])
+    print(report(asyncio.run(compare())))
+
+
+if __name__ == "__main__":
+    main()

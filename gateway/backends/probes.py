@@ -1,0 +1,94 @@
+"""What each kind of backend says about itself: health, slots, models, loaded models.
+
+- Ollama: ``GET /api/version`` (health), ``/api/tags`` (models), ``/api/ps`` (loaded now, with
+  ``expires_at``), ``/v1/models``. Its parallelism cannot be read: the policy states it.
+- llama.cpp: ``GET /health`` (503 "Loading model" while loading), ``/props`` (``total_slots``,
+  ``is_sleeping``), ``/v1/models``.
+- any OpenAI-compatible server: ``GET /v1/models``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from gateway.backends.pool import model_key
+
+__all__ = ["Observation", "ProbeFailed", "probe"]
+
+
+class ProbeFailed(Exception):
+    """The backend did not answer its probe as a healthy one does."""
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    models: frozenset[str]
+    loaded: dict[str, str | None] = field(default_factory=dict)
+    slots: int | None = None
+    sleeping: bool = False
+    listings: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+
+Getter = Callable[[str], Awaitable[Any]]
+
+
+async def probe(session: aiohttp.ClientSession, kind: str, url: str, within: float) -> Observation:
+    """Ask the backend at ``url`` about itself; ProbeFailed when it is not ready."""
+
+    async def get(path: str) -> Any:
+        try:
+            async with session.get(
+                url + path, timeout=aiohttp.ClientTimeout(total=within)
+            ) as reply:
+                if reply.status != 200:
+                    raise ProbeFailed(f"GET {path}: HTTP {reply.status} {await reply.text()}")
+                return await reply.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            raise ProbeFailed(f"GET {path}: {exc!r}") from exc
+
+    probes = {"ollama": _ollama, "llamacpp": _llamacpp, "openai": _openai}
+    return await probes[kind](get)
+
+
+async def _ollama(get: Getter) -> Observation:
+    await get("/api/version")
+    tags = _entries(await get("/api/tags"), "models")
+    running = _entries(await get("/api/ps"), "models")
+    openai_models = _entries(await get("/v1/models"), "data")
+    return Observation(
+        models=frozenset(model_key(str(entry.get("name"))) for entry in tags),
+        loaded={model_key(str(e.get("name"))): e.get("expires_at") for e in running},
+        listings={"/api/tags": tags, "/api/ps": running, "/v1/models": openai_models},
+    )
+
+
+async def _llamacpp(get: Getter) -> Observation:
+    await get("/health")
+    props = await get("/props")
+    slots = props.get("total_slots") if isinstance(props, dict) else None
+    openai_models = _entries(await get("/v1/models"), "data")
+    return Observation(
+        models=frozenset(model_key(str(entry.get("id"))) for entry in openai_models),
+        slots=slots if isinstance(slots, int) and slots > 0 else None,
+        sleeping=bool(isinstance(props, dict) and props.get("is_sleeping")),
+        listings={"/v1/models": openai_models},
+    )
+
+
+async def _openai(get: Getter) -> Observation:
+    openai_models = _entries(await get("/v1/models"), "data")
+    return Observation(
+        models=frozenset(model_key(str(entry.get("id"))) for entry in openai_models),
+        listings={"/v1/models": openai_models},
+    )
+
+
+def _entries(document: Any, key: str) -> list[dict[str, Any]]:
+    entries = document.get(key) if isinstance(document, dict) else None
+    if not isinstance(entries, list):
+        raise ProbeFailed(f"no {key!r} list in the reply")
+    return [entry for entry in entries if isinstance(entry, dict)]

@@ -1,0 +1,75 @@
+"""What a request will cost, read from its body before it runs: prompt tokens and its class.
+
+The count is an estimate (about four characters a token, a fixed cost per image): good
+enough to tell a 6,000-token summary from a quick question before the backend has seen it.
+The backend's own counts correct the fair scheduler afterwards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from gateway.policy import Policy
+
+__all__ = ["Estimate", "classify"]
+
+RequestClass = Literal["light", "heavy"]
+_CHARS_PER_TOKEN = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """The estimated prompt size of a request, and the class that follows from it."""
+
+    input_tokens: int
+    klass: RequestClass
+    weight: float  # the class's share multiplier
+
+
+def classify(fields: dict[str, Any], policy: Policy) -> Estimate:
+    """Estimate the prompt of an Ollama or OpenAI request body and decide its class."""
+    characters, images = _prompt_size(fields)
+    tokens = characters // _CHARS_PER_TOKEN + images * policy.costs.image_tokens
+    heavy = policy.classes.heavy
+    options = fields.get("options")
+    num_ctx = options.get("num_ctx") if isinstance(options, dict) else None
+    wants_long_context = (
+        heavy.min_num_ctx is not None and isinstance(num_ctx, int) and num_ctx >= heavy.min_num_ctx
+    )
+    if tokens >= heavy.min_prompt_tokens or wants_long_context:
+        return Estimate(tokens, "heavy", heavy.weight)
+    return Estimate(tokens, "light", policy.classes.light.weight)
+
+
+def _prompt_size(fields: dict[str, Any]) -> tuple[int, int]:
+    """(characters of text, number of images) in every place a prompt can be."""
+    characters, images = 0, 0
+    for key in ("prompt", "system", "suffix", "input"):
+        text_chars, text_images = _content_size(fields.get(key))
+        characters, images = characters + text_chars, images + text_images
+    images += len(fields.get("images") or ())
+    for message in fields.get("messages") or ():
+        if isinstance(message, dict):
+            text_chars, text_images = _content_size(message.get("content"))
+            characters += text_chars
+            images += text_images + len(message.get("images") or ())
+    return characters, images
+
+
+def _content_size(content: object) -> tuple[int, int]:
+    """Text and images of a string, a list of strings, or OpenAI content parts."""
+    if isinstance(content, str):
+        return len(content), 0
+    if not isinstance(content, list):
+        return 0, 0
+    characters, images = 0, 0
+    for part in content:
+        if isinstance(part, str):
+            characters += len(part)
+        elif isinstance(part, dict):
+            if part.get("type") in ("image_url", "input_image", "image"):
+                images += 1
+            text = part.get("text")
+            characters += len(text) if isinstance(text, str) else 0
+    return characters, images
