@@ -33,13 +33,13 @@ from gateway.sim import SimConfig, Simulator
 __all__ = ["Run", "compare", "main"]
 
 SLOTS = 2
-SIM = {
-    "parallel": SLOTS,
-    "prefill_tokens_per_s": 20_000.0,
-    "decode_tokens_per_s": 100.0,
-    "decode_slowdown": 0.1,
-    "prefill_blocks_decode": True,
-}
+SIM = SimConfig(
+    parallel=SLOTS,
+    prefill_tokens_per_s=20_000.0,
+    decode_tokens_per_s=100.0,
+    decode_slowdown=0.1,
+    prefill_blocks_decode=True,
+)
 FLOOD = Mix()
 REFERENCE = replace(FLOOD, heavy_streams=1)
 
@@ -73,8 +73,10 @@ async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
     return runner, bound_url(runner)
 
 
-async def _run(name: str, mix: Mix, scheduling: str | None, heavy_slots: int = SLOTS) -> Run:
-    simulator = Simulator(SimConfig(**SIM))  # type: ignore[arg-type]
+async def _run(
+    name: str, mix: Mix, sim: SimConfig, scheduling: str | None, heavy_slots: int = SLOTS
+) -> Run:
+    simulator = Simulator(replace(sim))
     backend, sim_url = await _serve(simulator.make_app())
     runners = [backend]
     url, keys = sim_url, None
@@ -92,12 +94,14 @@ async def _run(name: str, mix: Mix, scheduling: str | None, heavy_slots: int = S
     return Run(name, outcomes, time.perf_counter() - started, simulator.stats.max_running)
 
 
-async def compare(flood: Mix = FLOOD, reference: Mix = REFERENCE) -> list[Run]:
+async def compare(
+    flood: Mix = FLOOD, reference: Mix = REFERENCE, sim: SimConfig = SIM
+) -> list[Run]:
     """The three runs, one after another on the same machine."""
     return [
-        await _run("direct, one heavy request at a time", reference, None),
-        await _run("gateway fifo, heavy flood", flood, "fifo"),
-        await _run("gateway fair, heavy flood", flood, "fair", heavy_slots=1),
+        await _run("direct, one heavy request at a time", reference, sim, None),
+        await _run("gateway fifo, heavy flood", flood, sim, "fifo"),
+        await _run("gateway fair, heavy flood", flood, sim, "fair", heavy_slots=1),
     ]
 
 

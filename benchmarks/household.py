@@ -28,7 +28,7 @@ class Mix:
     light_chats: int = 8  # per light user, one after another
     light_prompt_chars: int = 160  # about 40 tokens
     light_output: int = 8
-    heavy_streams: int = 3  # heavy requests the heavy user keeps in flight at once
+    heavy_streams: int = 6  # heavy requests the heavy user keeps in flight at once
     heavy_prompt_chars: int = 16_000  # about 4,000 tokens
     heavy_output: int = 16
 
