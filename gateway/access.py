@@ -37,6 +37,7 @@ class RequestRecord:
     first_byte_at: float | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    load_seconds: float | None = None
     client_gone: bool = False
     retried: bool = False  # sent to a second backend after the first failed
 
@@ -61,6 +62,7 @@ class RequestRecord:
             "total_s": round(done - self.arrived, 4),
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
+            "load_s": self.load_seconds,
             "client_gone": self.client_gone,
             "retried": self.retried,
         }

@@ -15,12 +15,13 @@ from aiohttp import web
 from gateway.access import access_log_middleware
 from gateway.admission import Admission
 from gateway.backends import BackendMonitor
-from gateway.keys import ADMISSION, LIVE, MONITOR, SESSION, SETTINGS
+from gateway.keys import ADMISSION, LIVE, MONITOR, SESSION, SETTINGS, WARMTH
 from gateway.live import LivePolicy
 from gateway.policy import Policy
 from gateway.proxy import add_routes
 from gateway.settings import Settings
 from gateway.status import add_status_route
+from gateway.warmth import KeepWarm
 
 __all__ = ["bound_url", "create_app", "run_app", "start_server"]
 
@@ -68,7 +69,12 @@ async def _backend_monitor(app: web.Application) -> AsyncIterator[None]:
         lambda view: monitor.reconcile(view.policy.backends, view.policy.monitoring)
     )
     app[MONITOR] = monitor
+    warmth = KeepWarm(app[SESSION], live.states)
+    warmth.reconcile(policy.backends, policy.warmth)
+    live.on_reload.append(lambda view: warmth.reconcile(view.policy.backends, view.policy.warmth))
+    app[WARMTH] = warmth
     yield
+    await warmth.close()
     await monitor.close()
 
 

@@ -24,6 +24,7 @@ __all__ = [
     "Classes",
     "Costs",
     "HeavyClass",
+    "KeepAlivePolicy",
     "Limits",
     "Monitoring",
     "Policy",
@@ -31,6 +32,7 @@ __all__ = [
     "QueueConfig",
     "Timeouts",
     "UserConfig",
+    "Warmth",
     "load_policy",
     "parse_policy",
 ]
@@ -56,6 +58,13 @@ class BackendConfig(_Strict):
         default=None,
         ge=1,
         description="Requests it runs at once; must equal OLLAMA_NUM_PARALLEL (or -np).",
+    )
+    keep_warm: list[str] = Field(
+        default_factory=list,
+        description="Ollama models to keep loaded, with empty requests that take no slot.",
+    )
+    keep_alive: Duration = Field(
+        default=1800.0, description="How long each ping holds a keep_warm model; -1: pinned."
     )
 
     @field_validator("url")
@@ -93,6 +102,28 @@ class Monitoring(_Strict):
     )
     healthy_after: int = Field(
         default=2, ge=1, description="Good probes in a row before it comes back."
+    )
+
+
+class KeepAlivePolicy(_Strict):
+    """What proxied requests may ask of Ollama's keep_alive (a client's 0 unloads the model
+    for everybody)."""
+
+    min: Duration | None = Field(default=None, description="Raise shorter keep_alive to this.")
+    max: Duration | None = Field(
+        default=None, description="Lower longer (or forever, negative) keep_alive to this."
+    )
+    override: Duration | None = Field(
+        default=None, description="Replace whatever the client sent (or did not send)."
+    )
+
+
+class Warmth(_Strict):
+    """Keeping models loaded, and noticing when a request paid for a load."""
+
+    interval: Duration = Field(default=60.0, gt=0, description="Between two keep-warm checks.")
+    cold_start_after: Duration = Field(
+        default=1.0, ge=0, description="A reply whose load_duration exceeds this was a cold start."
     )
 
 
@@ -216,6 +247,8 @@ class Policy(_Strict):
     )
     backends: list[BackendConfig] = Field(min_length=1)
     monitoring: Monitoring = Monitoring()
+    warmth: Warmth = Warmth()
+    keep_alive: KeepAlivePolicy = KeepAlivePolicy()
     timeouts: Timeouts = Timeouts()
 
     def limits_of(self, user: str) -> Limits:

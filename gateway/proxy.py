@@ -13,10 +13,11 @@ from gateway.admission import Permit, Refusal, Ticket
 from gateway.backends import BackendPool
 from gateway.classify import classify
 from gateway.errors import Api, BackendFailure, GatewayError, api_of
-from gateway.keys import ADMISSION, LIVE, MONITOR, SESSION
+from gateway.keys import ADMISSION, LIVE, MONITOR, SESSION, WARMTH
 from gateway.listings import add_listing_routes, model_not_found
 from gateway.policy import Policy, Timeouts
 from gateway.streaming import relay
+from gateway.warmth import apply_keep_alive_policy
 
 __all__ = ["add_routes"]
 
@@ -56,6 +57,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
     record.model = _model_name(fields)
     _check_model_allowed(view.policy, record.user, record.model)
     _check_model_served(view.pool, api, record.model)
+    if api is Api.OLLAMA and apply_keep_alive_policy(fields, view.policy.keep_alive):
+        body = json.dumps(fields, ensure_ascii=False).encode()
     estimate = classify(fields, view.policy)
     record.klass, record.input_estimate = estimate.klass, estimate.input_tokens
     ticket = Ticket(
@@ -74,7 +77,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
         record.backend = permit.backend.name
         response = await _relay_with_failover(request, permit, body, view.policy.timeouts)
         permit.settle(record.prompt_tokens, record.completion_tokens)
-        return response
+    request.app[WARMTH].note_load(record.backend, record.model, record.load_seconds)
+    return response
 
 
 async def _relay_with_failover(

@@ -8,7 +8,7 @@ from aiohttp import web
 
 from gateway.access import RECORD
 from gateway.errors import GatewayError
-from gateway.keys import ADMISSION, LIVE
+from gateway.keys import ADMISSION, LIVE, WARMTH
 
 __all__ = ["add_status_route"]
 
@@ -26,12 +26,33 @@ async def status(request: web.Request) -> web.Response:
             raise GatewayError(403, "admin_only", "/status needs an admin key or a loopback client")
     live = request.app[LIVE]
     snapshot = request.app[ADMISSION].snapshot()
+    warmth = request.app[WARMTH]
+    backends = {}
+    for backend in view.pool.backends:
+        busy, slots = snapshot.backends.get(backend.name, (0, backend.slots))
+        backends[backend.name] = {
+            "kind": backend.kind,
+            "url": backend.url,
+            "healthy": backend.state.healthy,
+            "busy": busy,
+            "slots": slots,
+            "loaded": backend.state.loaded,  # model -> when Ollama unloads it
+            "sleeping": backend.state.sleeping,
+            "last_error": backend.state.last_error,
+            "keep_warm_pings": {
+                f"{model}:{outcome}": count
+                for (name, model, outcome), count in warmth.pings.items()
+                if name == backend.name
+            },
+            "cold_starts": {
+                model: count
+                for (name, model), count in warmth.cold_starts.items()
+                if name == backend.name
+            },
+        }
     return web.json_response(
         {
-            "backends": {
-                name: {"busy": busy, "slots": slots}
-                for name, (busy, slots) in snapshot.backends.items()
-            },
+            "backends": backends,
             "users": {
                 name: {"running": running, "queued": queued}
                 for name, (running, queued) in snapshot.users.items()

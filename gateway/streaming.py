@@ -178,7 +178,9 @@ async def _pump(
         )
         await _fail_inband(request, response, content_type, reason, record)
         return response
-    record.prompt_tokens, record.completion_tokens = final_counts(content_type, b"".join(tail))
+    counts = final_counts(content_type, b"".join(tail))
+    record.prompt_tokens, record.completion_tokens = counts.prompt_tokens, counts.completion_tokens
+    record.load_seconds = counts.load_seconds
     await response.write_eof()
     return response
 

@@ -206,7 +206,8 @@ class TestHealth:
             aiohttp.ClientSession() as session,
             session.get(gateway.url + "/status") as reply,
         ):
-            assert (await reply.json())["backends"]["cpp"] == {"busy": 0, "slots": 3}
+            cpp = (await reply.json())["backends"]["cpp"]
+        assert (cpp["busy"], cpp["slots"], cpp["healthy"]) == (0, 3, True)
 
     async def test_ollama_and_llamacpp_serve_side_by_side(
         self, start_sim: StartSim, start_gateway: StartGateway

@@ -7,7 +7,6 @@ after ``healthy_after`` good ones, so one lost packet does not make it flap.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 
 import aiohttp
@@ -16,6 +15,7 @@ import structlog
 from gateway.backends.pool import BackendState
 from gateway.backends.probes import Observation, ProbeFailed, probe
 from gateway.policy import BackendConfig, Monitoring
+from gateway.tasks import KeyedTasks
 
 __all__ = ["BackendMonitor"]
 
@@ -34,24 +34,15 @@ class BackendMonitor:
         self.states = states
         self._session = session
         self._on_change = on_change
-        self._tasks: dict[str, tuple[BackendConfig, asyncio.Task[None]]] = {}
+        self._tasks = KeyedTasks(self._watch, "monitor")
         self._settings = Monitoring()
 
     def reconcile(self, backends: list[BackendConfig], settings: Monitoring) -> None:
         """Start, restart or stop probing so that it matches the configured backends."""
         self._settings = settings
-        wanted = {backend.name: backend for backend in backends}
-        for name, (config, task) in list(self._tasks.items()):
-            if wanted.get(name) != config:
-                task.cancel()
-                del self._tasks[name]
-                if name not in wanted:
-                    self.states.pop(name, None)
-        for name, config in wanted.items():
-            if name not in self._tasks:
-                state = self.states.setdefault(name, BackendState())
-                task = asyncio.create_task(self._watch(config, state), name=f"monitor-{name}")
-                self._tasks[name] = (config, task)
+        gone = self._tasks.reconcile({backend.name: backend for backend in backends})
+        for name in gone:
+            self.states.pop(name, None)
 
     async def start(self, backends: list[BackendConfig], settings: Monitoring) -> None:
         """Probe every backend once, together, so that routing starts knowing what they
@@ -63,15 +54,10 @@ class BackendMonitor:
         self.reconcile(backends, settings)
 
     async def close(self) -> None:
-        tasks = [task for _, task in self._tasks.values()]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks.clear()
+        await self._tasks.close()
 
-    async def _watch(self, config: BackendConfig, state: BackendState) -> None:
+    async def _watch(self, config: BackendConfig) -> None:
+        state = self.states.setdefault(config.name, BackendState())
         while True:
             await asyncio.sleep(self._settings.interval)
             await self.check(config, state)
@@ -87,8 +73,7 @@ class BackendMonitor:
 
     def report_failure(self, name: str, reason: str) -> None:
         """A request found the backend failing: count it like a failed probe."""
-        state = self.states.get(name)
-        config = self._tasks.get(name, (None, None))[0]
+        state, config = self.states.get(name), self._tasks.config(name)
         if state is not None and config is not None:
             self._failed(config, state, reason)
 

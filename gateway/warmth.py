@@ -1,0 +1,153 @@
+"""Keeping the household's models loaded, and the admin's say over keep_alive.
+
+Ollama unloads a model ``keep_alive`` after its last request (5 minutes by default) and the
+next person waits for a reload; any client sending ``"keep_alive": 0`` unloads it for
+everybody (https://github.com/ollama/ollama/blob/main/docs/faq.md). So the gateway:
+
+- pings each ``keep_warm`` model with an empty ``POST /api/generate`` (no prompt, no
+  options: different options would force a reload) when ``/api/ps`` shows it unloaded or
+  about to expire. Ollama runs such a request without a parallel slot, and the gateway
+  sends it outside admission, so it takes no user's slot either;
+- clamps or overrides the keep_alive of proxied requests;
+- counts a reply whose ``load_duration`` shows it paid for a load: a cold start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+import structlog
+
+from gateway.backends import BackendState, model_key
+from gateway.durations import parse_go_duration
+from gateway.policy import BackendConfig, KeepAlivePolicy, Warmth
+from gateway.tasks import KeyedTasks
+
+__all__ = ["KeepWarm", "apply_keep_alive_policy"]
+
+log = structlog.get_logger("fairgate.warmth")
+_MAX_BACKOFF = 5  # doublings of the interval after repeated errors
+
+
+class KeepWarm:
+    """A pinging task for every Ollama backend that names models to keep warm."""
+
+    def __init__(self, session: aiohttp.ClientSession, states: dict[str, BackendState]) -> None:
+        self._session = session
+        self._states = states
+        self._settings = Warmth()
+        self._tasks = KeyedTasks(self._keep_warm, "warmth")
+        self.pings: Counter[tuple[str, str, str]] = Counter()  # (backend, model, ok|failed)
+        self.cold_starts: Counter[tuple[str, str]] = Counter()  # (backend, model)
+
+    def reconcile(self, backends: list[BackendConfig], settings: Warmth) -> None:
+        self._settings = settings
+        self._tasks.reconcile({b.name: b for b in backends if b.kind == "ollama" and b.keep_warm})
+
+    async def close(self) -> None:
+        await self._tasks.close()
+
+    def note_load(self, backend: str, model: str, load_seconds: float | None) -> bool:
+        """Count a cold start when a reply's load_duration passes the threshold."""
+        if load_seconds is None or load_seconds <= self._settings.cold_start_after:
+            return False
+        self.cold_starts[backend, model] += 1
+        log.warning("cold_start", backend=backend, model=model, load_seconds=round(load_seconds, 3))
+        return True
+
+    async def _keep_warm(self, config: BackendConfig) -> None:
+        failures = 0
+        while True:
+            state = self._states.get(config.name)
+            if state is None or state.healthy:  # paused while the backend is down
+                try:
+                    await self._check(config)
+                    failures = 0
+                except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                    failures = min(failures + 1, _MAX_BACKOFF)
+                    log.warning("keep_warm_failed", backend=config.name, error=repr(exc))
+            await asyncio.sleep(self._settings.interval * 2**failures)
+
+    async def _check(self, config: BackendConfig) -> None:
+        horizon = 2 * self._settings.interval
+        loaded = await self._loaded(config)
+        now = datetime.now(UTC)
+        for model in config.keep_warm:
+            expires = loaded.get(model_key(model), now)
+            if model_key(model) in loaded and (expires - now).total_seconds() > horizon:
+                continue
+            ok = await self._ping(config, model)
+            self.pings[config.name, model, "ok" if ok else "failed"] += 1
+            if not ok:
+                raise ValueError(f"the keep-warm ping for {model} failed")
+
+    async def _loaded(self, config: BackendConfig) -> dict[str, datetime]:
+        timeout = aiohttp.ClientTimeout(total=30)
+        async with self._session.get(config.url + "/api/ps", timeout=timeout) as reply:
+            reply.raise_for_status()
+            document = await reply.json(content_type=None)
+        return {
+            model_key(str(entry.get("name"))): _expiry(entry.get("expires_at"))
+            for entry in document.get("models") or ()
+            if isinstance(entry, dict)
+        }
+
+    async def _ping(self, config: BackendConfig, model: str) -> bool:
+        body = {"model": model, "keep_alive": _seconds(config.keep_alive)}
+        # Loading a large model from disk can take minutes.
+        timeout = aiohttp.ClientTimeout(total=600)
+        async with self._session.post(
+            config.url + "/api/generate", json=body, timeout=timeout
+        ) as reply:
+            await reply.read()
+            log.info("keep_warm_ping", backend=config.name, model=model, status=reply.status)
+            return reply.status == 200
+
+
+def apply_keep_alive_policy(fields: dict[str, Any], rules: KeepAlivePolicy) -> bool:
+    """Clamp or override ``fields["keep_alive"]`` in place; True when the body changed."""
+    wanted = _wanted_keep_alive(fields.get("keep_alive"), rules)
+    if wanted is None:
+        return False
+    fields["keep_alive"] = _seconds(wanted)
+    return True
+
+
+def _wanted_keep_alive(given: object, rules: KeepAlivePolicy) -> float | None:
+    """The keep_alive to send instead of ``given``, or None to leave the request alone."""
+    if rules.override is not None:
+        return rules.override
+    if given is None:
+        return None
+    try:
+        asked = _client_seconds(given)
+    except ValueError:
+        return None  # Ollama answers a malformed keep_alive itself
+    forever = asked < 0
+    if rules.max is not None and (forever or asked > rules.max):
+        return rules.max
+    if rules.min is not None and not forever and asked < rules.min:
+        return rules.min
+    return None
+
+
+def _client_seconds(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError("not a duration")
+    return parse_go_duration(value) if isinstance(value, str) else float(value)
+
+
+def _seconds(value: float) -> int | float:
+    # Ollama reads a number as seconds; whole numbers keep the JSON tidy.
+    return int(value) if float(value).is_integer() else value
+
+
+def _expiry(text: object) -> datetime:
+    try:
+        return datetime.fromisoformat(str(text))
+    except ValueError:
+        return datetime.now(UTC)  # unreadable: treat as expiring now, so it gets pinged

