@@ -13,7 +13,7 @@ WHEELS ?= $(HOME)/.cache/fairgate-wheels
 LLAMA_STAMP := $(VENV)/.llama-stamp
 LLAMA_CMAKE_ARGS := -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF
 
-.PHONY: run test lint demo sim venv clean
+.PHONY: run test lint demo sim venv clean services
 
 venv: $(STAMP)
 
@@ -25,8 +25,15 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	FAIRGATE_CONFIG=$${FAIRGATE_CONFIG:-$(CONFIG)} $(BIN)/fairgate serve
 
-test: lint $(LLAMA_STAMP)
+test: lint $(LLAMA_STAMP) services
 	$(BIN)/pytest -q
+
+# Real servers the tests start on loopback: Prometheus (and promtool), from Debian's packages.
+services:
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null || { \
+		echo "installing Debian's prometheus for the tests (needs root)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			--no-install-recommends prometheus; }
 
 $(LLAMA_STAMP): $(STAMP)
 	mkdir -p $(WHEELS)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import structlog
@@ -12,7 +13,7 @@ from aiohttp.typedefs import Handler
 
 from gateway.errors import GatewayError, api_of, error_response
 
-__all__ = ["RECORD", "RequestRecord", "access_log_middleware"]
+__all__ = ["ON_FINISHED", "RECORD", "RequestRecord", "access_log_middleware"]
 
 log = structlog.get_logger("fairgate.access")
 
@@ -25,6 +26,7 @@ class RequestRecord:
     method: str
     path: str
     arrived: float = field(default_factory=time.monotonic)
+    finished: float = 0.0
     user: str | None = None
     model: str | None = None
     klass: str | None = None  # light or heavy
@@ -34,7 +36,9 @@ class RequestRecord:
     reason: str | None = None
     bytes_out: int = 0
     queue_wait: float | None = None
+    dispatched_at: float | None = None
     first_byte_at: float | None = None
+    gaps: list[float] = field(default_factory=list)  # seconds between chunks of the reply
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     load_seconds: float | None = None
@@ -42,7 +46,7 @@ class RequestRecord:
     retried: bool = False  # sent to a second backend after the first failed
 
     def fields(self) -> dict[str, object]:
-        done = time.monotonic()
+        done = self.finished or time.monotonic()
         ttft = None if self.first_byte_at is None else round(self.first_byte_at - self.arrived, 4)
         wait = None if self.queue_wait is None else round(self.queue_wait, 4)
         return {
@@ -69,6 +73,8 @@ class RequestRecord:
 
 
 RECORD = web.RequestKey("record", RequestRecord)
+ON_FINISHED: web.AppKey[list[Callable[[RequestRecord], None]]] = web.AppKey("on_request_finished")
+"""Called with each request's record when it ends (metrics)."""
 
 
 def _request_id(request: web.Request) -> str:
@@ -87,7 +93,10 @@ async def access_log_middleware(request: web.Request, handler: Handler) -> web.S
         record.status = record.status or response.status
         return response
     finally:
+        record.finished = time.monotonic()
         log.info("request", **record.fields())
+        for listener in request.app.get(ON_FINISHED, ()):
+            listener(record)
         structlog.contextvars.unbind_contextvars("request_id")
 
 

@@ -70,6 +70,9 @@ class AdmissionSnapshot:
     users: dict[str, tuple[int, int]]  # name -> (running, queued)
     queue_depth: int
     oldest_wait: float
+    heavy_running: dict[str, int] = field(default_factory=dict)  # backend -> heavy requests
+    queued_by_class: dict[tuple[str, str], int] = field(default_factory=dict)  # (user, class)
+    fair_counters: dict[str, float] = field(default_factory=dict)  # user -> virtual tokens
 
 
 class Permit:
@@ -215,15 +218,21 @@ class Admission:
     def snapshot(self) -> AdmissionSnapshot:
         now = self.clock()
         users = {user: (count, 0) for user, count in self._running.items()}
+        by_class: Counter[tuple[str, str]] = Counter()
         oldest = now
         for user, queue in self._waiting.items():
             users[user] = (self._running[user], len(queue))
             oldest = min(oldest, queue[0].arrived)
+            for waiter in queue:
+                by_class[user, "heavy" if waiter.ticket.heavy else "light"] += 1
         return AdmissionSnapshot(
             backends={b.name: (self._busy[b.name], b.slots) for b in self.pool.backends},
             users=users,
             queue_depth=self._depth,
             oldest_wait=now - oldest,
+            heavy_running=dict(self._heavy),
+            queued_by_class=dict(by_class),
+            fair_counters=dict(self.ordering.counters()),
         )
 
     # -- the waiting room --------------------------------------------------------------

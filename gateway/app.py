@@ -5,18 +5,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import aiohttp
 import structlog
 from aiohttp import web
 
-from gateway.access import access_log_middleware
+from gateway.access import ON_FINISHED, RequestRecord, access_log_middleware
 from gateway.admission import Admission
 from gateway.backends import BackendMonitor
 from gateway.keys import ADMISSION, LIVE, MONITOR, SESSION, SETTINGS, WARMTH
 from gateway.live import LivePolicy
+from gateway.metrics import METRICS, Metrics, add_metrics_route
 from gateway.policy import Policy
 from gateway.proxy import add_routes
 from gateway.settings import Settings
@@ -44,8 +45,13 @@ def create_app(
     app.cleanup_ctx.append(_upstream_session)
     app.cleanup_ctx.append(_backend_monitor)
     app.cleanup_ctx.append(_policy_watcher)
+    metrics = Metrics(app)
+    app[METRICS] = metrics
+    listeners: list[Callable[[RequestRecord], None]] = [metrics.observe]
+    app[ON_FINISHED] = listeners
     add_routes(app)
     add_status_route(app)
+    add_metrics_route(app)
     return app
 
 

@@ -73,7 +73,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     if isinstance(outcome, Refusal):
         raise GatewayError(503, outcome.reason, outcome.message, outcome.retry_after)
     async with outcome as permit:
-        record.queue_wait = permit.queue_wait
+        record.queue_wait, record.dispatched_at = permit.queue_wait, permit.granted_at
         record.backend = permit.backend.name
         response = await _relay_with_failover(request, permit, body, view.policy.timeouts)
         permit.settle(record.prompt_tokens, record.completion_tokens)

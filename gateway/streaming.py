@@ -151,6 +151,7 @@ async def _pump(
     unmetered = 0
     await response.prepare(request)
     loop = asyncio.get_running_loop()
+    gaps, last = record.gaps, loop.time()
     try:
         async with asyncio.timeout(idle) as deadline:
             while chunk:
@@ -166,6 +167,10 @@ async def _pump(
                         unmetered %= newlines_per_token
                 deadline.reschedule(loop.time() + idle)
                 chunk = await upstream.content.readany()
+                if chunk:
+                    now = loop.time()
+                    gaps.append(now - last)
+                    last = now
     except ConnectionResetError:
         record.client_gone = True
         record.status = 499

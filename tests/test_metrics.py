@@ -1,0 +1,138 @@
+"""/metrics: the names the dashboard and alerts use exist, and the TTFT histogram is right."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from pathlib import Path
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import Gateway, StartGateway, StartSim, one_backend
+
+REPO = Path(__file__).resolve().parent.parent
+DASHBOARD = REPO / "deploy" / "grafana" / "dashboards" / "fairgate.json"
+ALERTS = REPO / "deploy" / "prometheus" / "alerts.yml"
+MODEL = "llama3.2:3b"
+
+
+def dashboard_queries() -> list[str]:
+    document = json.loads(DASHBOARD.read_text())
+    return [target["expr"] for panel in document["panels"] for target in panel["targets"]]
+
+
+def alert_queries() -> list[str]:
+    import yaml
+
+    groups = yaml.safe_load(ALERTS.read_text())["groups"]
+    return [rule["expr"] for group in groups for rule in group["rules"]]
+
+
+async def scrape(gateway: Gateway) -> dict[str, list[tuple[str, dict[str, str], float]]]:
+    """Metric families by name, each a list of (sample name, labels, value)."""
+    async with aiohttp.ClientSession() as session, session.get(gateway.url + "/metrics") as reply:
+        assert reply.status == 200
+        text = await reply.text()
+    return {
+        family.name: [(s.name, dict(s.labels), s.value) for s in family.samples]
+        for family in text_string_to_metric_families(text)
+    }
+
+
+async def workload(gateway: Gateway, requests: int = 4) -> None:
+    """A few chats, streamed and not, and one refusal (an unknown model)."""
+    async with aiohttp.ClientSession() as session:
+        for n in range(requests):
+            body = {"model": MODEL, "prompt": f"question {n}", "stream": n % 2 == 0}
+            async with session.post(gateway.url + "/api/generate", json=body) as reply:
+                await reply.read()
+        async with session.post(gateway.url + "/api/generate", json={"model": "nope"}) as reply:
+            assert reply.status == 404
+
+
+async def test_every_metric_the_dashboard_and_alerts_use_is_exposed(
+    start_sim: StartSim, start_gateway: StartGateway
+) -> None:
+    """Each fairgate_* name in the dashboard JSON and the alert rules is in /metrics."""
+    _, sim_url = await start_sim()
+    gateway = await start_gateway(one_backend(sim_url, slots=2))
+    await workload(gateway)
+    exposed = set(await scrape(gateway))
+    used = {
+        re.sub(r"_(bucket|total|count|sum)$", "", name)
+        for query in dashboard_queries() + alert_queries()
+        for name in re.findall(r"fairgate_[a-z_]+", query)
+    }
+    assert used and used <= exposed, used - exposed
+
+
+async def test_requests_rejections_and_tokens_are_counted(
+    start_sim: StartSim, start_gateway: StartGateway
+) -> None:
+    """Counters carry bounded labels: configured user or anonymous, known model or other."""
+    _, sim_url = await start_sim()
+    gateway = await start_gateway(one_backend(sim_url, slots=2))
+    await workload(gateway)
+    families = await scrape(gateway)
+    requests = {
+        (labels["model"], labels["code"]): value
+        for name, labels, value in families["fairgate_requests"]
+        if name.endswith("_total")
+    }
+    assert requests == {(MODEL, "200"): 4.0, ("other", "404"): 1.0}
+    rejections = [
+        (labels, value)
+        for name, labels, value in families["fairgate_rejections"]
+        if name.endswith("_total")
+    ]
+    assert rejections == [({"user": "anonymous", "reason": "model_not_found"}, 1.0)]
+    completion = [
+        value
+        for name, _, value in families["fairgate_completion_tokens"]
+        if name.endswith("_total")
+    ]
+    assert completion and completion[0] > 0
+    up = [value for _, labels, value in families["fairgate_backend_up"]]
+    assert up == [1.0]
+
+
+def bucket_counts(
+    families: dict[str, list[tuple[str, dict[str, str], float]]], name: str
+) -> dict[str, float]:
+    return {
+        labels["le"]: value
+        for sample, labels, value in families[name]
+        if sample.endswith("_bucket") and labels.get("class") == "light"
+    }
+
+
+async def test_the_ttft_histogram_measures_queue_wait_plus_prefill(
+    start_sim: StartSim, start_gateway: StartGateway
+) -> None:
+    """With 0.1 s of prefill and one slot, the first request's TTFT is about 0.1 s and the
+    second's, which waits for the first, about 0.3 s: each lands in its bucket."""
+    # 100 prompt tokens at 1,000/s = 0.1 s prefill; 10 tokens at 100/s = 0.1 s decode.
+    _, sim_url = await start_sim(
+        parallel=1, prefill_tokens_per_s=1000.0, decode_tokens_per_s=100.0, decode_slowdown=0.0
+    )
+    gateway = await start_gateway(
+        one_backend(sim_url, slots=1, extra="defaults: {max_concurrent: 2, max_queued: 2}\n")
+    )
+    prompt = "x" * 400  # about 100 tokens in the simulator's count (4 characters a token)
+    async with aiohttp.ClientSession() as session:
+
+        async def generate() -> None:
+            body = {"model": MODEL, "prompt": prompt, "options": {"num_predict": 10}}
+            async with session.post(gateway.url + "/api/generate", json=body) as reply:
+                await reply.read()
+
+        await asyncio.gather(generate(), generate())
+    families = await scrape(gateway)
+    ttft = bucket_counts(families, "fairgate_time_to_first_token_seconds")
+    assert (ttft["0.05"], ttft["0.25"], ttft["0.5"]) == (0.0, 1.0, 2.0)
+    wait = bucket_counts(families, "fairgate_queue_wait_seconds")
+    assert (wait["0.01"], wait["0.1"], wait["0.5"]) == (1.0, 1.0, 2.0)
+    from_dispatch = bucket_counts(families, "fairgate_time_to_first_token_from_dispatch_seconds")
+    assert (from_dispatch["0.05"], from_dispatch["0.25"]) == (0.0, 2.0)
