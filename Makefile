@@ -28,12 +28,14 @@ run: $(STAMP)
 test: lint $(LLAMA_STAMP) services
 	$(BIN)/pytest -q
 
-# Real servers the tests start on loopback: Prometheus (and promtool), from Debian's packages.
+# Real servers the tests start on loopback: Prometheus (and promtool) and redis-server, from
+# Debian's packages; installed when missing.
 services:
-	@command -v prometheus >/dev/null && command -v promtool >/dev/null || { \
-		echo "installing Debian's prometheus for the tests (needs root)"; \
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null \
+		&& command -v redis-server >/dev/null || { \
+		echo "installing Debian's prometheus and redis-server for the tests (needs root)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-			--no-install-recommends prometheus; }
+			--no-install-recommends prometheus redis-server; }
 
 $(LLAMA_STAMP): $(STAMP)
 	mkdir -p $(WHEELS)

@@ -1,4 +1,4 @@
-"""The ``fairgate`` command: serve, check-config, sim, demo."""
+"""The ``fairgate`` command: serve, check-config, sim, demo, plan."""
 
 from __future__ import annotations
 
@@ -49,6 +49,12 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--port", type=int, default=8080, help="the gateway's port")
     demo.add_argument("--backend-port", type=int, default=11435, help="the simulator's port")
     demo.set_defaults(run=_demo)
+
+    from gateway.plan import add_plan_arguments
+
+    plan = commands.add_parser("plan", help="size slots, context and queues for a model")
+    add_plan_arguments(plan)
+    plan.set_defaults(run=_plan)
     return parser
 
 
@@ -88,6 +94,12 @@ def _demo(args: argparse.Namespace) -> int:
 
     run_demo(gateway_port=args.port, backend_port=args.backend_port)
     return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from gateway.plan import run_plan
+
+    return run_plan(args)
 
 
 if __name__ == "__main__":

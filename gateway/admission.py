@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+import uuid
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,10 +28,15 @@ from gateway.errors import Api
 from gateway.live import PolicyView
 from gateway.policy import Policy
 from gateway.scheduler import Candidate, Fair, Fifo, Ordering
+from gateway.state import Hold, MemoryState, SharedState, StateUnavailable
 
 __all__ = ["Admission", "AdmissionSnapshot", "Permit", "Refusal", "Ticket"]
 
-RefusalReason = Literal["user_queue_full", "gateway_busy", "wait_timeout"]
+RefusalReason = Literal["user_queue_full", "gateway_busy", "wait_timeout", "state_unavailable"]
+
+# While another replica holds the room, look again at least this often (a release there
+# is announced at once; this bounds the wait if the announcement is lost).
+_SHARED_RETRY_SECONDS = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +93,7 @@ class Permit:
         "_released",
         "backend",
         "granted_at",
+        "hold",
         "output_charged",
         "queue_wait",
         "ticket",
@@ -102,6 +109,7 @@ class Permit:
         self.granted_at = admission.clock()
         self.queue_wait = self.granted_at - waiter.arrived
         self.output_charged = 0.0
+        self.hold: Hold | None = None  # the claim in the shared state, once confirmed
 
     def add_output(self, tokens: float) -> None:
         """Charge tokens as they stream, so a long reply counts before it ends."""
@@ -127,6 +135,8 @@ class Permit:
     def release(self) -> None:
         if not self._released:
             self._released = True
+            if self.hold is not None:
+                self._admission.state.give_back(self.hold)
             self._admission._release(self.ticket, self.backend, self.granted_at)
 
 
@@ -141,6 +151,7 @@ class Admission:
     policy: Policy
     pool: BackendPool
     clock: Callable[[], float] = time.monotonic
+    state: SharedState = field(default_factory=MemoryState)
     ordering: Ordering = field(init=False)
     _waiting: dict[str, deque[_Waiter]] = field(default_factory=dict)
     _running: Counter[str] = field(default_factory=Counter)  # by user
@@ -163,7 +174,34 @@ class Admission:
         self._dispatch()
 
     async def acquire(self, ticket: Ticket) -> Permit | Refusal:
-        """Wait for a turn; a Permit to hold while the request runs, or a Refusal."""
+        """Wait for a turn; a Permit to hold while the request runs, or a Refusal.
+
+        The turn is decided here, among this replica's waiting requests; the shared state
+        then confirms that the user's cap and the backend's slots have room across every
+        replica. If another replica got there first, the turn is given back and the request
+        waits for a release anywhere, within the same ``max_wait``.
+        """
+        deadline = self.clock() + self.policy.queue.max_wait
+        while True:
+            outcome = await self._local_turn(ticket, deadline - self.clock())
+            if isinstance(outcome, Refusal):
+                return outcome
+            try:
+                shared = await self._hold_shared(outcome)
+            except BaseException:
+                outcome.release()
+                raise
+            if shared is True:
+                return outcome
+            outcome.release()
+            if shared is not False:
+                return shared
+            remaining = deadline - self.clock()
+            if remaining <= 0:
+                return self._refusal("wait_timeout", ticket.user)
+            await self.state.released(min(remaining, _SHARED_RETRY_SECONDS))
+
+    async def _local_turn(self, ticket: Ticket, within: float) -> Permit | Refusal:
         waiter = self._enqueue(ticket)
         self._dispatch()
         if not waiter.turn.done():
@@ -172,7 +210,7 @@ class Admission:
                 self._leave(waiter)
                 return refusal
         try:
-            async with asyncio.timeout(self.policy.queue.max_wait):
+            async with asyncio.timeout(max(within, 0.0)):
                 backend = await asyncio.shield(waiter.turn)
         except TimeoutError:
             if waiter.turn.done():  # granted as the timer fired: take the turn after all
@@ -184,21 +222,54 @@ class Admission:
             raise
         return Permit(self, waiter, backend)
 
+    async def _hold_shared(self, permit: Permit) -> bool | Refusal:
+        """True: held across replicas (or Redis is away and the policy says carry on);
+        False: another replica holds the room; a Refusal when the policy says fail closed."""
+        hold = self._hold_for(permit.ticket, permit.backend)
+        try:
+            taken = await self.state.take(hold)
+        except StateUnavailable:
+            if self.policy.redis.on_failure == "closed":
+                return Refusal(
+                    "state_unavailable",
+                    "the shared state (Redis) is unreachable and the policy fails closed",
+                    _SHARED_RETRY_SECONDS * 10,
+                )
+            return True  # per-replica limits only, until Redis is back
+        if taken:
+            permit.hold = hold
+        return taken
+
+    def _hold_for(self, ticket: Ticket, backend: Backend) -> Hold:
+        return Hold(
+            id=uuid.uuid4().hex,
+            user=ticket.user,
+            user_cap=self.policy.limits_of(ticket.user).max_concurrent,
+            backend=backend.name,
+            slots=backend.slots,
+            heavy=ticket.heavy,
+            heavy_slots=self.policy.classes.heavy.slots_on(backend.slots),
+        )
+
     def can_reroute(self, permit: Permit) -> bool:
         """Whether another backend could take this permit's request right now."""
         return any(b.name != permit.backend.name for b in self._free_backends(permit.ticket))
 
-    def reroute(self, permit: Permit) -> bool:
+    async def reroute(self, permit: Permit) -> bool:
         """Move a permit whose backend failed before replying to another free backend."""
-        failed = permit.backend
+        failed, old_hold = permit.backend, permit.hold
         others = [b for b in self._free_backends(permit.ticket) if b.name != failed.name]
         if not others:
             return False
         chosen = self.pool.prefer(others, permit.ticket.model, self._busy)
         self._take(permit.ticket, chosen)
         self._give_back(permit.ticket, failed)
-        permit.backend = chosen
-        return True
+        permit.backend, permit.hold = chosen, None
+        if old_hold is not None:
+            self.state.give_back(old_hold)
+        # If the shared state refuses, the permit still holds the new backend locally and
+        # its release undoes that; the caller answers with the first backend's failure.
+        return await self._hold_shared(permit) is True
 
     def wake(self) -> None:
         """Something outside changed (a backend came back, its slots became known)."""

@@ -21,6 +21,7 @@ from gateway.metrics import METRICS, Metrics, add_metrics_route
 from gateway.policy import Policy
 from gateway.proxy import add_routes
 from gateway.settings import Settings
+from gateway.state.redis import RedisState
 from gateway.status import add_status_route
 from gateway.warmth import KeepWarm
 
@@ -42,6 +43,7 @@ def create_app(
     app[SETTINGS] = settings
     app[LIVE] = live
     app[ADMISSION] = admission
+    app.cleanup_ctx.append(_shared_state)
     app.cleanup_ctx.append(_upstream_session)
     app.cleanup_ctx.append(_backend_monitor)
     app.cleanup_ctx.append(_policy_watcher)
@@ -53,6 +55,16 @@ def create_app(
     add_status_route(app)
     add_metrics_route(app)
     return app
+
+
+async def _shared_state(app: web.Application) -> AsyncIterator[None]:
+    """Redis when FAIRGATE_REDIS_URL is set (several replicas), else this process's memory."""
+    settings, admission = app[SETTINGS], app[ADMISSION]
+    if settings.redis_url:
+        admission.state = RedisState(settings.redis_url, settings.redis_lease_seconds)
+        log.info("shared_state", kind="redis", lease_seconds=settings.redis_lease_seconds)
+    yield
+    await admission.state.close()
 
 
 async def _upstream_session(app: web.Application) -> AsyncIterator[None]:

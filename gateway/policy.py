@@ -30,6 +30,7 @@ __all__ = [
     "Policy",
     "PolicyError",
     "QueueConfig",
+    "RedisPolicy",
     "Timeouts",
     "UserConfig",
     "Warmth",
@@ -124,6 +125,15 @@ class Warmth(_Strict):
     interval: Duration = Field(default=60.0, gt=0, description="Between two keep-warm checks.")
     cold_start_after: Duration = Field(
         default=1.0, ge=0, description="A reply whose load_duration exceeds this was a cold start."
+    )
+
+
+class RedisPolicy(_Strict):
+    """What to do when the shared state (FAIRGATE_REDIS_URL) cannot be reached."""
+
+    on_failure: Literal["local", "closed"] = Field(
+        default="local",
+        description="local: go on with per-replica limits (flagged in /status); closed: 503.",
     )
 
 
@@ -249,6 +259,7 @@ class Policy(_Strict):
     monitoring: Monitoring = Monitoring()
     warmth: Warmth = Warmth()
     keep_alive: KeepAlivePolicy = KeepAlivePolicy()
+    redis: RedisPolicy = RedisPolicy()
     timeouts: Timeouts = Timeouts()
 
     def limits_of(self, user: str) -> Limits:

@@ -111,7 +111,7 @@ async def _relay_with_failover(
         failed = permit.backend.name
         if failure.reason == "backend_unreachable":
             request.app[MONITOR].report_failure(failed, failure.message)
-        if not admission.reroute(permit):
+        if not await admission.reroute(permit):
             raise
         log.warning("failover", failed=failed, to=permit.backend.name, error=failure.message)
         record.backend, record.retried = permit.backend.name, True

@@ -41,6 +41,11 @@ class Settings(BaseSettings):
         default=None,
         description="redis://host:port/db to share limits between replicas; unset = in-process.",
     )
+    redis_lease_seconds: float = Field(
+        default=12.0,
+        gt=0,
+        description="A replica's holds in Redis expire this long after it stops renewing them.",
+    )
     max_body_bytes: int = Field(
         default=32 * 1024 * 1024,
         gt=0,

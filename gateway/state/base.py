@@ -1,0 +1,43 @@
+"""The shared-state contract that admission relies on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = ["Hold", "SharedState", "StateUnavailable"]
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """One running request's claim: a place under its user's cap and a backend slot."""
+
+    id: str
+    user: str
+    user_cap: int
+    backend: str
+    slots: int
+    heavy: bool = False
+    heavy_slots: int = 0
+
+
+class StateUnavailable(Exception):
+    """The shared store cannot be reached; the caller applies ``on_failure``."""
+
+
+class SharedState(Protocol):
+    shared: bool  # False while running on per-replica limits only
+
+    async def take(self, hold: Hold) -> bool:
+        """Atomically take the hold if the user and the backend have room; False if not."""
+
+    def give_back(self, hold: Hold) -> None:
+        """Release the hold (never blocks; a remote store releases in the background)."""
+
+    async def usage(self) -> tuple[dict[str, int], dict[str, int]]:
+        """Holds now, across every replica: (by user, by backend)."""
+
+    async def released(self, within: float) -> None:
+        """Return when some hold is released anywhere, or after ``within`` seconds."""
+
+    async def close(self) -> None: ...

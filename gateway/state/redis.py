@@ -1,0 +1,204 @@
+"""Holds in Redis, shared by every replica, as leases that expire unless renewed.
+
+Each hold is a member of three sorted sets (the user's, the backend's, and the backend's
+heavy set), scored by its expiry on Redis's own clock. Taking a hold is one Lua script
+(check every limit, then add), so two replicas cannot both take the last slot. A replica
+renews its leases every third of their lifetime; one killed with SIGKILL stops renewing
+and its holds expire within ``lease_seconds``. Scripts use EVALSHA, which Redis 6 has too.
+
+When Redis cannot be reached the state says so (``StateUnavailable``) and admission applies
+the policy's ``redis.on_failure``; a background check restores sharing when Redis returns.
+Holds taken meanwhile were never written to Redis, so they cannot leak there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import redis.asyncio as aioredis
+import structlog
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from gateway.state.base import Hold, StateUnavailable
+
+__all__ = ["RedisState"]
+
+log = structlog.get_logger("fairgate.state")
+
+PREFIX = "fairgate"
+CHANNEL = f"{PREFIX}:released"
+
+_NOW_MS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+_TAKE = (
+    _NOW_MS
+    + """
+for i = 1, 3 do redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now) end
+if redis.call('ZSCORE', KEYS[2], ARGV[1]) then return 1 end
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
+if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[3]) then return 0 end
+if ARGV[4] == '1' and redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[5]) then return 0 end
+local expiry = now + tonumber(ARGV[6])
+redis.call('ZADD', KEYS[1], expiry, ARGV[1])
+redis.call('ZADD', KEYS[2], expiry, ARGV[1])
+if ARGV[4] == '1' then redis.call('ZADD', KEYS[3], expiry, ARGV[1]) end
+for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], 2 * tonumber(ARGV[6])) end
+return 1
+"""
+)
+_RENEW = (
+    _NOW_MS
+    + """
+local expiry = now + tonumber(ARGV[2])
+local sets = ARGV[3] == '1' and 3 or 2
+for i = 1, sets do
+  redis.call('ZADD', KEYS[i], expiry, ARGV[1])
+  redis.call('PEXPIRE', KEYS[i], 2 * tonumber(ARGV[2]))
+end
+return 1
+"""
+)
+_RELEASE = """
+for i = 1, 3 do redis.call('ZREM', KEYS[i], ARGV[1]) end
+redis.call('PUBLISH', ARGV[2], ARGV[1])
+return 1
+"""
+
+
+def _keys(hold: Hold) -> list[str]:
+    return [
+        f"{PREFIX}:user:{hold.user}",
+        f"{PREFIX}:backend:{hold.backend}",
+        f"{PREFIX}:heavy:{hold.backend}",
+    ]
+
+
+class RedisState:
+    """Shared holds in Redis, with leases, renewal and a fallback when Redis is away."""
+
+    def __init__(self, url: str, lease_seconds: float = 12.0) -> None:
+        # One retry covers a pooled connection that died with a restarted Redis; every
+        # script is idempotent for a hold id, so running one twice does no harm.
+        self._redis = aioredis.Redis.from_url(
+            url,
+            socket_connect_timeout=1.0,
+            socket_timeout=2.0,
+            health_check_interval=10,
+            retry=Retry(NoBackoff(), 1),
+            retry_on_error=[RedisConnectionError, RedisTimeoutError],
+        )
+        self._lease_ms = int(lease_seconds * 1000)
+        self._take = self._redis.register_script(_TAKE)
+        self._renew = self._redis.register_script(_RENEW)
+        self._release = self._redis.register_script(_RELEASE)
+        self._mine: dict[str, Hold] = {}  # holds this replica has in Redis
+        self._released = asyncio.Event()
+        self._background: set[asyncio.Task[Any]] = set()
+        self._tasks = [
+            asyncio.create_task(self._keep_leases(lease_seconds / 3), name="state-renew"),
+            asyncio.create_task(self._listen(), name="state-listen"),
+        ]
+        self.shared = True
+        self.failures = 0
+
+    async def take(self, hold: Hold) -> bool:
+        if not self.shared:
+            raise StateUnavailable("Redis is unreachable")
+        args: list[str | int] = [hold.id, hold.user_cap, hold.slots, int(hold.heavy)]
+        args += [hold.heavy_slots, self._lease_ms]
+        try:
+            taken = await self._take(keys=_keys(hold), args=args)
+        except (RedisError, OSError) as exc:
+            self._lost(exc)
+            raise StateUnavailable(str(exc)) from exc
+        if taken:
+            self._mine[hold.id] = hold
+        return bool(taken)
+
+    def give_back(self, hold: Hold) -> None:
+        if self._mine.pop(hold.id, None) is None:
+            return  # never in Redis (taken while it was away): nothing to undo there
+        task = asyncio.create_task(self._give_back(hold))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _give_back(self, hold: Hold) -> None:
+        try:
+            await self._release(keys=_keys(hold), args=[hold.id, CHANNEL])
+        except (RedisError, OSError) as exc:
+            # The lease expires by itself within lease_seconds.
+            log.warning("state_release_failed", hold=hold.id, error=repr(exc))
+
+    async def usage(self) -> tuple[dict[str, int], dict[str, int]]:
+        try:
+            now_s, now_us = await self._redis.time()
+            now = now_s * 1000 + now_us // 1000
+            found: list[dict[str, int]] = [{}, {}]
+            for index, kind in enumerate(("user", "backend")):
+                async for key in self._redis.scan_iter(match=f"{PREFIX}:{kind}:*"):
+                    count = await self._redis.zcount(key, f"({now}", "+inf")
+                    if count:
+                        found[index][key.decode().split(":", 2)[2]] = count
+        except (RedisError, OSError) as exc:
+            self._lost(exc)
+            raise StateUnavailable(str(exc)) from exc
+        return found[0], found[1]
+
+    async def released(self, within: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._released.wait(), within)
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        # Bounded: redis-py's pub/sub reader can swallow a cancellation on a dead socket.
+        await asyncio.wait([*self._tasks, *self._background], timeout=2.0)
+        with contextlib.suppress(RedisError, OSError):
+            await self._redis.aclose()
+
+    def _lost(self, exc: BaseException) -> None:
+        if self.shared:
+            log.error("state_unavailable", error=repr(exc))
+        self.shared = False
+        self.failures += 1
+
+    def _wake(self) -> None:
+        self._released.set()
+        self._released = asyncio.Event()
+
+    async def _keep_leases(self, every: float) -> None:
+        """Renew this replica's leases; while Redis is away, check whether it is back."""
+        while True:
+            await asyncio.sleep(every)
+            try:
+                if not self.shared:
+                    await self._redis.ping()
+                    log.info("state_restored")
+                    self.shared = True
+                    self._wake()
+                for hold in list(self._mine.values()):
+                    await self._renew(
+                        keys=_keys(hold), args=[hold.id, self._lease_ms, int(hold.heavy)]
+                    )
+            except (RedisError, OSError) as exc:
+                self._lost(exc)
+
+    async def _listen(self) -> None:
+        """Wake waiting requests when any replica releases a hold."""
+        while True:
+            try:
+                async with self._redis.pubsub() as pubsub:
+                    await pubsub.subscribe(CHANNEL)
+                    async for message in pubsub.listen():
+                        if message.get("type") == "message":
+                            self._wake()
+            except (RedisError, OSError):
+                await asyncio.sleep(1.0)  # Redis is away; the lease loop notices and logs

@@ -1,0 +1,144 @@
+"""The shared-state contract, run against both implementations, and Redis's leases."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from gateway.state import Hold, MemoryState, SharedState, StateUnavailable
+from gateway.state.redis import RedisState
+from tests.redis_server import RedisServer, redis_server, redis_url  # noqa: F401 (fixtures)
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def state(
+    request: pytest.FixtureRequest,
+    redis_url: str,  # noqa: F811
+) -> AsyncIterator[SharedState]:
+    if request.param == "memory":
+        yield MemoryState()
+        return
+    shared = RedisState(redis_url, lease_seconds=5.0)
+    yield shared
+    await shared.close()
+
+
+def hold(n: int, user: str = "alice", backend: str = "gpu", **limits: int | bool) -> Hold:
+    fields: dict[str, int | bool] = {"user_cap": 2, "slots": 3, "heavy_slots": 1}
+    fields.update(limits)
+    return Hold(f"h{n}", user, backend=backend, **fields)  # type: ignore[arg-type]
+
+
+class TestContract:
+    async def test_holds_are_taken_up_to_the_users_cap(self, state: SharedState) -> None:
+        """A user's third hold is refused at a cap of two; another user's is not."""
+        assert await state.take(hold(1))
+        assert await state.take(hold(2))
+        assert not await state.take(hold(3))
+        assert await state.take(hold(4, user="bob"))
+        assert await state.usage() == ({"alice": 2, "bob": 1}, {"gpu": 3})
+
+    async def test_holds_are_taken_up_to_the_backends_slots(self, state: SharedState) -> None:
+        """With every slot held, even a user under their cap is refused."""
+        for n, user in enumerate(["a", "b", "c"]):
+            assert await state.take(hold(n, user=user))
+        assert not await state.take(hold(9, user="d"))
+        assert await state.take(hold(10, user="d", backend="other"))
+
+    async def test_heavy_holds_are_limited_to_their_share(self, state: SharedState) -> None:
+        """With heavy_slots 1, a second heavy hold is refused while a light one is not."""
+        assert await state.take(hold(1, user="a", heavy=True))
+        assert not await state.take(hold(2, user="b", heavy=True))
+        assert await state.take(hold(3, user="b"))
+
+    async def test_giving_back_frees_the_room_and_wakes_waiters(self, state: SharedState) -> None:
+        """A release makes room again and ends a wait on released() early."""
+        first = hold(1, user_cap=1)
+        assert await state.take(first)
+        assert not await state.take(hold(2, user_cap=1))
+        waiting = asyncio.create_task(state.released(within=5))
+        await asyncio.sleep(0)  # let the waiter start waiting
+        state.give_back(first)
+        started = time.monotonic()
+        await waiting
+        assert time.monotonic() - started < 2
+        assert await state.take(hold(2, user_cap=1))
+
+    async def test_taking_the_same_hold_twice_counts_once(self, state: SharedState) -> None:
+        """take() is idempotent for one hold id."""
+        assert await state.take(hold(1, user_cap=1))
+        assert await state.take(hold(1, user_cap=1))
+        assert (await state.usage())[0] == {"alice": 1}
+
+    async def test_giving_back_everything_leaves_nothing(self, state: SharedState) -> None:
+        """After every hold is released, usage is empty."""
+        holds = [hold(n, user=f"u{n}") for n in range(3)]
+        for each in holds:
+            assert await state.take(each)
+        for each in holds:
+            state.give_back(each)
+        await _settled(state)
+        assert await state.usage() == ({}, {})
+
+
+async def _settled(state: SharedState) -> None:
+    """Redis releases in the background; wait until its usage shows it (bounded)."""
+    deadline = time.monotonic() + 5
+    while await state.usage() != ({}, {}) and time.monotonic() < deadline:
+        await state.released(within=0.1)
+
+
+class TestRedisLeases:
+    async def test_a_lease_not_renewed_expires(self, redis_url: str) -> None:  # noqa: F811
+        """A replica that stops renewing (killed) loses its holds within the lease time."""
+        crashed = RedisState(redis_url, lease_seconds=0.5)
+        assert await crashed.take(hold(1, user_cap=1))
+        for task in crashed._tasks:  # stop renewing, as SIGKILL would
+            task.cancel()
+        survivor = RedisState(redis_url, lease_seconds=5.0)
+        try:
+            assert not await survivor.take(hold(2, user_cap=1))
+            deadline = time.monotonic() + 3
+            while not await survivor.take(hold(2, user_cap=1)):
+                assert time.monotonic() < deadline, "the dead replica's lease never expired"
+                await survivor.released(within=0.1)
+        finally:
+            await survivor.close()
+            await crashed._redis.aclose()
+
+    async def test_renewed_leases_outlive_their_lifetime(self, redis_url: str) -> None:  # noqa: F811
+        """A live replica's hold survives several lease periods."""
+        live = RedisState(redis_url, lease_seconds=0.3)
+        try:
+            assert await live.take(hold(1, user_cap=1))
+            await asyncio.sleep(1.0)  # three lease periods: only renewal keeps it
+            assert (await live.usage())[0] == {"alice": 1}
+        finally:
+            await live.close()
+
+    async def test_when_redis_goes_away_take_says_so_and_sharing_resumes(
+        self,
+        redis_server: RedisServer,  # noqa: F811
+    ) -> None:
+        """Unreachable Redis raises StateUnavailable; once it is back, holds are shared again."""
+        shared = RedisState(redis_server.url, lease_seconds=0.6)
+        try:
+            assert await shared.take(hold(1))
+            await redis_server.stop()
+            with pytest.raises(StateUnavailable):
+                await shared.take(hold(2))
+            assert not shared.shared
+            shared.give_back(hold(2))  # never taken remotely: a no-op, no leak
+            await redis_server.start()
+            deadline = time.monotonic() + 5
+            while not shared.shared:
+                assert time.monotonic() < deadline, "sharing did not resume"
+                await shared.released(within=0.1)
+            assert await shared.take(hold(3))
+            shared.give_back(hold(3))
+            await _settled(shared)
+        finally:
+            await shared.close()
