@@ -184,6 +184,12 @@ class _StateCollector(Collector):
         for user, value in snapshot.fair_counters.items():
             share.add_metric([user], value)
         yield share
+        shared = GaugeMetricFamily(
+            "fairgate_state_shared",
+            "1 while limits are shared across replicas (always 1 in memory); 0: Redis is away.",
+        )
+        shared.add_metric([], 1 if app[ADMISSION].state.shared else 0)
+        yield shared
         reloads = CounterMetricFamily(
             "fairgate_policy_reloads", "Policy file reloads, by outcome.", labels=["outcome"]
         )

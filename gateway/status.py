@@ -61,6 +61,10 @@ async def status(request: web.Request) -> web.Response:
                 "depth": snapshot.queue_depth,
                 "oldest_wait_seconds": round(snapshot.oldest_wait, 3),
             },
+            "state": {
+                "kind": type(request.app[ADMISSION].state).__name__,
+                "shared": request.app[ADMISSION].state.shared,
+            },
             "policy": {
                 "path": str(live.path) if live.path else None,
                 "reloads_ok": live.reloads_ok,

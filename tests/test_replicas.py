@@ -1,0 +1,156 @@
+"""Two gateway replicas, one Redis: one set of limits, crash-safe, and Redis going away."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+
+from gateway.keys import ADMISSION
+from tests.conftest import Gateway, StartGateway, StartSim
+from tests.redis_server import RedisServer, redis_server, redis_url  # noqa: F401 (fixtures)
+from tests.test_admission import MODEL, held, idle, until
+
+
+def policy(sim_url: str, *, slots: int = 2, cap: int = 1, extra: str = "") -> str:
+    return (
+        f"defaults: {{max_concurrent: {cap}, max_queued: 8}}\n"
+        "queue: {max_depth: 32, max_wait: 10s}\n"
+        "users:\n  alice: {keys: [alice-key]}\n  bob: {keys: [bob-key]}\n"
+        + extra
+        + f"backends:\n  - {{name: sim, url: {sim_url}, kind: ollama, slots: {slots}}}\n"
+    )
+
+
+async def generate(gateway: Gateway, key: str, prompt: str, **options: object) -> int:
+    body = {"model": MODEL, "prompt": prompt, "stream": False, "options": options}
+    headers = {"Authorization": f"Bearer {key}"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(gateway.url + "/api/generate", json=body, headers=headers) as reply,
+    ):
+        await reply.read()
+        return reply.status
+
+
+async def test_a_users_cap_holds_across_replicas(
+    start_sim: StartSim,
+    start_gateway: StartGateway,
+    redis_url: str,  # noqa: F811
+) -> None:
+    """Alice (cap 1) running on replica A cannot start a second request on replica B."""
+    _, sim_url = await start_sim(parallel=8)
+    short_wait = policy(sim_url).replace("max_wait: 10s", "max_wait: 700ms")
+    a = await start_gateway(short_wait, redis_url=redis_url)
+    b = await start_gateway(short_wait, redis_url=redis_url)
+    async with held(a, "alice-key", "running on A"):
+        assert await generate(b, "alice-key", "second on B") == 503  # wait_timeout
+        assert await generate(b, "bob-key", "bob on B") == 200
+    await until(a.app[ADMISSION], idle)
+    assert await generate(b, "alice-key", "after A finished") == 200
+
+
+async def test_the_backend_never_sees_more_than_its_slots_from_the_pair(
+    start_sim: StartSim,
+    start_gateway: StartGateway,
+    redis_url: str,  # noqa: F811
+) -> None:
+    """Eight requests split over two replicas reach a 2-slot backend two at a time."""
+    sim, sim_url = await start_sim(parallel=8, decode_tokens_per_s=100.0)
+    text = policy(sim_url, cap=4)
+    a = await start_gateway(text, redis_url=redis_url)
+    b = await start_gateway(text, redis_url=redis_url)
+    statuses = await asyncio.gather(
+        *(generate((a, b)[n % 2], ("alice-key", "bob-key")[n // 4], f"r{n}") for n in range(8))
+    )
+    assert statuses == [200] * 8
+    assert sim.stats.max_running == 2
+
+
+async def test_a_killed_replicas_holds_expire_and_capacity_returns(
+    start_sim: StartSim,
+    start_gateway: StartGateway,
+    redis_url: str,  # noqa: F811
+    tmp_path: Path,
+    unused_tcp_port: int,
+) -> None:
+    """SIGKILL a replica mid-stream: its lease expires and alice can run again elsewhere."""
+    _, sim_url = await start_sim(parallel=8)
+    config = tmp_path / "fairgate.yaml"
+    config.write_text(policy(sim_url))
+    env = {
+        **os.environ,
+        "FAIRGATE_CONFIG": str(config),
+        "FAIRGATE_LISTEN": f"127.0.0.1:{unused_tcp_port}",
+        "FAIRGATE_REDIS_URL": redis_url,
+        "FAIRGATE_REDIS_LEASE_SECONDS": "1",
+        "FAIRGATE_LOG_LEVEL": "WARNING",
+    }
+    # sys.executable, not a `python` shim: the PID must be the gateway's own.
+    replica = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway", "serve", env=env, stderr=subprocess.DEVNULL
+    )
+    doomed = Gateway(f"http://127.0.0.1:{unused_tcp_port}", None)  # type: ignore[arg-type]
+    try:
+        await _until_serving(doomed.url)
+        survivor = await start_gateway(policy(sim_url), redis_url=redis_url)
+        async with held(doomed, "alice-key", "on the doomed replica"):
+            os.kill(replica.pid, signal.SIGKILL)
+            await replica.wait()
+        started = time.monotonic()
+        assert await generate(survivor, "alice-key", "after the crash") == 200
+        assert time.monotonic() - started < 5  # the 1 s lease, not the 10 s max_wait
+    finally:
+        if replica.returncode is None:
+            replica.kill()
+            await replica.wait()
+
+
+async def _until_serving(url: str) -> None:
+    """Poll a gateway in another process (nothing to wait on but its port) for 20 s."""
+    deadline = time.monotonic() + 20
+    async with aiohttp.ClientSession() as session:
+        while True:
+            try:
+                async with session.get(url + "/") as reply:
+                    if reply.status == 200:
+                        return
+            except aiohttp.ClientError:
+                if time.monotonic() > deadline:
+                    raise
+            await asyncio.sleep(0.1)
+
+
+async def test_redis_going_away_is_handled_as_configured_and_sharing_resumes(
+    start_sim: StartSim,
+    start_gateway: StartGateway,
+    redis_server: RedisServer,  # noqa: F811
+) -> None:
+    """on_failure local serves on per-replica limits, closed answers 503; then it resumes."""
+    _, sim_url = await start_sim(parallel=8)
+    local = await start_gateway(policy(sim_url), redis_url=redis_server.url)
+    closed = await start_gateway(
+        policy(sim_url, extra="redis: {on_failure: closed}\n"), redis_url=redis_server.url
+    )
+    assert await generate(local, "alice-key", "before") == 200
+    await redis_server.stop()
+    assert await generate(local, "alice-key", "while away, local") == 200
+    assert await generate(closed, "alice-key", "while away, closed") == 503
+    assert not local.app[ADMISSION].state.shared
+    await redis_server.start()
+    state = local.app[ADMISSION].state
+    deadline = time.monotonic() + 10
+    while not state.shared:
+        assert time.monotonic() < deadline, "sharing did not resume"
+        await state.released(within=0.1)
+    assert await generate(local, "alice-key", "after") == 200
+    for gateway in (local, closed):
+        await until(gateway.app[ADMISSION], idle)
+    users, backends = await state.usage()
+    assert (users, backends) == ({}, {})
