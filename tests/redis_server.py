@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
-import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator
@@ -19,19 +17,14 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+from tests.processes import free_port, required_binary, stop
 
 
 class RedisServer:
     """redis-server as a child process that a test may stop and start again."""
 
     def __init__(self, binary: str, workdir: Path) -> None:
-        self.binary, self.workdir, self.port = binary, workdir, _free_port()
+        self.binary, self.workdir, self.port = binary, workdir, free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self._process: asyncio.subprocess.Process | None = None
 
@@ -56,21 +49,15 @@ class RedisServer:
             await client.aclose()
 
     async def stop(self) -> None:
-        if self._process is not None and self._process.returncode is None:
-            self._process.terminate()
-            await self._process.wait()
+        if self._process is not None:
+            await stop(self._process)
         self._process = None
 
 
 @pytest.fixture
 async def redis_server(tmp_path: Path) -> AsyncIterator[RedisServer]:
     """A fresh redis-server for this test (Debian's, installed by `make test`)."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        if os.environ.get("CI"):
-            raise RuntimeError("redis-server is not installed; `make test` installs it")
-        pytest.skip("redis-server is not installed (apt-get install redis-server)")
-    server = RedisServer(binary, tmp_path)
+    server = RedisServer(required_binary("redis-server", "redis-server"), tmp_path)
     await server.start()
     try:
         yield server
@@ -88,12 +75,7 @@ async def redis_url(tmp_path: Path) -> AsyncIterator[str]:
         await client.aclose()
         yield given
         return
-    binary = shutil.which("redis-server")
-    if binary is None:
-        if os.environ.get("CI"):
-            raise RuntimeError("redis-server is not installed; `make test` installs it")
-        pytest.skip("redis-server is not installed (apt-get install redis-server)")
-    server = RedisServer(binary, tmp_path)
+    server = RedisServer(required_binary("redis-server", "redis-server"), tmp_path)
     await server.start()
     try:
         yield server.url

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
-import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator
@@ -23,6 +22,7 @@ import pytest
 
 from gateway.keys import ADMISSION, LIVE
 from tests.conftest import StartGateway
+from tests.processes import free_port, stop
 from tests.test_admission import until
 
 MODEL_ALIAS = "smollm2"
@@ -44,18 +44,11 @@ def _server_files() -> tuple[Path, Path]:
     return binary, model
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 @pytest.fixture
 async def llama_server(tmp_path: Path) -> AsyncIterator[str]:
     """llama-server with 2 slots on a free loopback port, stopped by its own PID."""
     binary, model = _server_files()
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path / "llama-server.log"
     with log_path.open("wb") as log:  # a file, not a pipe: its logs must never block it
         process = await asyncio.create_subprocess_exec(
@@ -68,13 +61,7 @@ async def llama_server(tmp_path: Path) -> AsyncIterator[str]:
         await _wait_healthy(url, process, log_path)
         yield url
     finally:
-        if process.returncode is None:
-            process.terminate()
-            try:
-                await asyncio.wait_for(process.wait(), timeout=10)
-            except TimeoutError:
-                process.kill()
-                await process.wait()
+        await stop(process)
 
 
 async def _wait_healthy(url: str, process: asyncio.subprocess.Process, log: Path) -> None:

@@ -7,9 +7,7 @@ when missing. Grafana cannot run here, so its dashboard is checked through its q
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator
@@ -19,6 +17,7 @@ import aiohttp
 import pytest
 
 from tests.conftest import Gateway, StartGateway, StartSim, one_backend
+from tests.processes import free_port, required_binary, stop
 from tests.test_metrics import ALERTS, REPO, alert_queries, dashboard_queries, workload
 
 PROMETHEUS_CONFIG = REPO / "deploy" / "prometheus" / "prometheus.yml"
@@ -34,25 +33,9 @@ MAIN_PANELS = (
 )
 
 
-def _binary(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        if os.environ.get("CI"):
-            raise RuntimeError(f"{name} is not installed; `make test` installs Debian's prometheus")
-        pytest.skip(f"{name} is not installed (apt-get install prometheus)")
-    return path
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def test_promtool_accepts_the_shipped_config_and_rules() -> None:
     """promtool check config / check rules pass on deploy/prometheus."""
-    promtool = _binary("promtool")
+    promtool = required_binary("promtool", "prometheus")
     for command in (["check", "config", str(PROMETHEUS_CONFIG)], ["check", "rules", str(ALERTS)]):
         result = subprocess.run([promtool, *command], capture_output=True, text=True, check=False)
         assert result.returncode == 0, result.stdout + result.stderr
@@ -61,8 +44,8 @@ def test_promtool_accepts_the_shipped_config_and_rules() -> None:
 @pytest.fixture
 async def prometheus(tmp_path: Path) -> AsyncIterator[tuple[str, Path]]:
     """A Prometheus server on a free port; the test writes its config before reloading."""
-    binary = _binary("prometheus")
-    port = _free_port()
+    binary = required_binary("prometheus", "prometheus")
+    port = free_port()
     config = tmp_path / "prometheus.yml"
     config.write_text("global: {scrape_interval: 1s}\n")
     shutil.copy(ALERTS, tmp_path / "alerts.yml")
@@ -75,12 +58,7 @@ async def prometheus(tmp_path: Path) -> AsyncIterator[tuple[str, Path]]:
     try:
         yield f"http://127.0.0.1:{port}", config
     finally:
-        process.terminate()
-        try:
-            await asyncio.wait_for(process.wait(), timeout=10)
-        except TimeoutError:
-            process.kill()
-            await process.wait()
+        await stop(process)
         log.close()
 
 
