@@ -93,6 +93,11 @@ class Metrics:
             "fairgate_completion_tokens", "Generated tokens, as the backend counted them.",
             ["user", "model"], registry=r,
         )  # fmt: skip
+        self.stream_failures = Counter(
+            "fairgate_stream_failures",
+            "Replies cut by the backend (or its silence) after the first byte.",
+            ["backend"], registry=r,
+        )  # fmt: skip
         r.register(_StateCollector(app))
         self._app = app
 
@@ -105,6 +110,8 @@ class Metrics:
             return
         model = self._model(record.model)
         self.requests.labels(user, model, klass, str(record.status)).inc()
+        if record.reason == "backend_failed_mid_stream" and record.backend is not None:
+            self.stream_failures.labels(record.backend).inc()
         if record.queue_wait is not None:
             self.queue_wait.labels(klass).observe(record.queue_wait)
         if record.first_byte_at is not None:

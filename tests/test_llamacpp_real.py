@@ -17,11 +17,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
+import ollama
 import openai
 import pytest
 
 from gateway.keys import ADMISSION, LIVE
-from tests.conftest import StartGateway
+from tests.conftest import StartGateway, StartSim
 from tests.processes import free_port, stop
 from tests.test_admission import until
 
@@ -83,16 +84,27 @@ async def _wait_healthy(url: str, process: asyncio.subprocess.Process, log: Path
 
 
 async def test_a_real_llama_server_behind_the_gateway(
-    llama_server: str, start_gateway: StartGateway
+    llama_server: str, start_gateway: StartGateway, start_sim: StartSim
 ) -> None:
-    """Slots discovered, chat relayed both ways, the third request waits in the gateway."""
+    """Slots discovered, chat relayed both ways, the third request waits in the gateway;
+    beside it, a simulated Ollama gets the native requests."""
+    ollama_sim, ollama_url = await start_sim(models=["llama3.2:3b"])
     gateway = await start_gateway(
         f"backends:\n  - {{name: cpp, url: {llama_server}, kind: llamacpp}}\n"
+        f"  - {{name: gpu, url: {ollama_url}, kind: ollama, slots: 1}}\n"
         "defaults: {max_concurrent: 3, max_queued: 3}\n"  # one user sends all three
         "timeouts: {first_byte: 120s}\n"
     )
     cpp = gateway.app[LIVE].current.pool.backends[0]
-    assert cpp.slots == 2  # read from GET /props total_slots
+    admission = gateway.app[ADMISSION]
+    # Read from GET /props total_slots: at start, or at a later probe if a busy machine made
+    # the first one time out (the monitor wakes admission when the slots become known).
+    await until(admission, lambda _: cpp.slots == 2, within=30)
+    async with ollama.AsyncClient(host=gateway.url) as native:
+        reply = await native.chat(
+            model="llama3.2:3b", messages=[{"role": "user", "content": "to the simulator"}]
+        )
+    assert reply.done and ollama_sim.stats.prompts == ["to the simulator"]
 
     async with openai.AsyncOpenAI(
         base_url=gateway.url + "/v1", api_key="x", max_retries=0
@@ -122,7 +134,6 @@ async def test_a_real_llama_server_behind_the_gateway(
             return reply.choices[0].message.content
 
         running = [asyncio.create_task(long_chat(n)) for n in range(3)]
-        admission = gateway.app[ADMISSION]
         await until(
             admission,
             lambda snap: snap.backends["cpp"] == (2, 2) and snap.queue_depth == 1,

@@ -56,7 +56,11 @@ class Backend:
         return models is None or model_key(model) in models
 
     def has_loaded(self, model: str) -> bool:
-        return self.kind != "ollama" or model_key(model) in self.state.loaded
+        """Whether a request would find the model in memory (no load to wait for)."""
+        if self.kind == "ollama":
+            return model_key(model) in self.state.loaded
+        # llama-server keeps its one model resident, unless it went to sleep (/props).
+        return not self.state.sleeping
 
 
 class BackendPool:
