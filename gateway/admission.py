@@ -17,7 +17,7 @@ import asyncio
 import itertools
 import time
 import uuid
-from collections import Counter, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -161,6 +161,7 @@ class Admission:
     _depth: int = 0
     _hold_estimate: float = _DEFAULT_HOLD_SECONDS
     _change: asyncio.Future[None] | None = None
+    _unsent: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
 
     def __post_init__(self) -> None:
         self.ordering = ordering_for(self.policy)
@@ -271,6 +272,15 @@ class Admission:
         # its release undoes that; the caller answers with the first backend's failure.
         return await self._hold_shared(permit) is True
 
+    async def share(self) -> None:
+        """Exchange fair-share charges and queue depth with the other replicas."""
+        for user, amount in self.ordering.take_charges().items():
+            self._unsent[user] += amount
+        totals = await self.state.exchange(dict(self._unsent), self._depth)
+        if totals is not None:  # else kept, and sent when the shared state is back
+            self._unsent.clear()
+            self.ordering.adopt(totals)
+
     def wake(self) -> None:
         """Something outside changed (a backend came back, its slots became known)."""
         self._notify()
@@ -359,7 +369,8 @@ class Admission:
                 f"waiting (max_queued {limits.max_queued}); retry later"
             )
         else:
-            ahead, places = self._depth, max(1, sum(b.slots for b in self.pool.backends))
+            ahead = self._depth + self.state.others_waiting
+            places = max(1, sum(b.slots for b in self.pool.backends))
             message = (
                 f"the gateway is busy: {self._depth - 1} requests waiting (max_depth "
                 f"{self.policy.queue.max_depth}); retry later"

@@ -60,11 +60,24 @@ def create_app(
 async def _shared_state(app: web.Application) -> AsyncIterator[None]:
     """Redis when FAIRGATE_REDIS_URL is set (several replicas), else this process's memory."""
     settings, admission = app[SETTINGS], app[ADMISSION]
+    sharing = None
     if settings.redis_url:
         admission.state = RedisState(settings.redis_url, settings.redis_lease_seconds)
         log.info("shared_state", kind="redis", lease_seconds=settings.redis_lease_seconds)
+        sharing = asyncio.create_task(_share(admission, settings.redis_lease_seconds / 3))
     yield
+    if sharing is not None:
+        sharing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sharing
     await admission.state.close()
+
+
+async def _share(admission: Admission, every: float) -> None:
+    """Fair-share counters and queue depths travel between replicas this often."""
+    while True:
+        await asyncio.sleep(every)
+        await admission.share()
 
 
 async def _upstream_session(app: web.Application) -> AsyncIterator[None]:

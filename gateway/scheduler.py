@@ -67,6 +67,14 @@ class Ordering(Protocol):
     def on_idle(self, user: str) -> None:
         """``user`` has nothing waiting or running any more."""
 
+    def take_charges(self) -> dict[str, float]:
+        """Charges since the last call, to add to the counters shared by replicas."""
+        ...
+
+    def adopt(self, totals: Mapping[str, float]) -> None:
+        """Replace counters with the totals shared by every replica."""
+        ...
+
     def counters(self) -> Mapping[str, float]:
         """A snapshot of the virtual counters by user, for metrics."""
 
@@ -92,6 +100,12 @@ class Fifo:
     def on_idle(self, user: str) -> None:
         return None
 
+    def take_charges(self) -> dict[str, float]:
+        return {}
+
+    def adopt(self, totals: Mapping[str, float]) -> None:
+        return None
+
     def counters(self) -> Mapping[str, float]:
         return {}
 
@@ -110,6 +124,7 @@ class Fair:
         self._w_in = w_in
         self._w_out = w_out
         self._counters: dict[str, float] = {}
+        self._unshared: dict[str, float] = {}  # charges not yet sent to other replicas
         self._last_dispatched: str | None = None
 
     def choose(self, candidates: Sequence[Candidate]) -> Candidate:
@@ -128,7 +143,7 @@ class Fair:
             level = self._counter(self._last_dispatched)
         else:
             level = 0.0
-        self._counters[user] = max(self._counter(user), level)
+        self._charge(user, max(0.0, level - self._counter(user)))
 
     def on_dispatch(self, candidate: Candidate) -> None:
         self._charge(candidate.user, self._w_in * candidate.input_tokens / candidate.weight)
@@ -150,5 +165,16 @@ class Fair:
     def _counter(self, user: str) -> float:
         return self._counters.get(user, 0.0)
 
+    def take_charges(self) -> dict[str, float]:
+        """Charges (lifts included) since the last call, for replicas sharing counters."""
+        charges, self._unshared = self._unshared, {}
+        return charges
+
+    def adopt(self, totals: Mapping[str, float]) -> None:
+        """Counters summed over every replica; charges made since take_charges stay on top."""
+        for user, total in totals.items():
+            self._counters[user] = total + self._unshared.get(user, 0.0)
+
     def _charge(self, user: str, amount: float) -> None:
         self._counters[user] = self._counter(user) + amount
+        self._unshared[user] = self._unshared.get(user, 0.0) + amount

@@ -64,6 +64,7 @@ async def status(request: web.Request) -> web.Response:
             "state": {
                 "kind": type(request.app[ADMISSION].state).__name__,
                 "shared": request.app[ADMISSION].state.shared,
+                "waiting_on_other_replicas": request.app[ADMISSION].state.others_waiting,
             },
             "policy": {
                 "path": str(live.path) if live.path else None,

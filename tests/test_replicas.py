@@ -11,8 +11,14 @@ import time
 from pathlib import Path
 
 import aiohttp
+import pytest
 
+from gateway.admission import Admission, Permit, Ticket
+from gateway.errors import Api
 from gateway.keys import ADMISSION
+from gateway.live import PolicyView
+from gateway.policy import parse_policy
+from gateway.state.redis import RedisState
 from tests.conftest import Gateway, StartGateway, StartSim
 from tests.redis_server import RedisServer, redis_server, redis_url  # noqa: F401 (fixtures)
 from tests.test_admission import MODEL, held, idle, until
@@ -154,3 +160,42 @@ async def test_redis_going_away_is_handled_as_configured_and_sharing_resumes(
         await until(gateway.app[ADMISSION], idle)
     users, backends = await state.usage()
     assert (users, backends) == ({}, {})
+
+
+async def test_fair_share_counters_and_queue_depths_travel_between_replicas(
+    redis_url: str,  # noqa: F811
+) -> None:
+    """Service charged on replica A shows in B's counters; A's waiting room in B's estimate."""
+    text = (
+        "defaults: {max_concurrent: 1, max_queued: 4}\n"
+        "backends:\n  - {name: gpu, url: 'http://127.0.0.1:9', kind: ollama, slots: 1}\n"
+    )
+    replicas = []
+    for _ in range(2):
+        policy = parse_policy(text)
+        state = RedisState(redis_url, lease_seconds=30)
+        replicas.append(Admission(policy, PolicyView.of(policy, {}).pool, state=state))
+    a, b = replicas
+    try:
+        permit = await a.acquire(Ticket("alice", MODEL, Api.OLLAMA, input_tokens=100))
+        assert isinstance(permit, Permit)
+        permit.add_output(50)  # 100 in x 1 + 50 out x 2 = 200 weighted tokens
+        waiting = [
+            asyncio.create_task(a.acquire(Ticket(user, MODEL, Api.OLLAMA)))
+            for user in ("bob", "cat")
+        ]
+        await until(a, lambda snap: snap.queue_depth == 2)
+        await a.share()
+        await b.share()
+        assert b.ordering.counters()["alice"] == pytest.approx(200.0)
+        assert b.state.others_waiting == 2
+        refused = b._refusal("gateway_busy", "dan")
+        assert refused.retry_after >= 2 * 5.0  # three ahead of one slot, 5 s each by default
+        permit.release()
+        for task in waiting:
+            granted = await task
+            assert isinstance(granted, Permit)
+            granted.release()
+    finally:
+        for replica in replicas:
+            await replica.state.close()

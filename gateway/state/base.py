@@ -40,4 +40,10 @@ class SharedState(Protocol):
     async def released(self, within: float) -> None:
         """Return when some hold is released anywhere, or after ``within`` seconds."""
 
+    async def exchange(self, charges: dict[str, float], waiting: int) -> dict[str, float] | None:
+        """Add this replica's fair-share charges and publish its queue depth; the counters
+        summed over every replica, or None when nothing is shared."""
+
+    others_waiting: int  # requests waiting on the other replicas, as of the last exchange
+
     async def close(self) -> None: ...

@@ -15,6 +15,7 @@ class MemoryState:
     """Counts in dictionaries; ``take`` is atomic because nothing in it awaits."""
 
     shared = True
+    others_waiting = 0  # one process: there are no other replicas
 
     def __init__(self) -> None:
         self._holds: dict[str, Hold] = {}
@@ -57,6 +58,9 @@ class MemoryState:
     async def released(self, within: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._release.wait(), within)
+
+    async def exchange(self, charges: dict[str, float], waiting: int) -> dict[str, float] | None:
+        return None
 
     async def close(self) -> None:
         return None

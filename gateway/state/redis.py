@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -33,6 +34,8 @@ log = structlog.get_logger("fairgate.state")
 
 PREFIX = "fairgate"
 CHANNEL = f"{PREFIX}:released"
+SERVICE = f"{PREFIX}:service"  # the fair scheduler's counters, summed over replicas
+DEPTH = f"{PREFIX}:waiting"  # one key per replica: its waiting requests
 
 _NOW_MS = """
 local t = redis.call('TIME')
@@ -108,6 +111,9 @@ class RedisState:
         ]
         self.shared = True
         self.failures = 0
+        self.others_waiting = 0
+        self._replica = uuid.uuid4().hex[:12]
+        self._depth_ttl_ms = max(1000, 3 * self._lease_ms)
 
     async def take(self, hold: Hold) -> bool:
         if not self.shared:
@@ -151,6 +157,29 @@ class RedisState:
             self._lost(exc)
             raise StateUnavailable(str(exc)) from exc
         return found[0], found[1]
+
+    async def exchange(self, charges: dict[str, float], waiting: int) -> dict[str, float] | None:
+        """HINCRBYFLOAT the charges into one hash; each replica's depth in a key of its own
+        that expires if the replica dies."""
+        if not self.shared:
+            return None
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for user, amount in charges.items():
+                    pipe.hincrbyfloat(SERVICE, user, amount)
+                pipe.set(f"{DEPTH}:{self._replica}", waiting, px=self._depth_ttl_ms)
+                pipe.hgetall(SERVICE)
+                results = await pipe.execute()
+            others = 0
+            async for key in self._redis.scan_iter(match=f"{DEPTH}:*"):
+                if key.decode() != f"{DEPTH}:{self._replica}":
+                    others += int(await self._redis.get(key) or 0)
+        except (RedisError, OSError) as exc:
+            self._lost(exc)
+            return None
+        self.others_waiting = others
+        totals: dict[bytes, bytes] = results[-1]
+        return {user.decode(): float(value) for user, value in totals.items()}
 
     async def released(self, within: float) -> None:
         with contextlib.suppress(TimeoutError):
