@@ -6,10 +6,13 @@ import asyncio
 import os
 import shutil
 import socket
+import time
+from pathlib import Path
 
+import aiohttp
 import pytest
 
-__all__ = ["free_port", "required_binary", "stop"]
+__all__ = ["free_port", "required_binary", "stop", "until_answers"]
 
 
 def free_port() -> int:
@@ -40,3 +43,27 @@ async def stop(process: asyncio.subprocess.Process) -> None:
     except TimeoutError:
         process.kill()
         await process.wait()
+
+
+async def until_answers(
+    url: str,
+    within: float,
+    process: asyncio.subprocess.Process | None = None,
+    log: Path | None = None,
+) -> None:
+    """Poll ``url`` until it answers 200: a server in another process has no event to wait
+    on but its port. Fails at once if ``process`` exits, showing the end of its ``log``."""
+    deadline = time.monotonic() + within
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            if process is not None and process.returncode is not None:
+                detail = log.read_text(errors="replace")[-2000:] if log else ""  # noqa: ASYNC240
+                raise RuntimeError(f"{url}: the server exited ({process.returncode}): {detail}")
+            try:
+                async with session.get(url) as reply:
+                    if reply.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+    raise TimeoutError(f"{url} did not answer within {within:g} s")

@@ -12,7 +12,6 @@ import asyncio
 import importlib.util
 import os
 import subprocess
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import pytest
 
 from gateway.keys import ADMISSION, LIVE
 from tests.conftest import StartGateway, StartSim
-from tests.processes import free_port, stop
+from tests.processes import free_port, stop, until_answers
 from tests.test_admission import until
 
 MODEL_ALIAS = "smollm2"
@@ -59,28 +58,10 @@ async def llama_server(tmp_path: Path) -> AsyncIterator[str]:
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        await _wait_healthy(url, process, log_path)
+        await until_answers(url + "/health", 60, process, log_path)
         yield url
     finally:
         await stop(process)
-
-
-async def _wait_healthy(url: str, process: asyncio.subprocess.Process, log: Path) -> None:
-    """Poll /health (an external process has no event to wait on) for up to 60 s."""
-    deadline = time.monotonic() + 60
-    async with aiohttp.ClientSession() as session:
-        while time.monotonic() < deadline:
-            if process.returncode is not None:
-                detail = log.read_text(errors="replace")[-2000:]  # noqa: ASYNC240
-                raise RuntimeError(f"llama-server exited with {process.returncode}: {detail}")
-            try:
-                async with session.get(url + "/health") as reply:
-                    if reply.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
-    raise TimeoutError("llama-server did not become healthy within 60 s")
 
 
 async def test_a_real_llama_server_behind_the_gateway(

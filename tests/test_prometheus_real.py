@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 
 from tests.conftest import Gateway, StartGateway, StartSim, one_backend
-from tests.processes import free_port, required_binary, stop
+from tests.processes import free_port, required_binary, stop, until_answers
 from tests.test_metrics import ALERTS, REPO, alert_queries, dashboard_queries, workload
 
 PROMETHEUS_CONFIG = REPO / "deploy" / "prometheus" / "prometheus.yml"
@@ -68,20 +68,6 @@ async def _query(session: aiohttp.ClientSession, url: str, expr: str) -> dict[st
         return result
 
 
-async def _until_ready(session: aiohttp.ClientSession, url: str) -> None:
-    """Poll (an external process has no event to wait on) until Prometheus answers."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            async with session.get(url + "/-/ready") as reply:
-                if reply.status == 200:
-                    return
-        except aiohttp.ClientError:
-            pass
-        await asyncio.sleep(0.2)
-    raise TimeoutError("Prometheus did not become ready")
-
-
 async def test_every_dashboard_and_alert_query_evaluates_on_real_data(
     prometheus: tuple[str, Path], start_sim: StartSim, start_gateway: StartGateway
 ) -> None:
@@ -93,7 +79,7 @@ async def test_every_dashboard_and_alert_query_evaluates_on_real_data(
     scraping = PROMETHEUS_CONFIG.read_text().replace("fairgate:8080", target)
     config.write_text(scraping.replace("scrape_interval: 15s", "scrape_interval: 1s"))
     async with aiohttp.ClientSession() as session:
-        await _until_ready(session, url)
+        await until_answers(url + "/-/ready", 30)
         async with session.post(url + "/-/reload") as reply:
             assert reply.status == 200
         missing: list[str] = list(MAIN_PANELS)

@@ -20,6 +20,7 @@ from gateway.live import PolicyView
 from gateway.policy import parse_policy
 from gateway.state.redis import RedisState
 from tests.conftest import Gateway, StartGateway, StartSim
+from tests.processes import until_answers
 from tests.redis_server import RedisServer, redis_server, redis_url  # noqa: F401 (fixtures)
 from tests.test_admission import MODEL, held, idle, until
 
@@ -104,7 +105,7 @@ async def test_a_killed_replicas_holds_expire_and_capacity_returns(
     )
     doomed = Gateway(f"http://127.0.0.1:{unused_tcp_port}", None)  # type: ignore[arg-type]
     try:
-        await _until_serving(doomed.url)
+        await until_answers(doomed.url + "/", 20, replica)
         survivor = await start_gateway(policy(sim_url), redis_url=redis_url)
         async with held(doomed, "alice-key", "on the doomed replica"):
             os.kill(replica.pid, signal.SIGKILL)
@@ -116,21 +117,6 @@ async def test_a_killed_replicas_holds_expire_and_capacity_returns(
         if replica.returncode is None:
             replica.kill()
             await replica.wait()
-
-
-async def _until_serving(url: str) -> None:
-    """Poll a gateway in another process (nothing to wait on but its port) for 20 s."""
-    deadline = time.monotonic() + 20
-    async with aiohttp.ClientSession() as session:
-        while True:
-            try:
-                async with session.get(url + "/") as reply:
-                    if reply.status == 200:
-                        return
-            except aiohttp.ClientError:
-                if time.monotonic() > deadline:
-                    raise
-            await asyncio.sleep(0.1)
 
 
 async def test_redis_going_away_is_handled_as_configured_and_sharing_resumes(
