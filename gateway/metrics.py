@@ -197,6 +197,11 @@ class _StateCollector(Collector):
         )
         shared.add_metric([], 1 if app[ADMISSION].state.shared else 0)
         yield shared
+        failures = CounterMetricFamily(
+            "fairgate_state_failures", "Times the shared state (Redis) could not be reached."
+        )
+        failures.add_metric([], app[ADMISSION].state.failures)
+        yield failures
         reloads = CounterMetricFamily(
             "fairgate_policy_reloads", "Policy file reloads, by outcome.", labels=["outcome"]
         )

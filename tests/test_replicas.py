@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -135,6 +136,11 @@ async def test_redis_going_away_is_handled_as_configured_and_sharing_resumes(
     assert await generate(local, "alice-key", "while away, local") == 200
     assert await generate(closed, "alice-key", "while away, closed") == 503
     assert not local.app[ADMISSION].state.shared
+    async with aiohttp.ClientSession() as session, session.get(local.url + "/metrics") as reply:
+        exposition = await reply.text()
+    assert "fairgate_state_shared 0.0" in exposition
+    failures = re.search(r"^fairgate_state_failures_total (\S+)$", exposition, re.MULTILINE)
+    assert failures and float(failures.group(1)) >= 1
     await redis_server.start()
     state = local.app[ADMISSION].state
     deadline = time.monotonic() + 10

@@ -27,6 +27,7 @@ class StateUnavailable(Exception):
 
 class SharedState(Protocol):
     shared: bool  # False while running on per-replica limits only
+    failures: int  # times the shared store could not be reached
 
     async def take(self, hold: Hold) -> bool:
         """Atomically take the hold if the user and the backend have room; False if not."""

@@ -15,6 +15,7 @@ class MemoryState:
     """Counts in dictionaries; ``take`` is atomic because nothing in it awaits."""
 
     shared = True
+    failures = 0
     others_waiting = 0  # one process: there are no other replicas
 
     def __init__(self) -> None:
