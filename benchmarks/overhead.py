@@ -5,7 +5,9 @@ process; the gateway runs in another, pinned to one core with taskset when avail
 (`proxy_buffering off`) is measured too when it is installed (apt-get install nginx). This
 process is the client: K concurrent streaming /api/chat requests, several rounds, against
 each target in turn, in the same run. Prints added time to first chunk (p50/p99), total
-time, requests/s, chunks/s, and the gateway's CPU seconds per request.
+time, requests/s, chunks/s, and the gateway's CPU seconds per request. When wrk is
+installed (apt-get install wrk), it also drives each target for a few seconds with K
+connections from core 1: a client fast enough to find the gateway's own limit.
 
     .venv/bin/python -m benchmarks.overhead [--concurrency 100] [--rounds 5] [--tokens 50]
 """
@@ -90,6 +92,56 @@ async def _measure(url: str, concurrency: int, rounds: int) -> dict[str, float]:
     }
 
 
+WRK_SCRIPT = """
+wrk.method = "POST"
+wrk.body = '{"model": "llama3.2:3b", "messages": [{"role": "user", "content": "bench"}]}'
+wrk.headers["Content-Type"] = "application/json"
+"""
+
+
+async def _wrk(url: str, connections: int, workdir: Path) -> dict[str, float] | None:
+    """Requests/s and whole-reply latency from wrk on core 1, or None without wrk."""
+    if shutil.which("wrk") is None:
+        return None
+    script = workdir / "chat.lua"
+    script.write_text(WRK_SCRIPT)
+    command = ["wrk", "-t1", f"-c{connections}", "-d5s", "--latency", "-s", str(script)]
+    if shutil.which("taskset"):
+        command = ["taskset", "-c", "1", *command]
+    process = await asyncio.create_subprocess_exec(
+        *command, url + "/api/chat", stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
+    output = (await process.communicate())[0].decode()
+    found: dict[str, float] = {}
+    for line in output.splitlines():
+        words = line.split()
+        if line.startswith("Requests/sec:"):
+            found["requests_per_s"] = float(words[1])
+        elif len(words) == 2 and words[0] in ("50%", "99%"):
+            found[words[0]] = _seconds(words[1])
+    return found
+
+
+def _seconds(text: str) -> float:
+    for unit, scale in (("us", 1e-6), ("ms", 1e-3), ("s", 1.0), ("m", 60.0)):
+        if text.endswith(unit):
+            return float(text[: -len(unit)]) * scale
+    return float(text)
+
+
+def _report_wrk(loaded: dict[str, dict[str, float] | None], tokens: int) -> None:
+    if not any(loaded.values()):
+        return
+    print("  wrk (core 1), whole replies:")
+    for name, f in loaded.items():
+        if f:
+            print(
+                f"  {name:7} {f.get('requests_per_s', 0):8.0f} requests/s "
+                f"{f.get('requests_per_s', 0) * (tokens + 1):9.0f} chunks/s   "
+                f"latency p50 {f.get('50%', 0) * 1e3:7.2f} ms  p99 {f.get('99%', 0) * 1e3:7.2f} ms"
+            )
+
+
 def _cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -133,10 +185,12 @@ async def main(concurrency: int, rounds: int, tokens: int) -> None:
             cpu_before = _cpu_seconds(gateway.pid)
             figures[name] = await _measure(url, concurrency, rounds)
             figures[name]["gateway_cpu"] = _cpu_seconds(gateway.pid) - cpu_before
+        loaded = {name: await _wrk(url, concurrency, workdir) for name, url in targets.items()}
     finally:
         for process in reversed(processes):
             await stop(process)
     _report(figures, concurrency, rounds, tokens)
+    _report_wrk(loaded, tokens)
 
 
 def _report(
