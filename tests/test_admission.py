@@ -69,6 +69,18 @@ async def held(gateway: Gateway, key: str | None, prompt: str) -> AsyncIterator[
         yield
 
 
+async def generate_status(gateway: Gateway, key: str, prompt: str = "hi") -> int:
+    """The HTTP status of a whole (non-streamed) generate request from ``key``'s user."""
+    body = {"model": MODEL, "prompt": prompt, "stream": False}
+    headers = {"Authorization": f"Bearer {key}"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(gateway.url + "/api/generate", json=body, headers=headers) as reply,
+    ):
+        await reply.read()
+        return reply.status
+
+
 def ollama_client(gateway: Gateway, key: str) -> ollama.AsyncClient:
     return ollama.AsyncClient(host=gateway.url, headers={"Authorization": f"Bearer {key}"})
 

@@ -8,12 +8,10 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
-import aiohttp
-
 from gateway.keys import ADMISSION, LIVE
 from gateway.live import PolicyView
 from tests.conftest import Gateway, StartGateway, StartSim
-from tests.test_admission import MODEL, held, idle, queued, until
+from tests.test_admission import generate_status, held, idle, queued, until
 
 
 def policy_text(sim_url: str, alice: str = "{keys: [alice-key]}") -> str:
@@ -40,16 +38,6 @@ async def rewrite(gateway: Gateway, path: Path, text: str, *, valid: bool = True
         listeners.remove(listener)
 
 
-async def chat_status(gateway: Gateway, key: str) -> int:
-    headers = {"Authorization": f"Bearer {key}"}
-    body = {"model": MODEL, "prompt": "hi", "stream": False}
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(gateway.url + "/api/generate", json=body, headers=headers) as reply,
-    ):
-        return reply.status
-
-
 class TestLiveReload:
     async def test_a_raised_cap_lets_a_waiting_request_run_at_once(
         self, start_sim: StartSim, start_gateway: StartGateway, tmp_path: Path
@@ -61,7 +49,7 @@ class TestLiveReload:
         gateway = await start_gateway(path, reload_interval=0.05)
         admission = gateway.app[ADMISSION]
         async with held(gateway, "alice-key", "one"):
-            second = asyncio.create_task(chat_status(gateway, "alice-key"))
+            second = asyncio.create_task(generate_status(gateway, "alice-key"))
             await until(admission, queued("alice", 1))
             await rewrite(
                 gateway, path, policy_text(sim_url, "{keys: [alice-key], max_concurrent: 2}")
@@ -81,7 +69,7 @@ class TestLiveReload:
         async with held(gateway, "alice-key", "one"):
             async with held(gateway, "alice-key", "two"):
                 await rewrite(gateway, path, policy_text(sim_url))
-                third = asyncio.create_task(chat_status(gateway, "alice-key"))
+                third = asyncio.create_task(generate_status(gateway, "alice-key"))
                 await until(admission, queued("alice", 1))
             # One finished, but alice still runs one: at the new cap of 1, the third waits.
             await until(admission, lambda snap: snap.users["alice"] != (2, 1))
@@ -100,7 +88,7 @@ class TestLiveReload:
         await rewrite(gateway, path, "users: [broken\n", valid=False)
         live = gateway.app[LIVE]
         assert live.reloads_failed == 1 and live.last_error and "invalid YAML" in live.last_error
-        assert await chat_status(gateway, "alice-key") == 200
+        assert await generate_status(gateway, "alice-key") == 200
 
     async def test_a_rotated_key_works_and_the_old_one_stops(
         self, start_sim: StartSim, start_gateway: StartGateway, tmp_path: Path
@@ -110,11 +98,11 @@ class TestLiveReload:
         path = tmp_path / "fairgate.yaml"
         path.write_text(policy_text(sim_url))
         gateway = await start_gateway(path, reload_interval=3600)
-        assert await chat_status(gateway, "alice-key") == 200
+        assert await generate_status(gateway, "alice-key") == 200
         reloaded: asyncio.Future[PolicyView] = asyncio.get_running_loop().create_future()
         gateway.app[LIVE].on_reload.append(reloaded.set_result)
         path.write_text(policy_text(sim_url, "{keys: [alice-new-key]}"))
         os.kill(os.getpid(), signal.SIGHUP)
         await asyncio.wait_for(reloaded, timeout=5)
-        assert await chat_status(gateway, "alice-new-key") == 200
-        assert await chat_status(gateway, "alice-key") == 401
+        assert await generate_status(gateway, "alice-new-key") == 200
+        assert await generate_status(gateway, "alice-key") == 401

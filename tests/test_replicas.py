@@ -23,7 +23,7 @@ from gateway.state.redis import RedisState
 from tests.conftest import Gateway, StartGateway, StartSim
 from tests.processes import until_answers
 from tests.redis_server import RedisServer, redis_server, redis_url  # noqa: F401 (fixtures)
-from tests.test_admission import MODEL, held, idle, until
+from tests.test_admission import MODEL, generate_status, held, idle, until
 
 
 def policy(sim_url: str, *, slots: int = 2, cap: int = 1, extra: str = "") -> str:
@@ -34,17 +34,6 @@ def policy(sim_url: str, *, slots: int = 2, cap: int = 1, extra: str = "") -> st
         + extra
         + f"backends:\n  - {{name: sim, url: {sim_url}, kind: ollama, slots: {slots}}}\n"
     )
-
-
-async def generate(gateway: Gateway, key: str, prompt: str, **options: object) -> int:
-    body = {"model": MODEL, "prompt": prompt, "stream": False, "options": options}
-    headers = {"Authorization": f"Bearer {key}"}
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(gateway.url + "/api/generate", json=body, headers=headers) as reply,
-    ):
-        await reply.read()
-        return reply.status
 
 
 async def test_a_users_cap_holds_across_replicas(
@@ -58,10 +47,10 @@ async def test_a_users_cap_holds_across_replicas(
     a = await start_gateway(short_wait, redis_url=redis_url)
     b = await start_gateway(short_wait, redis_url=redis_url)
     async with held(a, "alice-key", "running on A"):
-        assert await generate(b, "alice-key", "second on B") == 503  # wait_timeout
-        assert await generate(b, "bob-key", "bob on B") == 200
+        assert await generate_status(b, "alice-key", "second on B") == 503  # wait_timeout
+        assert await generate_status(b, "bob-key", "bob on B") == 200
     await until(a.app[ADMISSION], idle)
-    assert await generate(b, "alice-key", "after A finished") == 200
+    assert await generate_status(b, "alice-key", "after A finished") == 200
 
 
 async def test_the_backend_never_sees_more_than_its_slots_from_the_pair(
@@ -75,7 +64,10 @@ async def test_the_backend_never_sees_more_than_its_slots_from_the_pair(
     a = await start_gateway(text, redis_url=redis_url)
     b = await start_gateway(text, redis_url=redis_url)
     statuses = await asyncio.gather(
-        *(generate((a, b)[n % 2], ("alice-key", "bob-key")[n // 4], f"r{n}") for n in range(8))
+        *(
+            generate_status((a, b)[n % 2], ("alice-key", "bob-key")[n // 4], f"r{n}")
+            for n in range(8)
+        )
     )
     assert statuses == [200] * 8
     assert sim.stats.max_running == 2
@@ -112,7 +104,7 @@ async def test_a_killed_replicas_holds_expire_and_capacity_returns(
             os.kill(replica.pid, signal.SIGKILL)
             await replica.wait()
         started = time.monotonic()
-        assert await generate(survivor, "alice-key", "after the crash") == 200
+        assert await generate_status(survivor, "alice-key", "after the crash") == 200
         assert time.monotonic() - started < 5  # the 1 s lease, not the 10 s max_wait
     finally:
         if replica.returncode is None:
@@ -131,10 +123,10 @@ async def test_redis_going_away_is_handled_as_configured_and_sharing_resumes(
     closed = await start_gateway(
         policy(sim_url, extra="redis: {on_failure: closed}\n"), redis_url=redis_server.url
     )
-    assert await generate(local, "alice-key", "before") == 200
+    assert await generate_status(local, "alice-key", "before") == 200
     await redis_server.stop()
-    assert await generate(local, "alice-key", "while away, local") == 200
-    assert await generate(closed, "alice-key", "while away, closed") == 503
+    assert await generate_status(local, "alice-key", "while away, local") == 200
+    assert await generate_status(closed, "alice-key", "while away, closed") == 503
     assert not local.app[ADMISSION].state.shared
     async with aiohttp.ClientSession() as session, session.get(local.url + "/metrics") as reply:
         exposition = await reply.text()
@@ -147,7 +139,7 @@ async def test_redis_going_away_is_handled_as_configured_and_sharing_resumes(
     while not state.shared:
         assert time.monotonic() < deadline, "sharing did not resume"
         await state.released(within=0.1)
-    assert await generate(local, "alice-key", "after") == 200
+    assert await generate_status(local, "alice-key", "after") == 200
     for gateway in (local, closed):
         await until(gateway.app[ADMISSION], idle)
     users, backends = await state.usage()
