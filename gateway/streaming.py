@@ -155,6 +155,9 @@ async def _pump(
     try:
         async with asyncio.timeout(idle) as deadline:
             while chunk:
+                # Only the backend's silence counts against `idle`: a client that reads
+                # slowly (the write waits on it) must not look like a stalled backend.
+                deadline.reschedule(None)
                 await response.write(chunk)
                 record.bytes_out += len(chunk)
                 tail.append(chunk)
