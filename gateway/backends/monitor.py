@@ -92,7 +92,7 @@ class BackendMonitor:
         state.last_error = None
         changed = (state.slots, state.models) != (seen.slots, seen.models)
         state.slots, state.models, state.loaded = seen.slots, seen.models, seen.loaded
-        state.sleeping, state.listings = seen.sleeping, seen.listings
+        state.sleeping = seen.sleeping
         if not state.healthy and state.successes >= self._settings.healthy_after:
             state.healthy = True
             changed = True

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from gateway.errors import Api
 from gateway.policy import BackendConfig
@@ -28,7 +27,6 @@ class BackendState:
     models: frozenset[str] | None = None  # model keys it serves; None: not known yet
     loaded: dict[str, str | None] = field(default_factory=dict)  # model key -> expires_at
     sleeping: bool = False
-    listings: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # path -> entries
     last_error: str | None = None
 
 

@@ -1,7 +1,7 @@
 """What each kind of backend says about itself: health, slots, models, loaded models.
 
 - Ollama: ``GET /api/version`` (health), ``/api/tags`` (models), ``/api/ps`` (loaded now, with
-  ``expires_at``), ``/v1/models``. Its parallelism cannot be read: the policy states it.
+  ``expires_at``). Its parallelism cannot be read: the policy states it.
 - llama.cpp: ``GET /health`` (503 "Loading model" while loading), ``/props`` (``total_slots``,
   ``is_sleeping``), ``/v1/models``.
 - any OpenAI-compatible server: ``GET /v1/models``.
@@ -30,7 +30,6 @@ class Observation:
     loaded: dict[str, str | None] = field(default_factory=dict)
     slots: int | None = None
     sleeping: bool = False
-    listings: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 
 Getter = Callable[[str], Awaitable[Any]]
@@ -58,11 +57,9 @@ async def _ollama(get: Getter) -> Observation:
     await get("/api/version")
     tags = _entries(await get("/api/tags"), "models")
     running = _entries(await get("/api/ps"), "models")
-    openai_models = _entries(await get("/v1/models"), "data")
     return Observation(
         models=frozenset(model_key(str(entry.get("name"))) for entry in tags),
         loaded={model_key(str(e.get("name"))): e.get("expires_at") for e in running},
-        listings={"/api/tags": tags, "/api/ps": running, "/v1/models": openai_models},
     )
 
 
@@ -75,16 +72,12 @@ async def _llamacpp(get: Getter) -> Observation:
         models=frozenset(model_key(str(entry.get("id"))) for entry in openai_models),
         slots=slots if isinstance(slots, int) and slots > 0 else None,
         sleeping=bool(isinstance(props, dict) and props.get("is_sleeping")),
-        listings={"/v1/models": openai_models},
     )
 
 
 async def _openai(get: Getter) -> Observation:
     openai_models = _entries(await get("/v1/models"), "data")
-    return Observation(
-        models=frozenset(model_key(str(entry.get("id"))) for entry in openai_models),
-        listings={"/v1/models": openai_models},
-    )
+    return Observation(models=frozenset(model_key(str(entry.get("id"))) for entry in openai_models))
 
 
 def _entries(document: Any, key: str) -> list[dict[str, Any]]:
