@@ -129,6 +129,7 @@ async def _policy_watcher(app: web.Application) -> AsyncIterator[None]:
 
 def run_app(settings: Settings, policy: Policy) -> None:
     """Serve until interrupted; handlers are cancelled when their client disconnects."""
+    loop = new_event_loop(settings.event_loop)
     log.info(
         "serving",
         listen=f"http://{settings.listen}",
@@ -136,6 +137,7 @@ def run_app(settings: Settings, policy: Policy) -> None:
         backends=[f"{b.name}={b.url}" for b in policy.backends],
         users=len(policy.users),
         scheduling=policy.scheduling,
+        event_loop=type(loop).__module__.partition(".")[0],
     )
     if not policy.users:
         log.warning(
@@ -148,7 +150,21 @@ def run_app(settings: Settings, policy: Policy) -> None:
         access_log=None,
         handler_cancellation=True,
         print=None,
+        loop=loop,
     )
+
+
+def new_event_loop(choice: str) -> asyncio.AbstractEventLoop:
+    """uvloop when asked for, or when ``auto`` and it is installed; asyncio's otherwise."""
+    if choice != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if choice == "uvloop":
+                raise
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
 
 
 async def start_server(app: web.Application, host: str, port: int) -> web.AppRunner:
