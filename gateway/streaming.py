@@ -152,28 +152,28 @@ async def _pump(
     await response.prepare(request)
     loop = asyncio.get_running_loop()
     gaps, last = record.gaps, loop.time()
+    watch = _SilenceWatch(upstream.content, idle)
     try:
-        async with asyncio.timeout(idle) as deadline:
-            while chunk:
-                # Only the backend's silence counts against `idle`: a client that reads
-                # slowly (the write waits on it) must not look like a stalled backend.
-                deadline.reschedule(None)
-                await response.write(chunk)
-                record.bytes_out += len(chunk)
-                tail.append(chunk)
-                if not keep_whole and len(tail) > _TAIL_CHUNKS:
-                    del tail[0]
-                if meter is not None:
-                    unmetered += chunk.count(b"\n")
-                    if unmetered >= _METER_EVERY * newlines_per_token:
-                        meter(unmetered // newlines_per_token)
-                        unmetered %= newlines_per_token
-                deadline.reschedule(loop.time() + idle)
-                chunk = await upstream.content.readany()
-                if chunk:
-                    now = loop.time()
-                    gaps.append(now - last)
-                    last = now
+        while chunk:
+            await response.write(chunk)
+            record.bytes_out += len(chunk)
+            tail.append(chunk)
+            if not keep_whole and len(tail) > _TAIL_CHUNKS:
+                del tail[0]
+            if meter is not None:
+                unmetered += chunk.count(b"\n")
+                if unmetered >= _METER_EVERY * newlines_per_token:
+                    meter(unmetered // newlines_per_token)
+                    unmetered %= newlines_per_token
+            # Only the backend's silence counts against `idle`: a client that reads
+            # slowly (the write waits on it) must not look like a stalled backend.
+            watch.waiting_since = loop.time()
+            chunk = await upstream.content.readany()
+            watch.waiting_since = None
+            if chunk:
+                now = loop.time()
+                gaps.append(now - last)
+                last = now
     except ConnectionResetError:
         record.client_gone = True
         record.status = 499
@@ -186,11 +186,42 @@ async def _pump(
         )
         await _fail_inband(request, response, content_type, reason, record)
         return response
+    finally:
+        watch.stop()
     counts = final_counts(content_type, b"".join(tail))
     record.prompt_tokens, record.completion_tokens = counts.prompt_tokens, counts.completion_tokens
     record.load_seconds = counts.load_seconds
     await response.write_eof()
     return response
+
+
+class _SilenceWatch:
+    """Fails the upstream read with TimeoutError once the backend has been silent for
+    ``idle`` seconds while the relay waited on it.
+
+    Re-arming a timer on every chunk would cost a timer handle per token; this one wakes at
+    most once per ``idle`` period and looks at when the current wait began.
+    """
+
+    def __init__(self, reader: aiohttp.StreamReader, idle: float) -> None:
+        self.waiting_since: float | None = None
+        self._reader = reader
+        self._idle = idle
+        self._loop = asyncio.get_running_loop()
+        self._timer = self._loop.call_at(self._loop.time() + idle, self._check)
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        since = self.waiting_since
+        if since is not None and now - since >= self._idle:
+            self._reader.set_exception(TimeoutError())
+            return
+        self._timer = self._loop.call_at(
+            (now if since is None else since) + self._idle, self._check
+        )
+
+    def stop(self) -> None:
+        self._timer.cancel()
 
 
 async def _fail_inband(
