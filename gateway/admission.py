@@ -205,11 +205,12 @@ class Admission:
     async def _local_turn(self, ticket: Ticket, within: float) -> Permit | Refusal:
         waiter = self._enqueue(ticket)
         self._dispatch()
-        if not waiter.turn.done():
-            refusal = self._over_bound(ticket.user)
-            if refusal is not None:
-                self._leave(waiter)
-                return refusal
+        if waiter.turn.done():  # the quick path: a place was free
+            return Permit(self, waiter, waiter.turn.result())
+        refusal = self._over_bound(ticket.user)
+        if refusal is not None:
+            self._leave(waiter)
+            return refusal
         try:
             async with asyncio.timeout(max(within, 0.0)):
                 backend = await asyncio.shield(waiter.turn)
@@ -254,6 +255,8 @@ class Admission:
 
     def can_reroute(self, permit: Permit) -> bool:
         """Whether another backend could take this permit's request right now."""
+        if len(self.pool.backends) < 2:
+            return False
         return any(b.name != permit.backend.name for b in self._free_backends(permit.ticket))
 
     async def reroute(self, permit: Permit) -> bool:

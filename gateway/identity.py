@@ -48,7 +48,7 @@ class Directory:
         key = _presented_key(headers)
         if key is not None:
             return self._user_of_key(key)
-        address = _address(remote)
+        address = _address(remote) if self._client_rules else None
         if address is not None:
             for rule in self._client_rules:
                 if address in rule.network:  # type: ignore[operator]
