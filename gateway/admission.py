@@ -203,14 +203,19 @@ class Admission:
             await self.state.released(min(remaining, _SHARED_RETRY_SECONDS))
 
     async def _local_turn(self, ticket: Ticket, within: float) -> Permit | Refusal:
+        if self._cannot_start(ticket):
+            # The quick no, under overload: no need to join the room only to leave it.
+            reason = self._over_bound(ticket.user, joining=True)
+            if reason is not None:
+                return self._refusal(reason, ticket.user)
         waiter = self._enqueue(ticket)
         self._dispatch()
-        if waiter.turn.done():  # the quick path: a place was free
+        if waiter.turn.done():  # the quick yes: a place was free
             return Permit(self, waiter, waiter.turn.result())
-        refusal = self._over_bound(ticket.user)
-        if refusal is not None:
+        reason = self._over_bound(ticket.user, joining=False)
+        if reason is not None:
             self._leave(waiter)
-            return refusal
+            return self._refusal(reason, ticket.user)
         try:
             async with asyncio.timeout(max(within, 0.0)):
                 backend = await asyncio.shield(waiter.turn)
@@ -355,37 +360,47 @@ class Admission:
             waiter.turn.cancel()
             self._leave(waiter)
 
-    def _over_bound(self, user: str) -> Refusal | None:
-        # The request is already counted in the room, hence ">".
-        if len(self._waiting[user]) > self.policy.limits_of(user).max_queued:
-            return self._refusal("user_queue_full", user)
-        if self._depth > self.policy.queue.max_depth:
-            return self._refusal("gateway_busy", user)
+    def _cannot_start(self, ticket: Ticket) -> bool:
+        """Whether a request arriving now would have to wait."""
+        if self._running[ticket.user] >= self.policy.limits_of(ticket.user).max_concurrent:
+            return True
+        return not self._free_backends(ticket)
+
+    def _over_bound(self, user: str, joining: bool) -> RefusalReason | None:
+        """Which bound the room passes with this request in it (``joining``: not yet)."""
+        extra = 1 if joining else 0
+        if len(self._waiting.get(user, ())) + extra > self.policy.limits_of(user).max_queued:
+            return "user_queue_full"
+        if self._depth + extra > self.policy.queue.max_depth:
+            return "gateway_busy"
         return None
 
     def _refusal(self, reason: RefusalReason, user: str) -> Refusal:
+        """The refusal of a request that is not (or no longer) in the waiting room."""
         limits = self.policy.limits_of(user)
         if reason == "user_queue_full":
-            ahead, places = len(self._waiting.get(user, ())), limits.max_concurrent
+            waiting, places = len(self._waiting.get(user, ())), limits.max_concurrent
             message = (
-                f"user {user} already has {self._running[user]} running and {ahead - 1} "
+                f"user {user} already has {self._running[user]} running and {waiting} "
                 f"waiting (max_queued {limits.max_queued}); retry later"
             )
         else:
-            ahead = self._depth + self.state.others_waiting
+            waiting = self._depth + self.state.others_waiting
             places = max(1, sum(b.slots for b in self.pool.backends))
             message = (
-                f"the gateway is busy: {self._depth - 1} requests waiting (max_depth "
+                f"the gateway is busy: {self._depth} requests waiting (max_depth "
                 f"{self.policy.queue.max_depth}); retry later"
                 if reason == "gateway_busy"
                 else f"no slot freed within max_wait {self.policy.queue.max_wait:g}s; retry later"
             )
-        retry_after = self._hold_estimate * max(1, ahead) / places
+        retry_after = self._hold_estimate * (waiting + 1) / places
         return Refusal(reason, message, min(retry_after, 600.0))
 
     # -- dispatch ----------------------------------------------------------------------
 
     def _dispatch(self) -> None:
+        if not any(self._busy[b.name] < b.slots for b in self.pool.backends):
+            return  # every slot is taken: nobody waiting can start (the common overload case)
         while self._waiting:
             choice = self._next_turn()
             if choice is None:

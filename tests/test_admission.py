@@ -117,7 +117,9 @@ class TestCapsAndQueues:
                 )
             assert time.monotonic() - started < 1.0
             assert refused.value.status_code == 503
-            assert refused.value.response.json()["error"]["code"] == "user_queue_full"
+            error = refused.value.response.json()["error"]
+            assert error["code"] == "user_queue_full"
+            assert "1 running and 2 waiting (max_queued 2)" in error["message"]
             assert int(refused.value.response.headers["Retry-After"]) >= 1
             await client.close()
             assert (await chat(gateway, "bob-key", "hi")).done
