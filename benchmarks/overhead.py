@@ -1,35 +1,35 @@
 """What the gateway adds to every streamed reply: direct vs through the gateway (vs nginx).
 
-A zero-delay simulated Ollama (it streams its tokens as fast as it can) runs in its own
-process; the gateway runs in another, pinned to one core with taskset when available; nginx
-(`proxy_buffering off`) is measured too when it is installed (apt-get install nginx). This
-process is the client: K concurrent streaming /api/chat requests, several rounds, against
-each target in turn, in the same run. Prints added time to first chunk (p50/p99), total
-time, requests/s, chunks/s, and the gateway's CPU seconds per request. When wrk is
-installed (apt-get install wrk), it also drives each target for a few seconds with K
-connections from core 1: a client fast enough to find the gateway's own limit.
+A fast Ollama stand-in (``benchmarks.wire_stub``) and a fast client (``benchmarks.wire_client``)
+run on core 1; the gateway runs on core 0 (taskset), and so does nginx (one worker,
+``proxy_buffering off``, upstream keep-alive) when it is installed. Two loads, each against
+every target in turn, in the same run:
 
-    .venv/bin/python -m benchmarks.overhead [--concurrency 100] [--rounds 5] [--tokens 50]
+- zero-delay: the backend streams its tokens as fast as it can, K clients in a closed loop.
+  This finds the most chunks per second the path can relay.
+- paced: every stream gets a token per decode step (``--interval``, as a GPU's batched decode
+  does), so nothing is saturated and the added TTFT and ITL are the path's own.
+
+Prints TTFT and ITL p50/p99, requests/s, chunks/s, and the gateway's CPU per request.
+
+    .venv/bin/python -m benchmarks.overhead [--concurrency 100] [--seconds 5] [--tokens 50]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-
-import aiohttp
+from typing import Any
 
 from tests.processes import free_port, stop, until_answers
 
-MODEL = "llama3.2:3b"
 NGINX_CONF = """
 worker_processes 1;
 daemon off;
@@ -39,11 +39,11 @@ events {{ worker_connections 4096; }}
 http {{
   access_log off;
   client_body_temp_path {dir}; proxy_temp_path {dir};
-  upstream sim {{ server 127.0.0.1:{sim}; keepalive 256; }}
+  upstream stub {{ server 127.0.0.1:{stub}; keepalive 256; }}
   server {{
     listen 127.0.0.1:{port};
     location / {{
-      proxy_pass http://sim; proxy_http_version 1.1; proxy_set_header Connection "";
+      proxy_pass http://stub; proxy_http_version 1.1; proxy_set_header Connection "";
       proxy_buffering off;
     }}
   }}
@@ -51,95 +51,15 @@ http {{
 """
 
 
-async def _spawn(*command: str, env: dict[str, str] | None = None) -> asyncio.subprocess.Process:
-    pinned = ["taskset", "-c", "0", *command] if shutil.which("taskset") else list(command)
+def _pinned(core: int, command: list[str]) -> list[str]:
+    return ["taskset", "-c", str(core), *command] if shutil.which("taskset") else command
+
+
+async def spawn_pinned(core: int, *command: str, env: dict[str, str] | None = None) -> Any:
+    """Start ``command`` on one core (when taskset is there), its output discarded."""
     return await asyncio.create_subprocess_exec(
-        *pinned, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        *_pinned(core, list(command)), env=env, stdout=subprocess.DEVNULL
     )
-
-
-async def _one(session: aiohttp.ClientSession, url: str, n: int) -> tuple[float, float, int]:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": f"bench {n}"}]}
-    started = time.perf_counter()
-    first, chunks = 0.0, 0
-    async with session.post(url + "/api/chat", json=body) as reply:
-        async for _ in reply.content:
-            if not chunks:
-                first = time.perf_counter() - started
-            chunks += 1
-    return first, time.perf_counter() - started, chunks
-
-
-async def _measure(url: str, concurrency: int, rounds: int) -> dict[str, float]:
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        await asyncio.gather(*(_one(session, url, n) for n in range(concurrency)))  # warm up
-        results: list[tuple[float, float, int]] = []
-        started = time.perf_counter()
-        for round_ in range(rounds):
-            results += await asyncio.gather(
-                *(_one(session, url, round_ * concurrency + n) for n in range(concurrency))
-            )
-        elapsed = time.perf_counter() - started
-    firsts = [first for first, _, _ in results]
-    cuts = statistics.quantiles(firsts, n=100)
-    return {
-        "ttft_p50": cuts[49],
-        "ttft_p99": cuts[98],
-        "seconds": elapsed,
-        "requests_per_s": len(results) / elapsed,
-        "chunks_per_s": sum(chunks for _, _, chunks in results) / elapsed,
-    }
-
-
-WRK_SCRIPT = """
-wrk.method = "POST"
-wrk.body = '{"model": "llama3.2:3b", "messages": [{"role": "user", "content": "bench"}]}'
-wrk.headers["Content-Type"] = "application/json"
-"""
-
-
-async def _wrk(url: str, connections: int, workdir: Path) -> dict[str, float] | None:
-    """Requests/s and whole-reply latency from wrk on core 1, or None without wrk."""
-    if shutil.which("wrk") is None:
-        return None
-    script = workdir / "chat.lua"
-    script.write_text(WRK_SCRIPT)
-    command = ["wrk", "-t1", f"-c{connections}", "-d5s", "--latency", "-s", str(script)]
-    if shutil.which("taskset"):
-        command = ["taskset", "-c", "1", *command]
-    process = await asyncio.create_subprocess_exec(
-        *command, url + "/api/chat", stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
-    )
-    output = (await process.communicate())[0].decode()
-    found: dict[str, float] = {}
-    for line in output.splitlines():
-        words = line.split()
-        if line.startswith("Requests/sec:"):
-            found["requests_per_s"] = float(words[1])
-        elif len(words) == 2 and words[0] in ("50%", "99%"):
-            found[words[0]] = _seconds(words[1])
-    return found
-
-
-def _seconds(text: str) -> float:
-    for unit, scale in (("us", 1e-6), ("ms", 1e-3), ("s", 1.0), ("m", 60.0)):
-        if text.endswith(unit):
-            return float(text[: -len(unit)]) * scale
-    return float(text)
-
-
-def _report_wrk(loaded: dict[str, dict[str, float] | None], tokens: int) -> None:
-    if not any(loaded.values()):
-        return
-    print("  wrk (core 1), whole replies:")
-    for name, f in loaded.items():
-        if f:
-            print(
-                f"  {name:7} {f.get('requests_per_s', 0):8.0f} requests/s "
-                f"{f.get('requests_per_s', 0) * (tokens + 1):9.0f} chunks/s   "
-                f"latency p50 {f.get('50%', 0) * 1e3:7.2f} ms  p99 {f.get('99%', 0) * 1e3:7.2f} ms"
-            )
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -147,22 +67,36 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def main(concurrency: int, rounds: int, tokens: int) -> None:
-    workdir = Path(tempfile.mkdtemp(prefix="fairgate-bench-"))
-    sim_port, gateway_port, nginx_port = free_port(), free_port(), free_port()
+async def client_figures(
+    url: str, concurrency: int, seconds: float, keys: list[str] | None = None, pause: float = 0.0
+) -> dict[str, Any]:
+    """Run ``benchmarks.wire_client`` on core 1 against ``url``; its figures."""
+    command = [sys.executable, "-m", "benchmarks.wire_client", "--url", url]
+    command += ["--concurrency", str(concurrency), "--seconds", str(seconds)]
+    command += ["--keys", ",".join(keys or []), "--pause", str(pause)]
+    process = await asyncio.create_subprocess_exec(*_pinned(1, command), stdout=subprocess.PIPE)
+    output, _ = await process.communicate()
+    if process.returncode:
+        raise RuntimeError(f"the client failed against {url}")
+    figures: dict[str, Any] = json.loads(output)
+    return figures
+
+
+async def _load(
+    workdir: Path, args: argparse.Namespace, interval: float
+) -> dict[str, dict[str, Any]]:
+    """Start the stub, the gateway and nginx; measure each; stop them."""
+    stub_port, gateway_port, nginx_port = free_port(), free_port(), free_port()
     processes = []
     try:
-        sim = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gateway", "sim", "--port", str(sim_port),
-            "--parallel", "100000", "--prefill-tps", "0", "--decode-tps", "0",
-            "--output-tokens", str(tokens), stdout=subprocess.DEVNULL,
-        )  # fmt: skip
-        processes.append(sim)
-        sim_url = f"http://127.0.0.1:{sim_port}"
+        stub = ["benchmarks.wire_stub", "--port", str(stub_port), "--tokens", str(args.tokens)]
+        stub += ["--interval", str(interval)]
+        processes.append(await spawn_pinned(1, sys.executable, "-m", *stub))
+        stub_url = f"http://127.0.0.1:{stub_port}"
         policy = workdir / "fairgate.yaml"
         policy.write_text(
-            f"defaults: {{max_concurrent: {concurrency * 2}, max_queued: 0}}\n"
-            f"backends:\n  - {{name: sim, url: {sim_url}, kind: ollama, slots: 100000}}\n"
+            f"defaults: {{max_concurrent: {args.concurrency * 2}, max_queued: 0}}\n"
+            f"backends:\n  - {{name: stub, url: {stub_url}, kind: ollama, slots: 100000}}\n"
         )
         env = {
             **os.environ,
@@ -170,61 +104,78 @@ async def main(concurrency: int, rounds: int, tokens: int) -> None:
             "FAIRGATE_LISTEN": f"127.0.0.1:{gateway_port}",
             "FAIRGATE_LOG_LEVEL": "WARNING",
         }
-        gateway = await _spawn(sys.executable, "-m", "gateway", "serve", env=env)
+        gateway = await spawn_pinned(0, sys.executable, "-m", "gateway", "serve", env=env)
         processes.append(gateway)
-        targets = {"direct": sim_url, "gateway": f"http://127.0.0.1:{gateway_port}"}
+        targets = {"direct": stub_url, "gateway": f"http://127.0.0.1:{gateway_port}"}
         if shutil.which("nginx"):
             conf = workdir / "nginx.conf"
-            conf.write_text(NGINX_CONF.format(dir=workdir, sim=sim_port, port=nginx_port))
-            processes.append(await _spawn("nginx", "-c", str(conf)))
+            conf.write_text(NGINX_CONF.format(dir=workdir, stub=stub_port, port=nginx_port))
+            processes.append(await spawn_pinned(0, "nginx", "-c", str(conf)))
             targets["nginx"] = f"http://127.0.0.1:{nginx_port}"
         for url in targets.values():
             await until_answers(url + "/", 20)
         figures = {}
         for name, url in targets.items():
             cpu_before = _cpu_seconds(gateway.pid)
-            figures[name] = await _measure(url, concurrency, rounds)
+            figures[name] = await client_figures(url, args.concurrency, args.seconds)
             figures[name]["gateway_cpu"] = _cpu_seconds(gateway.pid) - cpu_before
-        loaded = {name: await _wrk(url, concurrency, workdir) for name, url in targets.items()}
+        return figures
     finally:
         for process in reversed(processes):
             await stop(process)
-    _report(figures, concurrency, rounds, tokens)
-    _report_wrk(loaded, tokens)
 
 
-def _report(
-    figures: dict[str, dict[str, float]], concurrency: int, rounds: int, tokens: int
-) -> None:
-    requests = concurrency * rounds
-    print(
-        f"overhead: {concurrency} concurrent streaming chats x {rounds} rounds, {tokens} tokens "
-        f"each, zero-delay backend; {os.cpu_count()} cores; gateway pinned to core 0"
-    )
-    print("  target   TTFT p50   TTFT p99    total s   requests/s     chunks/s")
+def _report(title: str, figures: dict[str, dict[str, Any]], seconds: float) -> None:
+    print(title)
+    print("  target   TTFT p50  TTFT p99   ITL p50   ITL p99  requests/s   chunks/s")
     for name, f in figures.items():
         print(
-            f"  {name:7} {f['ttft_p50'] * 1e3:8.2f}ms {f['ttft_p99'] * 1e3:8.2f}ms "
-            f"{f['seconds']:9.2f} {f['requests_per_s']:11.0f} {f['chunks_per_s']:12.0f}"
+            f"  {name:7} {f['ttft_p50'] * 1e3:7.2f}ms {f['ttft_p99'] * 1e3:7.2f}ms "
+            f"{f['itl_p50'] * 1e3:7.2f}ms {f['itl_p99'] * 1e3:7.2f}ms "
+            f"{f['requests_per_s']:11.0f} {f['lines_per_s']:10.0f}"
         )
     direct = figures["direct"]
     for name in ("gateway", "nginx"):
         if name in figures:
-            added = figures[name]
+            f = figures[name]
+            added = {key: (f[key] - direct[key]) * 1e3 for key in ("ttft_p50", "ttft_p99")}
             print(
-                f"  {name} adds TTFT p50 {(added['ttft_p50'] - direct['ttft_p50']) * 1e3:+.2f} ms, "
-                f"p99 {(added['ttft_p99'] - direct['ttft_p99']) * 1e3:+.2f} ms"
+                f"  {name} adds TTFT p50 {added['ttft_p50']:+.2f} ms, "
+                f"p99 {added['ttft_p99']:+.2f} ms; ITL p99 "
+                f"{(f['itl_p99'] - direct['itl_p99']) * 1e3:+.2f} ms"
             )
-    cpu = figures["gateway"]["gateway_cpu"]
+    gateway = figures["gateway"]
+    requests = gateway["requests_per_s"] * seconds
+    cpu = gateway["gateway_cpu"]
+    if requests:
+        print(
+            f"  gateway CPU: {cpu:.2f} s for {requests:.0f} requests = "
+            f"{cpu / requests * 1e3:.2f} ms each, "
+            f"{cpu / (gateway['lines_per_s'] * seconds) * 1e6:.1f} us per chunk"
+        )
+
+
+async def main(args: argparse.Namespace) -> None:
+    workdir = Path(tempfile.mkdtemp(prefix="fairgate-bench-"))
     print(
-        f"  gateway CPU: {cpu:.2f} s for {requests} requests = {cpu / requests * 1e3:.2f} ms each"
+        f"overhead: {args.concurrency} concurrent streaming chats of {args.tokens} tokens, "
+        f"{args.seconds:g} s per target; {os.cpu_count()} cores; gateway and nginx on core 0, "
+        "backend stub and client on core 1"
+    )
+    zero = await _load(workdir, args, 0.0)
+    _report("zero-delay backend (as many chunks as the path can relay):", zero, args.seconds)
+    paced = await _load(workdir, args, args.interval)
+    _report(
+        f"paced backend (a token per stream every {args.interval * 1e3:g} ms):",
+        paced,
+        args.seconds,
     )
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", type=int, default=100)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--tokens", type=int, default=50)
-    args = parser.parse_args()
-    asyncio.run(main(args.concurrency, args.rounds, args.tokens))
+    parser.add_argument("--interval", type=float, default=0.02)
+    asyncio.run(main(parser.parse_args()))
