@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable
 
 import aiohttp
@@ -20,7 +21,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from gateway.access import RequestRecord
 from gateway.errors import BackendFailure, GatewayError, inband_error
 from gateway.policy import Timeouts
-from gateway.usage import final_counts
+from gateway.usage import TALLY_WINDOW, final_counts
 
 __all__ = ["relay"]
 
@@ -48,9 +49,7 @@ _NOT_FORWARDED = frozenset(
     }
 )
 _NOT_RETURNED = _NOT_FORWARDED | {"server", "date", "set-cookie"}
-_TAIL_CHUNKS = 4
 _METER_EVERY = 8  # tokens between charges to the fair scheduler
-_WHOLE_BODY_LIMIT = 1 << 20
 
 
 async def relay(
@@ -144,9 +143,9 @@ async def _pump(
     response.headers["X-Request-Id"] = record.request_id
     if upstream.content_length is not None:
         response.content_length = upstream.content_length
-    keep_whole = (upstream.content_length or _WHOLE_BODY_LIMIT + 1) <= _WHOLE_BODY_LIMIT
     content_type = upstream.headers.get("Content-Type", "")
-    tail: list[bytes] = []
+    tail: deque[bytes] = deque()  # the reply's last TALLY_WINDOW bytes, or a little more
+    tail_size = 0
     newlines_per_token = 2 if content_type.startswith("text/event-stream") else 1
     unmetered = 0
     await response.prepare(request)
@@ -158,8 +157,9 @@ async def _pump(
             await response.write(chunk)
             record.bytes_out += len(chunk)
             tail.append(chunk)
-            if not keep_whole and len(tail) > _TAIL_CHUNKS:
-                del tail[0]
+            tail_size += len(chunk)
+            while tail_size - len(tail[0]) >= TALLY_WINDOW:
+                tail_size -= len(tail.popleft())
             if meter is not None:
                 unmetered += chunk.count(b"\n")
                 if unmetered >= _METER_EVERY * newlines_per_token:
@@ -188,7 +188,7 @@ async def _pump(
         return response
     finally:
         watch.stop()
-    counts = final_counts(content_type, b"".join(tail))
+    counts = final_counts(b"".join(tail))
     record.prompt_tokens, record.completion_tokens = counts.prompt_tokens, counts.completion_tokens
     record.load_seconds = counts.load_seconds
     await response.write_eof()
