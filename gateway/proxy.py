@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import orjson
 import structlog
 from aiohttp import web
 
@@ -58,7 +59,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     _check_model_allowed(view.policy, record.user, record.model)
     _check_model_served(view.pool, api, record.model)
     if api is Api.OLLAMA and apply_keep_alive_policy(fields, view.policy.keep_alive):
-        body = json.dumps(fields, ensure_ascii=False).encode()
+        body = _encoded(fields)
     estimate = classify(fields, view.policy)
     record.klass, record.input_estimate = estimate.klass, estimate.input_tokens
     ticket = Ticket(
@@ -141,6 +142,14 @@ def _json_object(body: bytes) -> dict[str, Any]:
     if not isinstance(fields, dict):
         raise GatewayError(400, "bad_request", "the request body must be a JSON object")
     return fields
+
+
+def _encoded(fields: dict[str, Any]) -> bytes:
+    # orjson: json.dumps holds the event loop 30-40 ms for a 4 MB image body, orjson 5 ms.
+    try:
+        return orjson.dumps(fields)
+    except orjson.JSONEncodeError:  # an integer beyond 64 bits, which json.loads accepts
+        return json.dumps(fields, ensure_ascii=False).encode()
 
 
 def _model_name(fields: dict[str, Any]) -> str:
