@@ -13,7 +13,7 @@ WHEELS ?= $(HOME)/.cache/fairgate-wheels
 LLAMA_STAMP := $(VENV)/.llama-stamp
 LLAMA_CMAKE_ARGS := -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF
 
-.PHONY: run test lint demo sim venv clean services
+.PHONY: run test lint demo sim venv clean services bench
 
 venv: $(STAMP)
 
@@ -27,6 +27,10 @@ run: $(STAMP)
 
 test: lint $(LLAMA_STAMP) services
 	$(BIN)/pytest -q
+
+# What the gateway adds to every streamed reply, direct vs gateway (vs nginx when installed).
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks.overhead
 
 # Real servers the tests start on loopback: Prometheus (and promtool) and redis-server, from
 # Debian's packages; installed when missing.
