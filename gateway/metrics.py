@@ -9,11 +9,18 @@ backend lists (or one kept warm), else ``other``.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterator
+from itertools import accumulate
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
@@ -65,11 +72,8 @@ class Metrics:
             "Time spent in the gateway's waiting room before a slot was given.",
             ["class"], buckets=LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
-        self.gap = Histogram(
-            "fairgate_inter_token_seconds",
-            "Gaps between consecutive chunks of a streamed reply (inter-token latency).",
-            ["class"], buckets=GAP_BUCKETS, registry=r,
-        )  # fmt: skip
+        self.gap = _GapHistogram()
+        r.register(self.gap)
         self.duration = Histogram(
             "fairgate_request_duration_seconds",
             "From arrival to the end of the reply.",
@@ -122,9 +126,7 @@ class Metrics:
                 )
             self.duration.labels(klass).observe(record.finished - record.arrived)
         if record.gaps:
-            gap = self.gap.labels(klass)
-            for seconds in record.gaps:
-                gap.observe(seconds)
+            self.gap.observe_all(klass, record.gaps)
         if record.prompt_tokens:
             self.prompt_tokens.labels(user, model).inc(record.prompt_tokens)
         if record.completion_tokens:
@@ -139,6 +141,37 @@ class Metrics:
         listed = any(key in (b.state.models or ()) for b in view.pool.backends)
         kept_warm = any(key in map(model_key, b.keep_warm) for b in view.policy.backends)
         return model if listed or kept_warm else "other"
+
+
+class _GapHistogram(Collector):
+    """fairgate_inter_token_seconds, filled with a whole reply's gaps at once.
+
+    A reply has a gap per chunk; prometheus_client's Histogram takes one observation per
+    call (a lock and a Python loop over the buckets), which was a tenth of the gateway's
+    CPU in a profile of 100 paced streams. Here each gap is one bisect into plain counts.
+    """
+
+    def __init__(self) -> None:
+        self._counts: dict[str, list[int]] = {}  # by class; one slot per bucket, then +Inf
+        self._sums: dict[str, float] = {}
+
+    def observe_all(self, klass: str, gaps: list[float]) -> None:
+        counts = self._counts.setdefault(klass, [0] * (len(GAP_BUCKETS) + 1))
+        for gap in gaps:
+            counts[bisect_left(GAP_BUCKETS, gap)] += 1  # a bucket's bound is inclusive
+        self._sums[klass] = self._sums.get(klass, 0.0) + sum(gaps)
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(
+            "fairgate_inter_token_seconds",
+            "Gaps between consecutive chunks of a streamed reply (inter-token latency).",
+            labels=["class"],
+        )
+        bounds = [repr(float(bound)) for bound in GAP_BUCKETS] + ["+Inf"]  # as the client
+        for klass, counts in self._counts.items():
+            buckets = list(zip(bounds, map(float, accumulate(counts)), strict=True))
+            family.add_metric([klass], buckets, self._sums[klass])
+        yield family
 
 
 class _StateCollector(Collector):

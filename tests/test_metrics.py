@@ -136,3 +136,14 @@ async def test_the_ttft_histogram_measures_queue_wait_plus_prefill(
     assert (wait["0.01"], wait["0.1"], wait["0.5"]) == (1.0, 1.0, 2.0)
     from_dispatch = bucket_counts(families, "fairgate_time_to_first_token_from_dispatch_seconds")
     assert (from_dispatch["0.05"], from_dispatch["0.25"]) == (0.0, 2.0)
+    # Each reply streams 10 tokens 10 ms apart: its gaps add up to about 0.1 s.
+    gaps = bucket_counts(families, "fairgate_inter_token_seconds")
+    count, total = (
+        sum(value for sample, labels, value in families["fairgate_inter_token_seconds"]
+            if sample.endswith(suffix) and labels.get("class") == "light")
+        for suffix in ("_count", "_sum")
+    )  # fmt: skip
+    assert count >= 2 and gaps["+Inf"] == count == gaps["1.0"]
+    assert list(gaps.values()) == sorted(gaps.values())  # cumulative, as Prometheus reads it
+    assert gaps["0.005"] < count  # most gaps are the 10 ms decode step, not coalesced reads
+    assert 0.1 < total < 2.0
