@@ -1,18 +1,21 @@
 """What the gateway adds to every streamed reply: direct vs through the gateway (vs nginx).
 
 A fast Ollama stand-in (``benchmarks.wire_stub``) and a fast client (``benchmarks.wire_client``)
-run on core 1; the gateway runs on core 0 (taskset), and so does nginx (one worker,
-``proxy_buffering off``, upstream keep-alive) when it is installed. Two loads, each against
-every target in turn, in the same run:
+run on core 1; the gateway runs on core 0 (taskset), and so do a bare aiohttp relay with no
+logic (``benchmarks.bare_relay``, the floor of the gateway's own stack) and nginx (one
+worker, ``proxy_buffering off``, upstream keep-alive) when it is installed. Three loads,
+each against every target in turn, in the same run:
 
+- one stream at a time: what the path adds to a request when nothing else is happening.
 - zero-delay: the backend streams its tokens as fast as it can, K clients in a closed loop.
   This finds the most chunks per second the path can relay.
 - paced: every stream gets a token per decode step (``--interval``, as a GPU's batched decode
   does), so nothing is saturated and the added TTFT and ITL are the path's own.
 
-Prints TTFT and ITL p50/p99, requests/s, chunks/s, and the gateway's CPU per request.
+Prints TTFT and ITL p50/p99, requests/s, chunks/s, and the CPU per request of the gateway
+and of the bare relay.
 
-    .venv/bin/python -m benchmarks.overhead [--concurrency 100] [--seconds 5] [--tokens 50]
+    make bench   # or: .venv/bin/python -m benchmarks.overhead [--concurrency 100] [--seconds 5]
 """
 
 from __future__ import annotations
@@ -83,10 +86,11 @@ async def client_figures(
 
 
 async def _load(
-    workdir: Path, args: argparse.Namespace, interval: float
+    workdir: Path, args: argparse.Namespace, interval: float, concurrency: int
 ) -> dict[str, dict[str, Any]]:
-    """Start the stub, the gateway and nginx; measure each; stop them."""
+    """Start the stub, the gateway, the bare relay and nginx; measure each; stop them."""
     stub_port, gateway_port, nginx_port = free_port(), free_port(), free_port()
+    bare_port = free_port()
     processes = []
     try:
         stub = ["benchmarks.wire_stub", "--port", str(stub_port), "--tokens", str(args.tokens)]
@@ -105,8 +109,15 @@ async def _load(
             "FAIRGATE_LOG_LEVEL": "WARNING",
         }
         gateway = await spawn_pinned(0, sys.executable, "-m", "gateway", "serve", env=env)
-        processes.append(gateway)
-        targets = {"direct": stub_url, "gateway": f"http://127.0.0.1:{gateway_port}"}
+        bare = ["benchmarks.bare_relay", "--port", str(bare_port), "--upstream", stub_url]
+        bare_relay = await spawn_pinned(0, sys.executable, "-m", *bare)
+        processes += [gateway, bare_relay]
+        pids = {"gateway": gateway.pid, "aiohttp": bare_relay.pid}
+        targets = {
+            "direct": stub_url,
+            "gateway": f"http://127.0.0.1:{gateway_port}",
+            "aiohttp": f"http://127.0.0.1:{bare_port}",
+        }
         if shutil.which("nginx"):
             conf = workdir / "nginx.conf"
             conf.write_text(NGINX_CONF.format(dir=workdir, stub=stub_port, port=nginx_port))
@@ -116,9 +127,10 @@ async def _load(
             await until_answers(url + "/", 20)
         figures = {}
         for name, url in targets.items():
-            cpu_before = _cpu_seconds(gateway.pid)
-            figures[name] = await client_figures(url, args.concurrency, args.seconds)
-            figures[name]["gateway_cpu"] = _cpu_seconds(gateway.pid) - cpu_before
+            pid = pids.get(name)
+            cpu_before = _cpu_seconds(pid) if pid else 0.0
+            figures[name] = await client_figures(url, concurrency, args.seconds)
+            figures[name]["cpu"] = _cpu_seconds(pid) - cpu_before if pid else None
         return figures
     finally:
         for process in reversed(processes):
@@ -135,7 +147,7 @@ def _report(title: str, figures: dict[str, dict[str, Any]], seconds: float) -> N
             f"{f['requests_per_s']:11.0f} {f['lines_per_s']:10.0f}"
         )
     direct = figures["direct"]
-    for name in ("gateway", "nginx"):
+    for name in ("gateway", "aiohttp", "nginx"):
         if name in figures:
             f = figures[name]
             added = {key: (f[key] - direct[key]) * 1e3 for key in ("ttft_p50", "ttft_p99")}
@@ -144,15 +156,15 @@ def _report(title: str, figures: dict[str, dict[str, Any]], seconds: float) -> N
                 f"p99 {added['ttft_p99']:+.2f} ms; ITL p99 "
                 f"{(f['itl_p99'] - direct['itl_p99']) * 1e3:+.2f} ms"
             )
-    gateway = figures["gateway"]
-    requests = gateway["requests_per_s"] * seconds
-    cpu = gateway["gateway_cpu"]
-    if requests:
-        print(
-            f"  gateway CPU: {cpu:.2f} s for {requests:.0f} requests = "
-            f"{cpu / requests * 1e3:.2f} ms each, "
-            f"{cpu / (gateway['lines_per_s'] * seconds) * 1e6:.1f} us per chunk"
-        )
+    for name in ("gateway", "aiohttp"):
+        f = figures[name]
+        requests, chunks = f["requests_per_s"] * seconds, f["lines_per_s"] * seconds
+        if requests:
+            print(
+                f"  {name} CPU: {f['cpu']:.2f} s for {requests:.0f} requests = "
+                f"{f['cpu'] / requests * 1e3:.2f} ms each, {f['cpu'] / chunks * 1e6:.1f} us "
+                "per chunk (warm-up second included)"
+            )
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -162,11 +174,18 @@ async def main(args: argparse.Namespace) -> None:
         f"{args.seconds:g} s per target; {os.cpu_count()} cores; gateway and nginx on core 0, "
         "backend stub and client on core 1"
     )
-    zero = await _load(workdir, args, 0.0)
-    _report("zero-delay backend (as many chunks as the path can relay):", zero, args.seconds)
-    paced = await _load(workdir, args, args.interval)
+    one = await _load(workdir, args, 0.0, 1)
+    _report("one stream at a time, zero-delay backend (the path's own latency):", one, args.seconds)
+    zero = await _load(workdir, args, 0.0, args.concurrency)
     _report(
-        f"paced backend (a token per stream every {args.interval * 1e3:g} ms):",
+        f"{args.concurrency} streams, zero-delay backend (as many chunks as the path can relay):",
+        zero,
+        args.seconds,
+    )
+    paced = await _load(workdir, args, args.interval, args.concurrency)
+    _report(
+        f"{args.concurrency} streams, paced backend (a token per stream every "
+        f"{args.interval * 1e3:g} ms):",
         paced,
         args.seconds,
     )

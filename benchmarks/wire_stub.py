@@ -52,7 +52,8 @@ def chat_chunks(tokens: int) -> list[bytes]:
         "eval_count": tokens,
         "eval_duration": 1000,
     }
-    return [_chunk(line) for line in [*lines, _line(final)]] + [b"0\r\n\r\n"]
+    # The final line and the end of the body go together, as when Ollama's handler returns.
+    return [_chunk(line) for line in lines] + [_chunk(_line(final)) + b"0\r\n\r\n"]
 
 
 def _head(content_type: str, length: int | None = None) -> bytes:
