@@ -203,11 +203,10 @@ class Admission:
             await self.state.released(min(remaining, _SHARED_RETRY_SECONDS))
 
     async def _local_turn(self, ticket: Ticket, within: float) -> Permit | Refusal:
-        if self._cannot_start(ticket):
+        reason = self._over_bound(ticket.user, joining=True)
+        if reason is not None and self._cannot_start(ticket):
             # The quick no, under overload: no need to join the room only to leave it.
-            reason = self._over_bound(ticket.user, joining=True)
-            if reason is not None:
-                return self._refusal(reason, ticket.user)
+            return self._refusal(reason, ticket.user)
         waiter = self._enqueue(ticket)
         self._dispatch()
         if waiter.turn.done():  # the quick yes: a place was free

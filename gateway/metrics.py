@@ -57,28 +57,27 @@ class Metrics:
     def __init__(self, app: web.Application) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.ttft = Histogram(
+
+        def latency(name: str, documentation: str) -> Histogram:
+            return Histogram(name, documentation, ["class"], buckets=LATENCY_BUCKETS, registry=r)
+
+        self.ttft = latency(
             "fairgate_time_to_first_token_seconds",
             "From the request's arrival to the first byte of the reply (queue wait + prefill).",
-            ["class"], buckets=LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.ttft_dispatch = Histogram(
+        )
+        self.ttft_dispatch = latency(
             "fairgate_time_to_first_token_from_dispatch_seconds",
             "From sending the request to a backend to the first byte back (load + prefill).",
-            ["class"], buckets=LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.queue_wait = Histogram(
+        )
+        self.queue_wait = latency(
             "fairgate_queue_wait_seconds",
             "Time spent in the gateway's waiting room before a slot was given.",
-            ["class"], buckets=LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
+        )
         self.gap = _GapHistogram()
         r.register(self.gap)
-        self.duration = Histogram(
-            "fairgate_request_duration_seconds",
-            "From arrival to the end of the reply.",
-            ["class"], buckets=LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
+        self.duration = latency(
+            "fairgate_request_duration_seconds", "From arrival to the end of the reply."
+        )
         self.requests = Counter(
             "fairgate_requests",
             "Generation and embedding requests answered, by HTTP status code.",

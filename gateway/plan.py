@@ -280,19 +280,18 @@ def measured_times(totals: RequestTotals, window: float, users: int) -> tuple[fl
 
 def binary_size(n: float) -> str:
     """``147456`` → ``144 KiB``: 1024-based, one decimal at most."""
-    units = ("bytes", "KiB", "MiB", "GiB", "TiB")
-    power = 0
-    while n >= 1024 and power < len(units) - 1:
-        n, power = n / 1024, power + 1
-    return f"{_one_decimal(n)} {units[power]}"
+    return _size(n, 1024, ("bytes", "KiB", "MiB", "GiB", "TiB"))
 
 
 def decimal_size(n: float) -> str:
     """``1207959552`` → ``1.2 GB``: 1000-based, as disks and spec sheets count."""
-    units = ("bytes", "kB", "MB", "GB", "TB")
+    return _size(n, 1000, ("bytes", "kB", "MB", "GB", "TB"))
+
+
+def _size(n: float, step: int, units: tuple[str, ...]) -> str:
     power = 0
-    while n >= 1000 and power < len(units) - 1:
-        n, power = n / 1000, power + 1
+    while n >= step and power < len(units) - 1:
+        n, power = n / step, power + 1
     return f"{_one_decimal(n)} {units[power]}"
 
 

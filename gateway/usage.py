@@ -35,7 +35,7 @@ class FinalCounts:
 def final_counts(tail: bytes) -> FinalCounts:
     """The backend's own tallies from the end of a reply (the last of each wins)."""
     found = {match[1]: int(match[2]) for match in _TALLY.finditer(tail[-TALLY_WINDOW:])}
-    if b"eval_count" in found or b"prompt_eval_count" in found:  # Ollama native
+    if found.keys() & {b"eval_count", b"prompt_eval_count", b"load_duration"}:  # Ollama
         return FinalCounts(
             found.get(b"prompt_eval_count"),
             found.get(b"eval_count"),
@@ -45,7 +45,7 @@ def final_counts(tail: bytes) -> FinalCounts:
         return FinalCounts(found.get(b"prompt_tokens"), found.get(b"completion_tokens"))
     if b"tokens_evaluated" in found:  # llama.cpp native /completion
         return FinalCounts(found[b"tokens_evaluated"], found.get(b"tokens_predicted"))
-    return FinalCounts(load_seconds=_seconds(found.get(b"load_duration")))
+    return FinalCounts()
 
 
 def _seconds(nanoseconds: int | None) -> float | None:
