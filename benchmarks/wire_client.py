@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from benchmarks.wire_stub import content_length
+
 _CHUNKED_END = b"\r\n0\r\n\r\n"
 
 
@@ -75,12 +77,9 @@ class _Connection(asyncio.Protocol):
             end = self.head.find(b"\r\n\r\n")
             if end < 0:
                 return
-            head, data = self.head[:end].decode("latin-1"), self.head[end + 4 :]
-            self.status = int(head.split(" ", 2)[1])
-            for line in head.split("\r\n")[1:]:
-                name, _, value = line.partition(":")
-                if name.strip().lower() == "content-length":
-                    self.remaining = int(value)
+            head, data = self.head[:end].decode("latin-1").split("\r\n"), self.head[end + 4 :]
+            self.status = int(head[0].split(" ", 2)[1])
+            self.remaining = content_length(head)
         lines = data.count(b"}\n") if self.status == 200 else 0
         if lines:
             if self.lines:

@@ -87,6 +87,15 @@ _GETS = {
 _NOT_FOUND = b"HTTP/1.1 404 Not Found\r\nContent-Length: 18\r\n\r\n404 page not found"
 
 
+def content_length(head: list[str]) -> int | None:
+    """The Content-Length of a message head (start line, then header lines), if it has one."""
+    for field in head[1:]:
+        name, _, value = field.partition(":")
+        if name.strip().lower() == "content-length":
+            return int(value)
+    return None
+
+
 class _Ticker:
     """One clock for every stream: with an interval, each stream's next token waits for it."""
 
@@ -142,11 +151,7 @@ class _Connection(asyncio.Protocol):
         if end < 0:
             return
         head = self.buffer[:end].decode("latin-1").split("\r\n")
-        length = 0
-        for field in head[1:]:
-            name, _, value = field.partition(":")
-            if name.strip().lower() == "content-length":
-                length = int(value)
+        length = content_length(head) or 0
         if len(self.buffer) < end + 4 + length:
             return
         self.buffer = self.buffer[end + 4 + length :]
