@@ -24,11 +24,11 @@ from dataclasses import dataclass, replace
 from aiohttp import web
 
 from benchmarks.household import Mix, Outcome, p95, run_mix
+from fairsim import SimConfig, Simulator
 from gateway.app import bound_url, create_app, start_server
 from gateway.logs import configure_logging
 from gateway.policy import parse_policy
 from gateway.settings import Settings
-from gateway.sim import SimConfig, Simulator
 
 __all__ = ["Run", "compare", "main"]
 

@@ -1,6 +1,6 @@
 """A fast Ollama stand-in for benchmarks: asyncio protocols, pre-rendered bytes.
 
-The simulator in ``gateway.sim`` is faithful but costs about as much CPU per token as the
+The simulator in ``fairsim`` is faithful but costs about as much CPU per token as the
 gateway does, so in a benchmark it, not the gateway, sets the pace. This stub answers only
 what a streaming benchmark needs (``/``, ``/api/version``, ``/api/tags``, ``/api/ps`` and a
 streamed ``/api/chat``) with the bytes Ollama sends: Go's headers, chunked transfer

@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from gateway import __version__
 from gateway.logs import configure_logging
@@ -39,8 +40,18 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("file", type=Path, help="the YAML file to check")
     check.set_defaults(run=_check_config)
 
-    from gateway.sim import add_sim_arguments
+    _add_tool_commands(commands)
+    return parser
 
+
+def _add_tool_commands(commands: Any) -> None:
+    """The simulator, the demo and the planner: tools beside the gateway, in their own
+    packages. The gateway-only image does not ship them, and then does not offer them."""
+    try:
+        from fairplan import add_plan_arguments
+        from fairsim import add_sim_arguments
+    except ImportError:
+        return
     sim = commands.add_parser("sim", help="run a simulated Ollama (or llama.cpp) server")
     add_sim_arguments(sim)
     sim.set_defaults(run=_sim)
@@ -50,12 +61,9 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--backend-port", type=int, default=11435, help="the simulator's port")
     demo.set_defaults(run=_demo)
 
-    from gateway.plan import add_plan_arguments
-
     plan = commands.add_parser("plan", help="size slots, context and queues for a model")
     add_plan_arguments(plan)
     plan.set_defaults(run=_plan)
-    return parser
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -83,21 +91,21 @@ def _check_config(args: argparse.Namespace) -> int:
 
 
 def _sim(args: argparse.Namespace) -> int:
-    from gateway.sim import run_sim, sim_config_from_args
+    from fairsim import run_sim, sim_config_from_args
 
     run_sim(sim_config_from_args(args), args.host, args.port)
     return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from gateway.demo import run_demo
+    from fairsim.demo import run_demo
 
     run_demo(gateway_port=args.port, backend_port=args.backend_port)
     return 0
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from gateway.plan import run_plan
+    from fairplan import run_plan
 
     return run_plan(args)
 

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from fairsim import SimConfig, Simulator
 from gateway.app import bound_url, create_app, start_server
 from gateway.policy import Policy, load_policy, parse_policy
 from gateway.settings import Settings
-from gateway.sim import SimConfig, Simulator
 
 StartSim = Callable[..., Awaitable[tuple[Simulator, str]]]
 StartGateway = Callable[..., Awaitable["Gateway"]]

@@ -12,11 +12,11 @@ import openai
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from fairsim import SimConfig, Simulator
 from gateway.admission import Admission
 from gateway.app import bound_url, start_server
 from gateway.backends import Backend
 from gateway.keys import ADMISSION, LIVE
-from gateway.sim import SimConfig, Simulator
 from tests.conftest import Gateway, StartGateway, StartSim, serve
 from tests.test_admission import until
 

@@ -10,8 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gateway.__main__ import main
-from gateway.plan import (
+from fairplan import (
     Plan,
     PlanInputs,
     RequestTotals,
@@ -26,6 +25,7 @@ from gateway.plan import (
     request_totals,
     shape_from_model_info,
 )
+from gateway.__main__ import main
 from gateway.policy import parse_policy
 from tests.conftest import Gateway, StartGateway, StartSim, one_backend
 from tests.test_llamacpp_real import llama_server  # noqa: F401 (fixture)

@@ -16,7 +16,7 @@ import openai
 import pytest
 from aiohttp import web
 
-from gateway.sim import SimConfig, Simulator, add_sim_arguments, sim_config_from_args
+from fairsim import SimConfig, Simulator, add_sim_arguments, sim_config_from_args
 
 Start = Callable[..., Awaitable[tuple[Simulator, str]]]
 CHAT_TEXT = "Hello there, sim!"

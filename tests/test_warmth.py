@@ -6,9 +6,9 @@ import asyncio
 
 import ollama
 
+from fairsim import SimConfig, Simulator
 from gateway.app import bound_url, start_server
 from gateway.keys import ADMISSION, WARMTH
-from gateway.sim import SimConfig, Simulator
 from tests.conftest import Gateway, StartGateway, serve
 from tests.test_admission import held
 from tests.test_backends import wait_backend

@@ -9,11 +9,11 @@ import sys
 
 import aiohttp
 
+from fairsim import SimConfig, Simulator
 from gateway.app import bound_url, create_app, start_server
 from gateway.logs import configure_logging
 from gateway.policy import BackendConfig, Policy
 from gateway.settings import Settings
-from gateway.sim import SimConfig, Simulator
 
 __all__ = ["run_demo"]
 
