@@ -1,0 +1,156 @@
+"""The ``fairgate plan`` command line: flags in, a report out.
+
+Flags win over what the servers report, so a missing or wrong number can always be given by
+hand; anything still missing is an error naming the flag. Only ``add_plan_arguments`` and
+``run_plan`` are the gateway's concern: its ``__main__`` offers ``plan`` when this package is
+installed, and the gateway-only image leaves it out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import sys
+from fractions import Fraction
+
+import aiohttp
+
+from fairplan.errors import PlanError
+from fairplan.report import render_json, render_text
+from fairplan.sizing import BYTES_PER_VALUE, PlanInputs, make_plan
+from fairplan.sources import (
+    ModelShape,
+    RequestTotals,
+    llamacpp_shape,
+    measure_load,
+    measured_times,
+    ollama_shape,
+)
+from gateway.durations import parse_duration
+
+__all__ = ["DEFAULT_URLS", "add_plan_arguments", "parse_size", "run_plan"]
+
+DEFAULT_URLS: dict[str, str] = {
+    "ollama": "http://127.0.0.1:11434",
+    "llamacpp": "http://127.0.0.1:8080",
+}
+
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)(b?)", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``6GiB``, ``512MiB``, ``6GB`` (1000-based) or ``6G`` (1024-based, like
+    llama.cpp and Docker)."""
+    match = _SIZE.fullmatch(text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 6GiB, 512MiB or 8GB")
+    number, unit, binary, byte = match.groups()
+    power = "kmgt".index(unit.lower()) + 1 if unit else 0
+    base = 1000 if byte and not binary and unit else 1024
+    return int(Fraction(number) * base**power)
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return int(text)
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``fairgate plan``'s flags to ``parser``."""
+    add = parser.add_argument
+    add("--backend", metavar="URL", help="read the model's shape from this server")
+    add("--kind", choices=["ollama", "llamacpp"], default="ollama", help="its kind (ollama)")
+    add("--model", help="the model to ask about (needed for ollama)")
+    add("--name", help="the backend's name in the YAML (default: its kind)")
+    unreported = "(llama-server does not report it)"
+    add("--layers", type=_positive, metavar="N", help=f"block_count {unreported}")
+    add("--kv-heads", type=_positive, metavar="N", help=f"head_count_kv {unreported}")
+    add("--head-dim", type=_positive, metavar="N", help=f"key_length {unreported}")
+    add("--context-length", type=_positive, metavar="TOKENS", help="the model's trained context")
+    add("--kv-memory", type=parse_size, required=True, metavar="SIZE", help="6GiB, 8GB, 512MiB")
+    add("--kv-type", choices=list(BYTES_PER_VALUE), default="f16", help="KV precision (f16)")
+    add("--context", type=_positive, default=8192, metavar="TOKENS", help="per request (8192)")
+    add("--users", type=_positive, required=True, metavar="N", help="people and devices")
+    add("--gen-seconds", type=_duration, metavar="DURATION", help="one reply, e.g. 12s")
+    add("--think-seconds", type=_duration, metavar="DURATION", help="one user's turn to turn")
+    add("--from-metrics", metavar="URL", help="the gateway: measure reply time (and turns)")
+    add("--window", type=_duration, default=0.0, metavar="DURATION", help="measure for, e.g. 5m")
+    add("--json", action="store_true", help="print JSON instead of text")
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    """The ``plan`` command: 0 when a plan was printed, 1 when it could not be made."""
+    shape, load = ModelShape(), None
+    try:
+        if args.backend or args.from_metrics:
+            shape, load = asyncio.run(_read(args))
+        inputs = _inputs(args, shape, load)
+    except (PlanError, aiohttp.ClientError, json.JSONDecodeError, TimeoutError) as exc:
+        print(f"fairgate plan: {exc or type(exc).__name__}", file=sys.stderr)
+        return 1
+    plan = make_plan(inputs)
+    backend = (args.name or args.kind, args.backend or DEFAULT_URLS[args.kind], args.kind)
+    render = render_json if args.json else render_text
+    print(render(plan, shape, backend))
+    return 0
+
+
+async def _read(args: argparse.Namespace) -> tuple[ModelShape, tuple[RequestTotals, float] | None]:
+    timeout = aiohttp.ClientTimeout(total=30 + args.window)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        shape = ModelShape()
+        if args.backend and args.kind == "ollama":
+            if not args.model:
+                raise PlanError("--model is needed to ask Ollama about a model")
+            shape = await ollama_shape(session, args.backend.rstrip("/"), args.model)
+        elif args.backend:
+            shape = await llamacpp_shape(session, args.backend.rstrip("/"), args.model)
+        load = (
+            await measure_load(session, args.from_metrics, args.window)
+            if args.from_metrics
+            else None
+        )
+    return shape, load
+
+
+def _shape_numbers(args: argparse.Namespace, shape: ModelShape) -> tuple[int, int, int]:
+    layers = args.layers or shape.layers
+    kv_heads = args.kv_heads or shape.kv_heads
+    head_dim = args.head_dim or shape.head_dim
+    if layers and kv_heads and head_dim:
+        return layers, kv_heads, head_dim
+    flags = ("--layers", "--kv-heads", "--head-dim")
+    missing = ", ".join(
+        flag for flag, value in zip(flags, (layers, kv_heads, head_dim), strict=True) if not value
+    )
+    where = f"{shape.source} does not report them" if args.backend else "no --backend to ask"
+    raise PlanError(f"give {missing} ({where})")
+
+
+def _inputs(
+    args: argparse.Namespace, shape: ModelShape, load: tuple[RequestTotals, float] | None
+) -> PlanInputs:
+    """Flags win over what the servers said; anything still missing is an error naming it."""
+    layers, kv_heads, head_dim = _shape_numbers(args, shape)
+    gen, think = args.gen_seconds, args.think_seconds
+    if load is not None:
+        measured_gen, measured_think = measured_times(*load, users=args.users)
+        gen = gen if gen is not None else measured_gen
+        think = think if think is not None else measured_think
+    if gen is None or not think:
+        raise PlanError("give --gen-seconds and --think-seconds (or --from-metrics with --window)")
+    return PlanInputs(
+        layers=layers, kv_heads=kv_heads, head_dim=head_dim, kv_memory=args.kv_memory,
+        context=args.context, users=args.users, gen_seconds=gen, think_seconds=think,
+        kv_type=args.kv_type, context_length=args.context_length or shape.context_length,
+    )  # fmt: skip
