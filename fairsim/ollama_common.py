@@ -10,6 +10,9 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.ambiguity import NestedTooDeeply
+
+from .gojson import go_decode
 from .wire import (
     embedding_for,
     go_json,
@@ -73,15 +76,19 @@ async def cut_connection(request: web.Request, stream: web.StreamResponse | None
 
 
 async def read_body(request: web.Request, go_struct: str) -> dict[str, Any]:
-    """The JSON object body, or Go's own error wording for a malformed one (400)."""
+    """The JSON object body as Go's decoder fills Ollama's structs (keys matched
+    case-insensitively, the last one winning: see gojson), or Go's own error wording for a
+    malformed one (400)."""
     raw = await request.read()
     text = raw.decode(errors="replace")
     if not text.strip():
         raise RequestError(400, "missing request body")
     try:
-        value = json.loads(text)
+        value = go_decode(text)
     except json.JSONDecodeError as exc:
         raise RequestError(400, json_error_message(text, exc)) from None
+    except NestedTooDeeply:
+        raise RequestError(400, "exceeded max depth") from None
     if not isinstance(value, dict):
         kind = go_type_name(value)
         raise RequestError(400, f"json: cannot unmarshal {kind} into Go value of type {go_struct}")

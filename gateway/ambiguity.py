@@ -1,0 +1,198 @@
+"""Refuse JSON bodies whose meaning depends on who reads them.
+
+Ollama decodes request bodies with Go's ``encoding/json``, which matches an object key to a
+struct field case-insensitively and, when several keys match one field, keeps the last:
+``{"model": "a", "MODEL": "b"}`` runs model ``b`` there, while Python's ``json`` (and so
+this gateway's checks) sees ``model`` = ``a``. Exact duplicates are no better: parsers
+disagree on them (the first, the last, or an error) and Python's ``json`` hides them. A body
+in which two keys of one object fold to the same name is therefore ambiguous, and refusing
+it is the only reading that holds for every backend. See Go's decoder (exact match first,
+then ``foldName``): https://github.com/golang/go/blob/master/src/encoding/json/decode.go
+and its fold:
+https://github.com/golang/go/blob/master/src/encoding/json/fold.go
+
+Pure (no aiohttp): ``load_checked`` is what a request path calls; ``go_fold`` is the one
+copy of Go's key folding, which the simulator (``fairsim.gojson``) imports as well.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from typing import Any
+
+__all__ = [
+    "AmbiguousField",
+    "NestedTooDeeply",
+    "NotAnObject",
+    "Pairs",
+    "ambiguous_field",
+    "go_fold",
+    "load_checked",
+    "parse_object_pairs",
+]
+
+
+class AmbiguousField(ValueError):
+    """Two or more keys of one JSON object name the same field for Go's decoder.
+
+    ``path`` locates the field (``"model"``, ``"options.num_ctx"``, ``"messages[0].role"``),
+    ``keys`` are the spellings found, in document order."""
+
+    def __init__(self, path: str, keys: tuple[str, ...] = ()) -> None:
+        self.path = path
+        self.keys = keys
+        spellings = f" (as {', '.join(json.dumps(key) for key in keys)})" if keys else ""
+        super().__init__(
+            f"the JSON field {path} is given more than once{spellings}; Ollama reads keys "
+            "that differ only in letter case as one field and keeps the last, so the "
+            "request is ambiguous"
+        )
+
+
+class NestedTooDeeply(ValueError):
+    """The JSON nests deeper than Python's parser can follow."""
+
+    def __init__(self) -> None:
+        super().__init__("nested too deeply")
+
+
+class NotAnObject(ValueError):
+    """Valid JSON, but not an object at the top."""
+
+    def __init__(self) -> None:
+        super().__init__("the JSON value is not an object")
+
+
+class Pairs(list[tuple[str, Any]]):
+    """A JSON object as parsed: every (key, value) in document order, duplicates kept."""
+
+
+@functools.lru_cache(maxsize=4096)
+def _fold_char(char: str) -> str:
+    # Go's decoder turns an unpaired surrogate escape into U+FFFD before matching.
+    if "\ud800" <= char <= "\udfff":
+        return "\ufffd"
+    # Unicode simple case folding (CaseFolding.txt statuses C and S), which is what Go's
+    # unicode.SimpleFold orbits are. str.casefold() is the full folding (C and F): where it
+    # gives one character that is the C mapping; where it gives several (F), the S mapping,
+    # when there is one, is the simple lower case (U+1E9E -> U+00DF, U+1FBC -> U+1FB3), and
+    # otherwise the character folds only to itself (U+0130, U+00DF).
+    folded = char.casefold()
+    if len(folded) == 1:
+        return folded
+    lower = char.lower()
+    return lower if len(lower) == 1 else char
+
+
+def go_fold(name: str) -> str:
+    """``name`` folded so that ``go_fold(a) == go_fold(b)`` exactly when Go's
+    ``bytes.EqualFold`` (and so ``encoding/json``'s field matching) takes them as equal.
+
+    ASCII letters fold to lower case; beyond ASCII, each character folds to its simple case
+    folding, so the Kelvin sign (U+212A) folds to ``k`` and the long s (U+017F) to ``s``,
+    while the Turkish dotted capital I (U+0130) and dotless i (U+0131) fold to nothing
+    else. The result for a struct
+    field's name as Ollama spells it (lower-case snake_case) is that name itself.
+    (Go's own ``foldName`` picks the smallest rune of each fold set instead, upper case for
+    ASCII; the equalities are the same.)"""
+    if name.isascii():
+        return name.lower()
+    return "".join(map(_fold_char, name))
+
+
+class _Ambiguous(Exception):
+    """Raised inside the parser to stop at the first ambiguous object."""
+
+
+def _checked_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise _Ambiguous
+    # Keys that are already their own fold (the usual lower-case ASCII) cannot collide
+    # with each other once they are distinct; fold the rest only when one is seen.
+    for key in obj:
+        if not (key.isascii() and key.islower()):
+            if len({go_fold(k) for k in obj}) != len(obj):
+                raise _Ambiguous
+            break
+    return obj
+
+
+def load_checked(body: bytes | str) -> dict[str, Any]:
+    """The body's JSON object, unless a reader could take it for another.
+
+    Raises ``AmbiguousField`` when some object at any depth has keys that fold alike (exact
+    duplicates included), ``NestedTooDeeply`` when the parser runs out of stack,
+    ``NotAnObject`` for valid JSON that is not an object, and ``json.JSONDecodeError`` or
+    ``UnicodeDecodeError`` for a body that is not JSON; all are ``ValueError``."""
+    try:
+        value = json.loads(body, object_pairs_hook=_checked_object)
+    except _Ambiguous:
+        found = _first_ambiguity(parse_object_pairs(body))
+        raise (AmbiguousField(*found) if found else AmbiguousField("(unknown)")) from None
+    except RecursionError:
+        raise NestedTooDeeply from None
+    if not isinstance(value, dict):
+        raise NotAnObject
+    return value
+
+
+def parse_object_pairs(body: bytes | str) -> Any:
+    """The JSON value with every object as ``Pairs``, so that duplicate keys survive.
+
+    Raises ``NestedTooDeeply`` rather than ``RecursionError`` for deep nesting."""
+    try:
+        return json.loads(body, object_pairs_hook=Pairs)
+    except RecursionError:
+        raise NestedTooDeeply from None
+
+
+def ambiguous_field(fields: object) -> str | None:
+    """The path of the first object (outermost first, then in document order) that has two
+    keys folding alike, or ``None``.
+
+    ``fields`` is a parsed value: from ``parse_object_pairs`` to see exact duplicates, or
+    plain dicts and lists, where only keys differing in case can show. The path spells each
+    enclosing key as the document does and the ambiguous one by its folded name, so
+    ``{"options": {"num_ctx": 1, "NUM_CTX": 2}}`` gives ``options.num_ctx``."""
+    found = _first_ambiguity(fields)
+    return found[0] if found else None
+
+
+_PLAIN_KEY = re.compile(r"[A-Za-z_$][A-Za-z0-9_$-]*")
+
+
+def _child(path: str, key: str) -> str:
+    if _PLAIN_KEY.fullmatch(key):
+        return f"{path}.{key}" if path else key
+    return f"{path}[{json.dumps(key)}]"
+
+
+def _first_ambiguity(fields: object) -> tuple[str, tuple[str, ...]] | None:
+    # Iterative, so that no depth the parser accepted can overflow the stack here.
+    stack: list[tuple[object, str]] = [(fields, "")]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, Pairs | dict):
+            items = list(value) if isinstance(value, Pairs) else list(value.items())
+            seen: set[str] = set()
+            for key, _ in items:
+                folded = go_fold(key)
+                if folded in seen:
+                    spellings = tuple(k for k, _ in items if go_fold(k) == folded)
+                    return _child(path, folded), spellings
+                seen.add(folded)
+            stack.extend(
+                (item, _child(path, key))
+                for key, item in reversed(items)
+                if isinstance(item, list | dict)
+            )
+        elif isinstance(value, list):
+            stack.extend(
+                (item, f"{path}[{index}]")
+                for index, item in reversed(list(enumerate(value)))
+                if isinstance(item, list | dict)
+            )
+    return None

@@ -1,0 +1,286 @@
+"""Bodies that Go's encoding/json reads differently from Python's json: the shared key fold,
+the gateway's refusal of ambiguous bodies, and the simulator reading bodies as Ollama does."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiohttp
+import pytest
+
+from fairsim.gojson import go_decode
+from gateway.ambiguity import (
+    AmbiguousField,
+    NestedTooDeeply,
+    NotAnObject,
+    ambiguous_field,
+    go_fold,
+    load_checked,
+    parse_object_pairs,
+)
+from tests.conftest import StartSim
+
+KELVIN = "\u212a"  # KELVIN SIGN, which Go folds to k
+LONG_S = "\u017f"  # LATIN SMALL LETTER LONG S, which Go folds to s
+
+
+# -- the fold -------------------------------------------------------------------------------
+
+
+def test_fold_ignores_ascii_case() -> None:
+    """ASCII names fold to lower case, so every spelling of a field folds alike."""
+    assert go_fold("MODEL") == go_fold("Model") == go_fold("model") == "model"
+    assert go_fold("Keep_Alive") == "keep_alive"
+    assert go_fold("model") != go_fold("models")
+    assert go_fold("_debug_render_only") == "_debug_render_only"
+
+
+def test_fold_takes_the_kelvin_sign_for_k() -> None:
+    """The Kelvin sign folds to k, as Go's unicode.SimpleFold orbit K, k, U+212A has it."""
+    assert go_fold(KELVIN) == go_fold("k") == go_fold("K") == "k"
+    assert go_fold(KELVIN + "eep_alive") == "keep_alive"
+
+
+def test_fold_takes_the_long_s_for_s() -> None:
+    """The long s folds to s, as Go's orbit S, s, U+017F has it."""
+    assert go_fold(LONG_S) == go_fold("s") == go_fold("S") == "s"
+    assert go_fold(LONG_S + "ystem") == "system"
+
+
+@pytest.mark.parametrize(
+    "orbit",
+    ["\u03c1\u03f1\u03a1", "\u0345\u0399\u03b9\u1fbe", "\u00df\u1e9e", "\u03c2\u03c3\u03a3"],
+)
+def test_fold_joins_each_of_gos_case_orbits(orbit: str) -> None:
+    """Every rune of one of Go's special fold orbits (rho, iota, sharp s, sigma) folds alike."""
+    assert len({go_fold(rune) for rune in orbit}) == 1
+
+
+def test_fold_keeps_the_turkish_i_apart() -> None:
+    """Dotted capital I and dotless i fold only to themselves, as Go's SimpleFold tests say."""
+    assert go_fold("\u0130") not in {go_fold("i"), go_fold("\u0131")}
+    assert go_fold("\u0131") != go_fold("i")
+
+
+def test_fold_reads_an_unpaired_surrogate_as_the_replacement_character() -> None:
+    """A lone surrogate escape folds to U+FFFD, which is what Go's decoder makes of it."""
+    assert go_fold("\ud800") == go_fold("\udc00") == "\ufffd"
+
+
+# -- load_checked ---------------------------------------------------------------------------
+
+
+def ambiguity_in(body: str | bytes) -> AmbiguousField:
+    with pytest.raises(AmbiguousField) as caught:
+        load_checked(body.encode() if isinstance(body, str) else body)
+    return caught.value
+
+
+def test_exact_duplicate_model_is_ambiguous() -> None:
+    """A key given twice at the top level is refused, though Python's json keeps the last."""
+    error = ambiguity_in('{"model": "llama3.2:3b", "model": "qwen2.5:7b"}')
+    assert error.path == "model"
+    assert error.keys == ("model", "model")
+
+
+def test_case_variant_model_is_ambiguous() -> None:
+    """MODEL next to model is refused, and the message names the field and both spellings."""
+    error = ambiguity_in('{"model": "llama3.2:3b", "MODEL": "qwen2.5:7b"}')
+    assert error.path == "model"
+    assert error.keys == ("model", "MODEL")
+    assert '"model", "MODEL"' in str(error)
+    assert "ambiguous" in str(error)
+
+
+def test_kelvin_sign_variant_is_ambiguous() -> None:
+    """A key spelt with the Kelvin sign collides with its ASCII spelling."""
+    body = '{"keep_alive": "10m", "\\u212aeep_alive": 0}'
+    assert ambiguity_in(body).path == "keep_alive"
+    assert ambiguity_in(body.replace("\\u212a", KELVIN)).keys == (
+        "keep_alive",
+        KELVIN + "eep_alive",
+    )
+
+
+def test_duplicates_inside_options_are_ambiguous() -> None:
+    """Exact and case-variant duplicates inside options are refused with a dotted path."""
+    assert ambiguity_in('{"options": {"num_ctx": 2048, "num_ctx": 1}}').path == "options.num_ctx"
+    assert ambiguity_in('{"options": {"num_ctx": 2048, "Num_Ctx": 1}}').path == "options.num_ctx"
+
+
+def test_duplicates_inside_a_message_are_ambiguous() -> None:
+    """A duplicate key in messages[i] is refused and located by index."""
+    body = (
+        '{"model": "m", "messages": [{"role": "user", "content": "hi"},'
+        ' {"role": "user", "content": "a", "Content": "b"}]}'
+    )
+    assert ambiguity_in(body).path == "messages[1].content"
+    exact = '{"messages": [{"role": "user", "role": "system", "content": "x"}]}'
+    assert ambiguity_in(exact).path == "messages[0].role"
+
+
+def test_duplicates_inside_nested_lists_are_ambiguous() -> None:
+    """Objects inside lists of lists are checked too."""
+    assert ambiguity_in('{"x": [[{"a": 1}], [{"b": 1, "B": 2}]]}').path == "x[1][0].b"
+    assert ambiguity_in('[{"ok": 1}, [{"z": 1, "z": 2}]]').path == "[1][0].z"
+
+
+def test_the_outermost_ambiguity_is_reported_first() -> None:
+    """An ambiguous top-level key is reported before one in an earlier nested object."""
+    body = '{"messages": [{"a": 1, "A": 2}], "model": "x", "MODEL": "y"}'
+    assert ambiguity_in(body).path == "model"
+
+
+def test_keys_that_are_not_plain_names_are_quoted_in_the_path() -> None:
+    """A key with a dot in it is shown in brackets, so the path stays unambiguous itself."""
+    assert ambiguity_in('{"a.b": {"c": 1, "C": 2}}').path == '["a.b"].c'
+
+
+def test_distinct_keys_pass_unchanged() -> None:
+    """Keys that differ in more than case pass, and the result equals json.loads's."""
+    body = json.dumps(
+        {
+            "model": "llama3.2:3b",
+            "models": ["a"],
+            "Model_name": "x",
+            "options": {"num_ctx": 2048, "num_predict": 5, "0": 1, "1": 2},
+            "messages": [{"role": "user", "content": "hi", "images": ["AAAA"]}],
+            "\u0131d": 1,  # dotless i: Go does not fold it to i
+            "id": 2,
+        }
+    ).encode()
+    assert load_checked(body) == json.loads(body)
+
+
+def test_deep_nesting_is_a_value_error_not_a_recursion_error() -> None:
+    """100,000 levels of nesting raise NestedTooDeeply, a ValueError, never RecursionError."""
+    for body in (b"[" * 100_000, b'{"a":' * 100_000, b"[" * 100_000 + b"]" * 100_000):
+        with pytest.raises(NestedTooDeeply, match="nested too deeply"):
+            load_checked(body)
+        with pytest.raises(ValueError, match="nested too deeply"):
+            parse_object_pairs(body)
+
+
+def test_invalid_json_and_non_objects_are_plain_value_errors() -> None:
+    """Malformed JSON and a top-level non-object raise ValueErrors that are not AmbiguousField."""
+    for body in (b"{bad", b'{"a": 1', b"\xff\xfe\xfa"):
+        with pytest.raises(ValueError) as caught:
+            load_checked(body)
+        assert not isinstance(caught.value, AmbiguousField)
+    with pytest.raises(NotAnObject):
+        load_checked(b'["model"]')
+
+
+def test_ambiguous_field_takes_parsed_pairs_or_plain_dicts() -> None:
+    """ambiguous_field finds exact duplicates in parsed pairs, case variants in plain dicts."""
+    assert ambiguous_field(parse_object_pairs(b'{"a": {"b": 1, "b": 2}}')) == "a.b"
+    assert ambiguous_field({"stream": True, "Stream": False}) == "stream"
+    assert ambiguous_field(parse_object_pairs(b'{"a": [{"b": 1}, {"c": 2}]}')) is None
+
+
+# -- go_decode ------------------------------------------------------------------------------
+
+
+def test_go_decode_keeps_the_last_of_keys_that_fold_alike() -> None:
+    """Struct keys collapse under their lower-case name with the last value, at every depth."""
+    body = (
+        '{"model": "llama3.2:3b", "MODEL": "qwen2.5:7b", "\\u212aeep_alive": 0,'
+        ' "messages": [{"Role": "user", "content": "a", "CONTENT": "b"}]}'
+    )
+    assert go_decode(body) == {
+        "model": "qwen2.5:7b",
+        "keep_alive": 0,
+        "messages": [{"role": "user", "content": "b"}],
+    }
+
+
+def test_go_decode_keeps_option_names_exact_and_merges_repeated_options() -> None:
+    """options is a Go map: its keys stay exact, and a second options adds to the first."""
+    body = '{"options": {"num_predict": 3, "NUM_PREDICT": 50}, "Options": {"seed": 1}}'
+    assert go_decode(body) == {"options": {"num_predict": 3, "NUM_PREDICT": 50, "seed": 1}}
+
+
+def test_go_decode_decodes_a_repeated_struct_into_the_first() -> None:
+    """A repeated struct field keeps what the later object leaves out, as Go's reuse does."""
+    body = '{"stream_options": {"include_usage": true}, "STREAM_OPTIONS": {}}'
+    assert go_decode(body) == {"stream_options": {"include_usage": True}}
+
+
+def test_go_decode_turns_deep_nesting_into_a_value_error() -> None:
+    """go_decode raises NestedTooDeeply for 100,000 levels rather than RecursionError."""
+    with pytest.raises(NestedTooDeeply):
+        go_decode("[" * 100_000)
+
+
+# -- the simulator --------------------------------------------------------------------------
+
+
+async def post(url: str, body: str) -> tuple[int, dict[str, Any]]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url, data=body.encode(), headers={"Content-Type": "application/json"}) as r,
+    ):
+        return r.status, await r.json(content_type=None)
+
+
+async def test_sim_runs_the_last_case_variant_of_model(start_sim: StartSim) -> None:
+    """Sent straight to the simulator, model + MODEL runs the MODEL one, as Ollama would."""
+    simulator, url = await start_sim()
+    status, reply = await post(
+        f"{url}/api/chat",
+        '{"model": "llama3.2:3b", "MODEL": "qwen2.5:7b", "stream": false,'
+        ' "messages": [{"role": "user", "content": "hi"}]}',
+    )
+    assert status == 200
+    assert reply["model"] == "qwen2.5:7b"
+    assert "qwen2.5:7b" in simulator.loaded_models()
+    assert "llama3.2:3b" not in simulator.loaded_models()
+
+
+async def test_sim_openai_route_reads_model_case_insensitively(start_sim: StartSim) -> None:
+    """/v1/chat/completions also takes the last case variant of model, as Ollama's does."""
+    simulator, url = await start_sim()
+    status, reply = await post(
+        f"{url}/v1/chat/completions",
+        '{"model": "llama3.2:3b", "Model": "qwen2.5:7b",'
+        ' "messages": [{"role": "user", "content": "hi"}]}',
+    )
+    assert status == 200
+    assert reply["model"] == "qwen2.5:7b"
+    assert list(simulator.loaded_models()) == ["qwen2.5:7b"]
+
+
+async def test_sim_takes_a_kelvin_sign_keep_alive(start_sim: StartSim) -> None:
+    """A keep_alive spelt with the Kelvin sign overrides the ASCII one: 0 unloads at once."""
+    simulator, url = await start_sim()
+    status, reply = await post(
+        f"{url}/api/generate",
+        '{"model": "llama3.2:3b", "prompt": "hi", "stream": false,'
+        f' "keep_alive": "10m", "{KELVIN}eep_alive": 0}}',
+    )
+    assert status == 200
+    assert reply["done"] is True
+    assert simulator.loaded_models() == {}
+
+
+async def test_sim_keeps_option_names_exact(start_sim: StartSim) -> None:
+    """options.NUM_PREDICT is ignored beside num_predict, as Ollama's Options.FromMap does."""
+    _, url = await start_sim()
+    status, reply = await post(
+        f"{url}/api/generate",
+        '{"model": "llama3.2:3b", "prompt": "hi", "stream": false,'
+        ' "options": {"num_predict": 3, "NUM_PREDICT": 50}}',
+    )
+    assert status == 200
+    assert reply["eval_count"] == 3
+
+
+async def test_llamacpp_sim_still_reads_keys_exactly(start_sim: StartSim) -> None:
+    """llama-server (nlohmann::json) matches keys exactly, so N_PREDICT is not n_predict."""
+    _, url = await start_sim(flavor="llamacpp")
+    status, reply = await post(
+        f"{url}/completion", '{"prompt": "hi", "n_predict": 2, "N_PREDICT": 7, "stream": false}'
+    )
+    assert status == 200
+    assert reply["tokens_predicted"] == 2
