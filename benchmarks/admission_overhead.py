@@ -1,7 +1,7 @@
-"""Admission overhead per request: in-process state vs Redis, side by side in one run.
+"""Admission overhead per request: one replica vs Redis, side by side in one run.
 
 Drives Admission directly (no HTTP): acquire a permit, release it, N times one after
-another, then N with 16 at a time; once with the in-memory state and once with a
+another, then N with 16 at a time; once with a single replica (no hold store) and once with a
 throwaway redis-server on loopback (Debian's redis-server must be on PATH). The times are
 of the acquire, what a request waits before it is relayed; each release (in Redis, a
 background script and a published message) runs on the same loop meanwhile, as it would
@@ -23,11 +23,12 @@ from pathlib import Path
 
 from gateway.admission import Admission, Permit, Ticket
 from gateway.app import new_event_loop
-from gateway.errors import Api
-from gateway.live import PolicyView
+from gateway.backends import BackendStates
+from gateway.holds import HoldStore
+from gateway.holds.redis import RedisHolds
 from gateway.policy import parse_policy
-from gateway.state import MemoryState, SharedState
-from gateway.state.redis import RedisState
+from gateway.reload import PolicyView
+from gateway.vocabulary import Api
 from tests.redis_server import RedisServer
 
 POLICY = """\
@@ -49,9 +50,9 @@ async def _cycle(admission: Admission, n: int) -> float:
     return admitted
 
 
-async def _measure(state: SharedState, requests: int) -> tuple[list[float], float]:
+async def _measure(state: HoldStore | None, requests: int) -> tuple[list[float], float]:
     policy = parse_policy(POLICY)
-    admission = Admission(policy, PolicyView.of(policy, {}).pool, state=state)
+    admission = Admission(policy, PolicyView.of(policy, BackendStates()).pool, holds=state)
     for n in range(100):  # warm up: Redis connections are opened on first use
         await _cycle(admission, n)
     sequential = [await _cycle(admission, n) for n in range(requests)]
@@ -80,9 +81,10 @@ async def main(requests: int) -> None:
         assert server._process is not None
         os.sched_setaffinity(server._process.pid, {1})
         os.sched_setaffinity(0, {0})
-    memory = await _measure(MemoryState(), requests)
+    memory = await _measure(None, requests)
     try:
-        state = RedisState(server.url)
+        state = RedisHolds(server.url)
+        state.start()
         shared = await _measure(state, requests)
         await state.close()
     finally:
@@ -91,7 +93,7 @@ async def main(requests: int) -> None:
         f"admission overhead: time to acquire, {requests} acquire+release cycles "
         f"(no HTTP, loopback Redis, {type(asyncio.get_running_loop()).__module__} loop)"
     )
-    print(_line("memory", *memory))
+    print(_line("local", *memory))
     print(_line("redis", *shared))
 
 

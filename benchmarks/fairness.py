@@ -52,7 +52,7 @@ class Run:
     max_running: int
 
     def light_ttft(self) -> list[float]:
-        return [t for o in self.outcomes if o.klass == "light" for t in o.ttft]
+        return [t for o in self.outcomes if o.request_class == "light" for t in o.ttft]
 
 
 def _policy(sim_url: str, scheduling: str, heavy_slots: int, mix: Mix) -> str:
@@ -129,11 +129,14 @@ def report(runs: list[Run]) -> str:
         for o in run.outcomes:
             median = statistics.median(o.ttft) if o.ttft else float("nan")
             lines.append(
-                f"  {o.user:8}  {o.klass:5}  {len(o.ttft):8d}  {o.refused:4d}  {_ms(median)}"
+                f"  {o.user:8}  {o.request_class:5}  {len(o.ttft):8d}  {o.refused:4d}"
+                f"  {_ms(median)}"
                 f"  {_ms(p95(o.ttft))}  {_ms(p95(o.gaps))}  {o.tokens:6d}"
             )
         light = run.light_ttft()
-        per_user = [statistics.mean(o.ttft) for o in run.outcomes if o.klass == "light" and o.ttft]
+        per_user = [
+            statistics.mean(o.ttft) for o in run.outcomes if o.request_class == "light" and o.ttft
+        ]
         lines.append(
             f"  light p95 TTFT {p95(light) * 1000:.0f} ms = {p95(light) / reference:.2f}x the "
             f"direct reference; Jain index over light users' mean TTFT {jain(per_user):.3f}"

@@ -38,7 +38,7 @@ class Outcome:
     """What one user saw."""
 
     user: str
-    klass: str
+    request_class: str
     ttft: list[float] = field(default_factory=list)
     gaps: list[float] = field(default_factory=list)
     tokens: int = 0

@@ -9,11 +9,13 @@ from dataclasses import dataclass, field
 
 import structlog
 from aiohttp import web
-from aiohttp.typedefs import Handler
+from aiohttp.typedefs import Handler, Middleware
 
-from gateway.errors import GatewayError, api_of, error_response
+from gateway.errors import GatewayError, error_body, retry_after_header
+from gateway.relay import Progress
+from gateway.vocabulary import Api, Reason, RequestClass, api_of
 
-__all__ = ["ON_FINISHED", "RECORD", "RequestRecord", "access_log_middleware"]
+__all__ = ["RECORD", "Listener", "RequestRecord", "access_log", "add_request_id", "error_response"]
 
 log = structlog.get_logger("fairgate.access")
 
@@ -29,11 +31,11 @@ class RequestRecord:
     finished: float = 0.0
     user: str | None = None
     model: str | None = None
-    klass: str | None = None  # light or heavy
+    request_class: RequestClass | None = None
     input_estimate: int | None = None
     backend: str | None = None
     status: int = 0
-    reason: str | None = None
+    reason: Reason | None = None
     bytes_out: int = 0
     queue_wait: float | None = None
     dispatched_at: float | None = None
@@ -45,6 +47,20 @@ class RequestRecord:
     client_gone: bool = False
     retried: bool = False  # sent to a second backend after the first failed
 
+    def add(self, progress: Progress) -> None:
+        """Take in what the relay reported of the reply."""
+        self.first_byte_at = progress.first_byte_at
+        self.bytes_out += progress.bytes_out
+        self.gaps = progress.gaps
+        self.prompt_tokens = progress.prompt_tokens
+        self.completion_tokens = progress.completion_tokens
+        self.load_seconds = progress.load_seconds
+        self.client_gone = self.client_gone or progress.client_gone
+        if progress.failure is not None:
+            self.reason = progress.failure
+        if progress.client_gone:
+            self.status = 499
+
     def fields(self) -> dict[str, object]:
         done = self.finished or time.monotonic()
         ttft = None if self.first_byte_at is None else round(self.first_byte_at - self.arrived, 4)
@@ -55,7 +71,7 @@ class RequestRecord:
             "path": self.path,
             "user": self.user,
             "model": self.model,
-            "class": self.klass,
+            "class": self.request_class,
             "input_estimate": self.input_estimate,
             "backend": self.backend,
             "status": self.status,
@@ -73,8 +89,20 @@ class RequestRecord:
 
 
 RECORD = web.RequestKey("record", RequestRecord)
-ON_FINISHED: web.AppKey[list[Callable[[RequestRecord], None]]] = web.AppKey("on_request_finished")
-"""Called with each request's record when it ends (metrics)."""
+Listener = Callable[[RequestRecord], None]
+
+
+def error_response(api: Api, error: GatewayError) -> web.Response:
+    """The one place where the gateway's own refusals become HTTP."""
+    headers = {}
+    if error.retry_after is not None:
+        headers["Retry-After"] = retry_after_header(error.retry_after)
+    return web.Response(
+        status=error.status,
+        body=error_body(api, error.status, error.reason, error.message),
+        content_type="application/json",
+        headers=headers,
+    )
 
 
 def _request_id(request: web.Request) -> str:
@@ -82,22 +110,34 @@ def _request_id(request: web.Request) -> str:
     return given[:64] if given.isprintable() and given else secrets.token_hex(8)
 
 
-@web.middleware
-async def access_log_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Bind the request id, map errors to the API's shape, and log the request once."""
-    record = RequestRecord(_request_id(request), request.method, request.path)
-    request[RECORD] = record
-    structlog.contextvars.bind_contextvars(request_id=record.request_id)
-    try:
-        response = await _answer(request, handler, record)
-        record.status = record.status or response.status
-        return response
-    finally:
-        record.finished = time.monotonic()
-        log.info("request", **record.fields())
-        for listener in request.app.get(ON_FINISHED, ()):
-            listener(record)
-        structlog.contextvars.unbind_contextvars("request_id")
+def access_log(listeners: list[Listener]) -> Middleware:
+    """The middleware that binds the request id, maps errors to the API's shape, logs the
+    request once and tells ``listeners`` (metrics) about it."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        record = RequestRecord(_request_id(request), request.method, request.path)
+        request[RECORD] = record
+        structlog.contextvars.bind_contextvars(request_id=record.request_id)
+        try:
+            response = await _answer(request, handler, record)
+            record.status = record.status or response.status
+            return response
+        finally:
+            record.finished = time.monotonic()
+            log.info("request", **record.fields())
+            for listener in listeners:
+                listener(record)
+            structlog.contextvars.unbind_contextvars("request_id")
+
+    return middleware
+
+
+async def add_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    """Every reply names its request, as the access log does (on_response_prepare)."""
+    record = request.get(RECORD)
+    if record is not None:
+        response.headers["X-Request-Id"] = record.request_id
 
 
 async def _answer(
@@ -113,10 +153,10 @@ async def _answer(
         if exc.status < 400:
             raise
         refusal = GatewayError(
-            exc.status, _HTTP_REASONS.get(exc.status, "bad_request"), exc.text or exc.reason
+            exc.status,
+            _HTTP_REASONS.get(exc.status, Reason.BAD_REQUEST),
+            _HTTP_MESSAGES.get(exc.status, exc.text or exc.reason),
         )
-        if exc.status in _HTTP_MESSAGES:
-            refusal.message = _HTTP_MESSAGES[exc.status]
         record.status, record.reason = refusal.status, refusal.reason
         return error_response(api_of(request.path), refusal)
     except BaseException:
@@ -125,7 +165,11 @@ async def _answer(
         raise
 
 
-_HTTP_REASONS = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
+_HTTP_REASONS = {
+    404: Reason.NOT_FOUND,
+    405: Reason.METHOD_NOT_ALLOWED,
+    413: Reason.BODY_TOO_LARGE,
+}
 _HTTP_MESSAGES = {
     404: "no such endpoint on this gateway",
     405: "method not allowed on this endpoint",

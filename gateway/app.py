@@ -5,126 +5,72 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
-import aiohttp
 import structlog
 from aiohttp import web
 
-from gateway.access import ON_FINISHED, RequestRecord, access_log_middleware
-from gateway.admission import Admission
-from gateway.backends import BackendMonitor
-from gateway.keys import ADMISSION, LIVE, MONITOR, SESSION, SETTINGS, WARMTH
-from gateway.live import LivePolicy
-from gateway.metrics import METRICS, Metrics, add_metrics_route
+from gateway.access import access_log, add_request_id
+from gateway.listings import Reads
+from gateway.metrics import Metrics
 from gateway.policy import Policy
-from gateway.proxy import add_routes
+from gateway.proxy import Generation
+from gateway.services import Services
 from gateway.settings import Settings
-from gateway.state.redis import RedisState
-from gateway.status import add_status_route
-from gateway.warmth import KeepWarm
+from gateway.status import Status
 
-__all__ = ["bound_url", "create_app", "run_app", "start_server"]
+__all__ = ["SERVICES", "bound_url", "create_app", "run_app", "start_server"]
 
 log = structlog.get_logger("fairgate")
+
+SERVICES = web.AppKey("services", Services)
+"""The app's services, for tools and tests that hold only the app; the gateway's own code
+receives them when it is built."""
 
 
 def create_app(
     settings: Settings, policy: Policy, policy_path: Path | None = None
 ) -> web.Application:
     """The gateway; ``policy_path`` is watched and re-read (also on SIGHUP) when given."""
+    services = Services.build(settings, policy, policy_path)
+    metrics = Metrics(services.policy, services.snapshot)
+    services.on_finished.append(metrics.observe)
     app = web.Application(
-        middlewares=[access_log_middleware], client_max_size=settings.max_body_bytes
+        middlewares=[access_log(services.on_finished)], client_max_size=settings.max_body_bytes
     )
-    live = LivePolicy(policy, {}, policy_path)
-    admission = Admission(policy, live.current.pool)
-    live.on_reload.append(admission.reconfigure)
-    app[SETTINGS] = settings
-    app[LIVE] = live
-    app[ADMISSION] = admission
-    app.cleanup_ctx.append(_shared_state)
-    app.cleanup_ctx.append(_upstream_session)
-    app.cleanup_ctx.append(_backend_monitor)
-    app.cleanup_ctx.append(_policy_watcher)
-    metrics = Metrics(app)
-    app[METRICS] = metrics
-    listeners: list[Callable[[RequestRecord], None]] = [metrics.observe]
-    app[ON_FINISHED] = listeners
-    add_routes(app)
-    add_status_route(app)
-    add_metrics_route(app)
+    app[SERVICES] = services
+    app.on_response_prepare.append(add_request_id)
+    app.cleanup_ctx.append(lambda _: _lifetime(services))
+    for routes in (Generation(services), Reads(services), Status(services), metrics):
+        routes.add_routes(app)
     return app
 
 
-async def _shared_state(app: web.Application) -> AsyncIterator[None]:
-    """Redis when FAIRGATE_REDIS_URL is set (several replicas), else this process's memory."""
-    settings, admission = app[SETTINGS], app[ADMISSION]
-    sharing = None
-    if settings.redis_url:
-        admission.state = RedisState(settings.redis_url, settings.redis_lease_seconds)
-        log.info("shared_state", kind="redis", lease_seconds=settings.redis_lease_seconds)
-        sharing = asyncio.create_task(_share(admission, settings.redis_lease_seconds / 3))
-    yield
-    if sharing is not None:
-        sharing.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await sharing
-    await admission.state.close()
-
-
-async def _share(admission: Admission, every: float) -> None:
-    """Fair-share counters and queue depths travel between replicas this often."""
-    while True:
-        await asyncio.sleep(every)
-        await admission.share()
-
-
-async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
-    """One pooled client session for every backend, closed on shutdown."""
-    connector = aiohttp.TCPConnector(limit=app[SETTINGS].upstream_pool_size, ttl_dns_cache=300)
-    async with aiohttp.ClientSession(
-        connector=connector, auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None)
-    ) as session:
-        app[SESSION] = session
+async def _lifetime(services: Services) -> AsyncIterator[None]:
+    await services.start()
+    _watch_policy(services)
+    try:
         yield
+    finally:
+        _unwatch_policy()
+        await services.close()
 
 
-async def _backend_monitor(app: web.Application) -> AsyncIterator[None]:
-    """Probe every backend in the background; a change lets waiting requests be dispatched."""
-    live, admission = app[LIVE], app[ADMISSION]
-    monitor = BackendMonitor(app[SESSION], live.states, admission.wake)
-    policy = live.current.policy
-    await monitor.start(policy.backends, policy.monitoring)
-    live.on_reload.append(
-        lambda view: monitor.reconcile(view.policy.backends, view.policy.monitoring)
-    )
-    app[MONITOR] = monitor
-    warmth = KeepWarm(app[SESSION], live.states)
-    warmth.reconcile(policy.backends, policy.warmth)
-    live.on_reload.append(lambda view: warmth.reconcile(view.policy.backends, view.policy.warmth))
-    app[WARMTH] = warmth
-    yield
-    await warmth.close()
-    await monitor.close()
-
-
-async def _policy_watcher(app: web.Application) -> AsyncIterator[None]:
-    live = app[LIVE]
+def _watch_policy(services: Services) -> None:
+    """Re-read the policy file when it changes, and on SIGHUP."""
+    live = services.policy
     if live.path is None:
-        yield
         return
-    loop = asyncio.get_running_loop()
     with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
         # Only the main thread of a Unix process can take signals; elsewhere, watch only.
-        loop.add_signal_handler(signal.SIGHUP, live.reload)
-    watcher = asyncio.create_task(live.watch(app[SETTINGS].reload_interval))
-    yield
-    watcher.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await watcher
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, live.reload)
+    services.loops.start("policy-watch", live.watch(services.settings.reload_interval))
+
+
+def _unwatch_policy() -> None:
     with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-        loop.remove_signal_handler(signal.SIGHUP)
+        asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
 
 
 def run_app(settings: Settings, policy: Policy) -> None:

@@ -8,13 +8,13 @@ The backend's own counts correct the fair scheduler afterwards.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from gateway.policy import Policy
+from gateway.vocabulary import RequestClass
 
 __all__ = ["Estimate", "classify"]
 
-RequestClass = Literal["light", "heavy"]
 _CHARS_PER_TOKEN = 4
 
 
@@ -23,7 +23,7 @@ class Estimate:
     """The estimated prompt size of a request, and the class that follows from it."""
 
     input_tokens: int
-    klass: RequestClass
+    request_class: RequestClass
     weight: float  # the class's share multiplier
 
 
@@ -38,8 +38,8 @@ def classify(fields: dict[str, Any], policy: Policy) -> Estimate:
         heavy.min_num_ctx is not None and isinstance(num_ctx, int) and num_ctx >= heavy.min_num_ctx
     )
     if tokens >= heavy.min_prompt_tokens or wants_long_context:
-        return Estimate(tokens, "heavy", heavy.weight)
-    return Estimate(tokens, "light", policy.classes.light.weight)
+        return Estimate(tokens, RequestClass.HEAVY, heavy.weight)
+    return Estimate(tokens, RequestClass.LIGHT, policy.classes.light.weight)
 
 
 def _prompt_size(fields: dict[str, Any]) -> tuple[int, int]:

@@ -9,42 +9,27 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from enum import Enum
 
-from aiohttp import web
+from gateway.vocabulary import Api, Reason
 
 __all__ = [
-    "Api",
     "BackendFailure",
     "GatewayError",
-    "api_of",
     "error_body",
-    "error_response",
     "inband_error",
+    "retry_after_header",
 ]
-
-
-class Api(Enum):
-    """Which wire protocol a request speaks, and so which error shape it expects."""
-
-    OLLAMA = "ollama"
-    OPENAI = "openai"
-
-
-def api_of(path: str) -> Api:
-    return Api.OPENAI if path.startswith("/v1/") else Api.OLLAMA
 
 
 @dataclass(eq=False)
 class GatewayError(Exception):
     """A request the gateway answers itself, before any byte of a reply went out.
 
-    ``reason`` is a short machine name (``body_too_large``, ``backend_unreachable``...) used in
-    the OpenAI ``code`` field, in logs and in metrics.
+    ``reason`` is used in the OpenAI ``code`` field, in logs and in metrics.
     """
 
     status: int
-    reason: str
+    reason: Reason
     message: str
     retry_after: float | None = None
 
@@ -68,24 +53,16 @@ _OPENAI_TYPES = {
 }
 
 
-def error_body(api: Api, status: int, reason: str, message: str) -> bytes:
+def error_body(api: Api, status: int, reason: Reason, message: str) -> bytes:
     if api is Api.OLLAMA:
         return json.dumps({"error": message}).encode()
     kind = _OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
     return json.dumps({"error": {"message": message, "type": kind, "code": reason}}).encode()
 
 
-def error_response(api: Api, error: GatewayError) -> web.Response:
-    headers = {}
-    if error.retry_after is not None:
-        # Retry-After takes whole seconds; rounding up never invites a retry too early.
-        headers["Retry-After"] = str(max(1, int(-(-error.retry_after // 1))))
-    return web.Response(
-        status=error.status,
-        body=error_body(api, error.status, error.reason, error.message),
-        content_type="application/json",
-        headers=headers,
-    )
+def retry_after_header(seconds: float) -> str:
+    # Retry-After takes whole seconds; rounding up never invites a retry too early.
+    return str(max(1, int(-(-seconds // 1))))
 
 
 def inband_error(content_type: str, message: str) -> bytes:

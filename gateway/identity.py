@@ -10,15 +10,15 @@ import base64
 import hashlib
 import hmac
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv6Address, ip_address
 
-from multidict import CIMultiDictProxy
-
 from gateway.errors import GatewayError
 from gateway.policy import ANONYMOUS, Policy
+from gateway.vocabulary import Reason
 
-__all__ = ["Directory"]
+__all__ = ["Directory", "client_address", "is_loopback"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,19 +43,21 @@ class Directory:
         self._anonymous = self._open or ANONYMOUS in policy.users
         self.admins = frozenset(name for name, user in policy.users.items() if user.admin)
 
-    def identify(self, headers: CIMultiDictProxy[str], remote: str | None) -> str:
+    def identify(self, headers: Mapping[str, str], remote: str | None) -> str:
         """The user name, or GatewayError 401 when the request cannot be attributed."""
         key = _presented_key(headers)
         if key is not None:
             return self._user_of_key(key)
-        address = _address(remote) if self._client_rules else None
+        address = client_address(remote) if self._client_rules else None
         if address is not None:
             for rule in self._client_rules:
                 if address in rule.network:  # type: ignore[operator]
                     return rule.user
         if self._anonymous:
             return ANONYMOUS
-        raise GatewayError(401, "unauthorized", "an API key is required (Authorization: Bearer)")
+        raise GatewayError(
+            401, Reason.UNAUTHORIZED, "an API key is required (Authorization: Bearer)"
+        )
 
     def _user_of_key(self, key: str) -> str:
         digest = hashlib.sha256(key.encode()).digest()
@@ -67,7 +69,7 @@ class Directory:
             return user
         if self._open:
             return ANONYMOUS
-        raise GatewayError(401, "unauthorized", "unknown API key")
+        raise GatewayError(401, Reason.UNAUTHORIZED, "unknown API key")
 
 
 def _digest_of_configured(key: str) -> bytes:
@@ -78,7 +80,7 @@ def _digest_of_configured(key: str) -> bytes:
     return hashlib.sha256(key.encode()).digest()
 
 
-def _presented_key(headers: CIMultiDictProxy[str]) -> str | None:
+def _presented_key(headers: Mapping[str, str]) -> str | None:
     authorization = headers.get("Authorization", "")
     scheme, _, value = authorization.partition(" ")
     if scheme.lower() == "bearer" and value.strip():
@@ -88,14 +90,15 @@ def _presented_key(headers: CIMultiDictProxy[str]) -> str | None:
         try:
             decoded = base64.b64decode(value.strip(), validate=True).decode()
         except (ValueError, UnicodeDecodeError):
-            raise GatewayError(401, "unauthorized", "malformed basic credentials") from None
+            raise GatewayError(401, Reason.UNAUTHORIZED, "malformed basic credentials") from None
         password = decoded.partition(":")[2]
         return password or None
     api_key = headers.get("X-API-Key", "").strip()
     return api_key or None
 
 
-def _address(remote: str | None) -> IPv4Address | IPv6Address | None:
+def client_address(remote: str | None) -> IPv4Address | IPv6Address | None:
+    """The peer's address; an IPv4-mapped IPv6 address (a dual-stack socket) as IPv4."""
     if not remote:
         return None
     try:
@@ -105,3 +108,8 @@ def _address(remote: str | None) -> IPv4Address | IPv6Address | None:
     if isinstance(address, IPv6Address) and address.ipv4_mapped is not None:
         return address.ipv4_mapped
     return address
+
+
+def is_loopback(remote: str | None) -> bool:
+    address = client_address(remote)
+    return address is not None and address.is_loopback

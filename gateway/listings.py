@@ -16,12 +16,14 @@ import structlog
 from aiohttp import web
 
 from gateway.access import RECORD
-from gateway.backends import Backend, model_key
-from gateway.errors import Api, GatewayError
-from gateway.keys import LIVE, SESSION
-from gateway.streaming import relay
+from gateway.backends import Backend
+from gateway.backends.probes import entries_of
+from gateway.errors import GatewayError
+from gateway.relay import Relay, Target
+from gateway.services import Services
+from gateway.vocabulary import Api, Reason
 
-__all__ = ["add_listing_routes", "model_not_found"]
+__all__ = ["Reads", "model_not_found"]
 
 log = structlog.get_logger("fairgate.listings")
 
@@ -33,62 +35,77 @@ _LISTINGS = {
 }
 
 
-def add_listing_routes(app: web.Application) -> None:
-    for path in _LISTINGS:
-        app.router.add_get(path, listing)
-    app.router.add_post("/api/show", show)
-    app.router.add_get("/api/version", version)
+class Reads:
+    """The routes that read without queueing: listings, show, version."""
 
+    def __init__(self, services: Services) -> None:
+        self._services = services
 
-async def listing(request: web.Request) -> web.Response:
-    """The union of every healthy backend's list, each model once."""
-    view = request.app[LIVE].current
-    request[RECORD].user = view.directory.identify(request.headers, request.remote)
-    key, field, api = _LISTINGS[request.path]
-    session, within = request.app[SESSION], view.policy.monitoring.timeout
-    lists = await asyncio.gather(
-        *(_entries(session, b.url + request.path, key, within) for b in view.pool.healthy(api))
-    )
-    entries: dict[str, dict[str, Any]] = {}
-    for listed in lists:
-        for entry in listed:
-            entries.setdefault(str(entry.get(field)), entry)
-    body: dict[str, Any] = {key: list(entries.values())}
-    if api is Api.OPENAI:
-        body = {"object": "list", **body}
-    return web.json_response(body)
+    def add_routes(self, app: web.Application) -> None:
+        for path in _LISTINGS:
+            app.router.add_get(path, self.listing)
+        app.router.add_post("/api/show", self.show)
+        app.router.add_get("/api/version", self.version)
 
+    async def listing(self, request: web.Request) -> web.Response:
+        """The union of every healthy backend's list, each model once."""
+        services = self._services
+        view = services.policy.current
+        services.caller(request, view)
+        key, field, api = _LISTINGS[request.path]
+        session, within = services.upstream.session, view.policy.monitoring.timeout
+        lists = await asyncio.gather(
+            *(_entries(session, b.url + request.path, key, within) for b in view.pool.healthy(api))
+        )
+        entries: dict[str, dict[str, Any]] = {}
+        for listed in lists:
+            for entry in listed:
+                entries.setdefault(str(entry.get(field)), entry)
+        body: dict[str, Any] = {key: list(entries.values())}
+        if api is Api.OPENAI:
+            body = {"object": "list", **body}
+        return web.json_response(body)
 
-async def show(request: web.Request) -> web.StreamResponse:
-    """Model details from a backend that has the model."""
-    view = request.app[LIVE].current
-    record = request[RECORD]
-    record.user = view.directory.identify(request.headers, request.remote)
-    body = await request.read()
-    try:
-        fields = json.loads(body)
-        model = str(fields.get("model") or fields.get("name") or "")
-    except (ValueError, AttributeError):
-        model = ""  # the backend answers malformed requests in its own words
-    record.model = model or None
-    candidates = view.pool.serving(Api.OLLAMA, model) if model else view.pool.healthy(Api.OLLAMA)
-    if not candidates and model and view.pool.known_nowhere(Api.OLLAMA, model):
-        raise model_not_found(model)
-    backend = _first(candidates, model)
-    record.backend = backend.name
-    timeouts = view.policy.timeouts
-    return await relay(
-        request, request.app[SESSION], backend.url + "/api/show", body, timeouts, record
-    )
+    async def show(self, request: web.Request) -> web.StreamResponse:
+        """Model details from a backend that has the model."""
+        view, record = self._services.policy.current, request[RECORD]
+        self._services.caller(request, view)
+        body = await request.read()
+        try:
+            fields = json.loads(body)
+            model = str(fields.get("model") or fields.get("name") or "")
+        except (ValueError, AttributeError):
+            model = ""  # the backend answers malformed requests in its own words
+        record.model = model or None
+        pool = view.pool
+        candidates = pool.serving(Api.OLLAMA, model) if model else pool.healthy(Api.OLLAMA)
+        if not candidates and model and pool.known_nowhere(Api.OLLAMA, model):
+            raise model_not_found(model)
+        return await self._relay(request, self._choose(candidates, model), body)
 
+    async def version(self, request: web.Request) -> web.StreamResponse:
+        view = self._services.policy.current
+        return await self._relay(request, self._choose(view.pool.healthy(Api.OLLAMA), ""), None)
 
-async def version(request: web.Request) -> web.StreamResponse:
-    view = request.app[LIVE].current
-    record = request[RECORD]
-    backend = _first(view.pool.healthy(Api.OLLAMA), "")
-    record.backend = backend.name
-    url = backend.url + "/api/version"
-    return await relay(request, request.app[SESSION], url, None, view.policy.timeouts, record)
+    def _choose(self, candidates: list[Backend], model: str) -> Backend:
+        if not candidates:
+            raise GatewayError(
+                503, Reason.NO_BACKEND, "no healthy backend can answer this request now"
+            )
+        pool, busy = self._services.policy.current.pool, self._services.admission.room.busy
+        return pool.prefer(candidates, model, busy)
+
+    async def _relay(
+        self, request: web.Request, backend: Backend, body: bytes | None
+    ) -> web.StreamResponse:
+        record = request[RECORD]
+        record.backend = backend.name
+        timeouts = self._services.policy.current.policy.timeouts
+        relay = Relay(self._services.upstream.session, Target(backend.url + request.path, timeouts))
+        try:
+            return await relay.run(request, body)
+        finally:
+            record.add(relay.progress)
 
 
 async def _entries(
@@ -100,17 +117,9 @@ async def _entries(
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         log.warning("listing_failed", url=url, error=repr(exc))
         return []
-    entries = document.get(key) if isinstance(document, dict) else None
-    return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+    return entries_of(document, key) or []
 
 
 def model_not_found(model: str) -> GatewayError:
     # Ollama's own wording since v0.5 (server/routes.go).
-    return GatewayError(404, "model_not_found", f"model '{model}' not found")
-
-
-def _first(candidates: list[Backend], model: str) -> Backend:
-    if not candidates:
-        raise GatewayError(503, "no_backend", "no healthy backend can answer this request now")
-    loaded = [b for b in candidates if model and model_key(model) in b.state.loaded]
-    return (loaded or candidates)[0]
+    return GatewayError(404, Reason.MODEL_NOT_FOUND, f"model '{model}' not found")

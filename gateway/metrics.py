@@ -10,7 +10,7 @@ backend lists (or one kept warm), else ``other``.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import accumulate
 
 from aiohttp import web
@@ -26,35 +26,23 @@ from prometheus_client.registry import Collector
 
 from gateway.access import RequestRecord
 from gateway.backends import model_key
-from gateway.keys import ADMISSION, LIVE, WARMTH
 from gateway.policy import ANONYMOUS
+from gateway.reload import LivePolicy
+from gateway.snapshot import GatewaySnapshot
+from gateway.vocabulary import REFUSALS, RequestClass
 
-__all__ = ["METRICS", "Metrics", "add_metrics_route"]
+__all__ = ["Metrics"]
 
 # From tens of milliseconds (a warm short prompt) to minutes (a cold load, a long prefill).
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
 GAP_BUCKETS = (0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2.5, 5)
-REJECTION_REASONS = frozenset(
-    {
-        "user_queue_full",
-        "gateway_busy",
-        "wait_timeout",
-        "unauthorized",
-        "model_forbidden",
-        "model_not_found",
-        "body_too_large",
-        "bad_request",
-        "no_backend",
-        "management_forbidden",
-    }
-)
 _GENERATION = ("/api/chat", "/api/generate", "/api/embed", "/api/embeddings", "/v1/")
 
 
 class Metrics:
     """The gateway's metrics, in a registry of its own (no process-global state)."""
 
-    def __init__(self, app: web.Application) -> None:
+    def __init__(self, policy: LivePolicy, snapshot: Callable[[], GatewaySnapshot]) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
 
@@ -101,42 +89,49 @@ class Metrics:
             "Replies cut by the backend (or its silence) after the first byte.",
             ["backend"], registry=r,
         )  # fmt: skip
-        r.register(_StateCollector(app))
-        self._app = app
+        r.register(_SnapshotCollector(snapshot))
+        self._policy = policy
+
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_get("/metrics", self.endpoint)
+
+    async def endpoint(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     def observe(self, record: RequestRecord) -> None:
         """Account for one finished request."""
-        user, klass = self._user(record.user), record.klass or "light"
-        if record.reason in REJECTION_REASONS:
+        user, request_class = self._user(record.user), record.request_class or RequestClass.LIGHT
+        if record.reason in REFUSALS:
             self.rejections.labels(user, record.reason).inc()
         if not record.path.startswith(_GENERATION) or record.model is None:
             return
         model = self._model(record.model)
-        self.requests.labels(user, model, klass, str(record.status)).inc()
+        self.requests.labels(user, model, request_class, str(record.status)).inc()
         if record.reason == "backend_failed_mid_stream" and record.backend is not None:
             self.stream_failures.labels(record.backend).inc()
         if record.queue_wait is not None:
-            self.queue_wait.labels(klass).observe(record.queue_wait)
+            self.queue_wait.labels(request_class).observe(record.queue_wait)
         if record.first_byte_at is not None:
-            self.ttft.labels(klass).observe(record.first_byte_at - record.arrived)
+            self.ttft.labels(request_class).observe(record.first_byte_at - record.arrived)
             if record.dispatched_at is not None:
-                self.ttft_dispatch.labels(klass).observe(
+                self.ttft_dispatch.labels(request_class).observe(
                     record.first_byte_at - record.dispatched_at
                 )
-            self.duration.labels(klass).observe(record.finished - record.arrived)
+            self.duration.labels(request_class).observe(record.finished - record.arrived)
         if record.gaps:
-            self.gap.observe_all(klass, record.gaps)
+            self.gap.observe_all(request_class, record.gaps)
         if record.prompt_tokens:
             self.prompt_tokens.labels(user, model).inc(record.prompt_tokens)
         if record.completion_tokens:
             self.completion_tokens.labels(user, model).inc(record.completion_tokens)
 
     def _user(self, user: str | None) -> str:
-        users = self._app[LIVE].current.policy.users
+        users = self._policy.current.policy.users
         return user if user is not None and user in users else ANONYMOUS
 
     def _model(self, model: str) -> str:
-        key, view = model_key(model), self._app[LIVE].current
+        key, view = model_key(model), self._policy.current
         listed = any(key in (b.state.models or ()) for b in view.pool.backends)
         kept_warm = any(key in map(model_key, b.keep_warm) for b in view.policy.backends)
         return model if listed or kept_warm else "other"
@@ -154,11 +149,11 @@ class _GapHistogram(Collector):
         self._counts: dict[str, list[int]] = {}  # by class; one slot per bucket, then +Inf
         self._sums: dict[str, float] = {}
 
-    def observe_all(self, klass: str, gaps: list[float]) -> None:
-        counts = self._counts.setdefault(klass, [0] * (len(GAP_BUCKETS) + 1))
+    def observe_all(self, request_class: str, gaps: list[float]) -> None:
+        counts = self._counts.setdefault(request_class, [0] * (len(GAP_BUCKETS) + 1))
         for gap in gaps:
             counts[bisect_left(GAP_BUCKETS, gap)] += 1  # a bucket's bound is inclusive
-        self._sums[klass] = self._sums.get(klass, 0.0) + sum(gaps)
+        self._sums[request_class] = self._sums.get(request_class, 0.0) + sum(gaps)
 
     def collect(self) -> Iterator[Metric]:
         family = HistogramMetricFamily(
@@ -167,104 +162,95 @@ class _GapHistogram(Collector):
             labels=["class"],
         )
         bounds = [repr(float(bound)) for bound in GAP_BUCKETS] + ["+Inf"]  # as the client
-        for klass, counts in self._counts.items():
+        for request_class, counts in self._counts.items():
             buckets = list(zip(bounds, map(float, accumulate(counts)), strict=True))
-            family.add_metric([klass], buckets, self._sums[klass])
+            family.add_metric([request_class], buckets, self._sums[request_class])
         yield family
 
 
-class _StateCollector(Collector):
-    """Gauges and counters read from snapshots at scrape time."""
+class _SnapshotCollector(Collector):
+    """Gauges and counters rendered from the gateway's snapshot at scrape time."""
 
-    def __init__(self, app: web.Application) -> None:
-        self._app = app
+    def __init__(self, snapshot: Callable[[], GatewaySnapshot]) -> None:
+        self._snapshot = snapshot
 
     def collect(self) -> Iterator[Metric]:
-        app = self._app
-        snapshot = app[ADMISSION].snapshot()
-        view, live, warmth = app[LIVE].current, app[LIVE], app[WARMTH]
-        depth = GaugeMetricFamily(
-            "fairgate_queue_depth", "Requests waiting for a turn.", labels=["user", "class"]
-        )
-        for (user, klass), count in snapshot.queued_by_class.items():
-            depth.add_metric([user, klass], count)
-        yield depth
-        running = GaugeMetricFamily(
-            "fairgate_requests_running",
-            "Requests holding a backend slot.",
-            labels=["backend", "class"],
-        )
-        slots = GaugeMetricFamily(
-            "fairgate_backend_slots", "Slots of a backend.", labels=["backend"]
-        )
-        busy = GaugeMetricFamily("fairgate_backend_slots_busy", "Slots in use.", labels=["backend"])
-        up = GaugeMetricFamily(
-            "fairgate_backend_up", "1 when the backend is in rotation.", labels=["backend"]
-        )
-        for backend in view.pool.backends:
-            used, total = snapshot.backends.get(backend.name, (0, backend.slots))
-            heavy = snapshot.heavy_running.get(backend.name, 0)
-            running.add_metric([backend.name, "heavy"], heavy)
-            running.add_metric([backend.name, "light"], used - heavy)
-            slots.add_metric([backend.name], total)
-            busy.add_metric([backend.name], used)
-            up.add_metric([backend.name], 1 if backend.state.healthy else 0)
-        yield from (running, slots, busy, up)
-        oldest = GaugeMetricFamily(
-            "fairgate_queue_oldest_wait_seconds", "Age of the oldest waiting request."
-        )
-        oldest.add_metric([], snapshot.oldest_wait)
-        yield oldest
-        share = GaugeMetricFamily(
-            "fairgate_fair_share_virtual_tokens",
-            "The fair scheduler's counter per user: weighted tokens served (lower goes next).",
-            labels=["user"],
-        )
-        for user, value in snapshot.fair_counters.items():
-            share.add_metric([user], value)
-        yield share
-        shared = GaugeMetricFamily(
-            "fairgate_state_shared",
-            "1 while limits are shared across replicas (always 1 in memory); 0: Redis is away.",
-        )
-        shared.add_metric([], 1 if app[ADMISSION].state.shared else 0)
-        yield shared
-        failures = CounterMetricFamily(
-            "fairgate_state_failures", "Times the shared state (Redis) could not be reached."
-        )
-        failures.add_metric([], app[ADMISSION].state.failures)
-        yield failures
-        reloads = CounterMetricFamily(
-            "fairgate_policy_reloads", "Policy file reloads, by outcome.", labels=["outcome"]
-        )
-        reloads.add_metric(["ok"], live.reloads_ok)
-        reloads.add_metric(["failed"], live.reloads_failed)
-        yield reloads
-        pings = CounterMetricFamily(
-            "fairgate_keep_warm_pings",
-            "Keep-warm pings sent.",
-            labels=["backend", "model", "outcome"],
-        )
-        for (backend_name, model, outcome), count in warmth.pings.items():
-            pings.add_metric([backend_name, model, outcome], count)
-        yield pings
-        cold = CounterMetricFamily(
-            "fairgate_cold_starts",
-            "Replies that paid for loading the model.",
-            labels=["backend", "model"],
-        )
-        for (backend_name, model), count in warmth.cold_starts.items():
-            cold.add_metric([backend_name, model], count)
-        yield cold
+        snapshot = self._snapshot()
+        yield from _room(snapshot)
+        yield from _backends(snapshot)
+        yield from _holds_and_reloads(snapshot)
+        yield from _warmth(snapshot)
 
 
-METRICS = web.AppKey("metrics", Metrics)
+def _room(snapshot: GatewaySnapshot) -> Iterator[Metric]:
+    room = snapshot.room
+    depth = GaugeMetricFamily(
+        "fairgate_queue_depth", "Requests waiting for a turn.", labels=["user", "class"]
+    )
+    for (user, request_class), count in room.queued_by_class.items():
+        depth.add_metric([user, request_class], count)
+    oldest = GaugeMetricFamily(
+        "fairgate_queue_oldest_wait_seconds", "Age of the oldest waiting request."
+    )
+    oldest.add_metric([], room.oldest_wait)
+    share = GaugeMetricFamily(
+        "fairgate_fair_share_virtual_tokens",
+        "The fair scheduler's counter per user: weighted tokens served (lower goes next).",
+        labels=["user"],
+    )
+    for user, value in room.fair_counters.items():
+        share.add_metric([user], value)
+    yield from (depth, oldest, share)
 
 
-def add_metrics_route(app: web.Application) -> None:
-    app.router.add_get("/metrics", metrics_endpoint)
+def _backends(snapshot: GatewaySnapshot) -> Iterator[Metric]:
+    running = GaugeMetricFamily(
+        "fairgate_requests_running", "Requests holding a backend slot.", labels=["backend", "class"]
+    )
+    slots = GaugeMetricFamily("fairgate_backend_slots", "Slots of a backend.", labels=["backend"])
+    busy = GaugeMetricFamily("fairgate_backend_slots_busy", "Slots in use.", labels=["backend"])
+    up = GaugeMetricFamily(
+        "fairgate_backend_up", "1 when the backend is in rotation.", labels=["backend"]
+    )
+    for backend in snapshot.backends:
+        running.add_metric([backend.name, RequestClass.HEAVY], backend.heavy_running)
+        running.add_metric([backend.name, RequestClass.LIGHT], backend.busy - backend.heavy_running)
+        slots.add_metric([backend.name], backend.slots)
+        busy.add_metric([backend.name], backend.busy)
+        up.add_metric([backend.name], 1 if backend.healthy else 0)
+    yield from (running, slots, busy, up)
 
 
-async def metrics_endpoint(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[METRICS].registry)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+def _holds_and_reloads(snapshot: GatewaySnapshot) -> Iterator[Metric]:
+    holds, reloads = snapshot.holds, snapshot.reloads
+    shared = GaugeMetricFamily(
+        "fairgate_state_shared",
+        "1 while limits are shared across replicas (always 1 with one replica); 0: Redis is away.",
+    )
+    shared.add_metric([], 1 if holds.shared else 0)
+    failures = CounterMetricFamily(
+        "fairgate_state_failures", "Times the shared state (Redis) could not be reached."
+    )
+    failures.add_metric([], holds.failures)
+    counted = CounterMetricFamily(
+        "fairgate_policy_reloads", "Policy file reloads, by outcome.", labels=["outcome"]
+    )
+    counted.add_metric(["ok"], reloads.reloads_ok)
+    counted.add_metric(["failed"], reloads.reloads_failed)
+    yield from (shared, failures, counted)
+
+
+def _warmth(snapshot: GatewaySnapshot) -> Iterator[Metric]:
+    pings = CounterMetricFamily(
+        "fairgate_keep_warm_pings", "Keep-warm pings sent.", labels=["backend", "model", "outcome"]
+    )
+    for (backend, model, outcome), count in snapshot.warmth.pings.items():
+        pings.add_metric([backend, model, outcome], count)
+    cold = CounterMetricFamily(
+        "fairgate_cold_starts",
+        "Replies that paid for loading the model.",
+        labels=["backend", "model"],
+    )
+    for (backend, model), count in snapshot.warmth.cold_starts.items():
+        cold.add_metric([backend, model], count)
+    yield from (pings, cold)

@@ -1,83 +1,77 @@
-"""``GET /status``: what the gateway holds right now, for admins (an admin key, or loopback)."""
+"""``GET /status``: the gateway's snapshot as JSON, for admins (an admin key, or loopback)."""
 
 from __future__ import annotations
 
-from ipaddress import ip_address
+from typing import Any
 
 from aiohttp import web
 
-from gateway.access import RECORD
 from gateway.errors import GatewayError
-from gateway.keys import ADMISSION, LIVE, WARMTH
+from gateway.services import Services
+from gateway.snapshot import BackendSnapshot, GatewaySnapshot
+from gateway.vocabulary import Reason
 
-__all__ = ["add_status_route"]
-
-
-def add_status_route(app: web.Application) -> None:
-    app.router.add_get("/status", status)
+__all__ = ["Status", "render"]
 
 
-async def status(request: web.Request) -> web.Response:
-    view = request.app[LIVE].current
-    if not _from_loopback(request.remote):
-        user = view.directory.identify(request.headers, request.remote)
-        request[RECORD].user = user
-        if user not in view.directory.admins:
-            raise GatewayError(403, "admin_only", "/status needs an admin key or a loopback client")
-    live = request.app[LIVE]
-    snapshot = request.app[ADMISSION].snapshot()
-    warmth = request.app[WARMTH]
-    backends = {}
-    for backend in view.pool.backends:
-        busy, slots = snapshot.backends.get(backend.name, (0, backend.slots))
-        backends[backend.name] = {
-            "kind": backend.kind,
-            "url": backend.url,
-            "healthy": backend.state.healthy,
-            "busy": busy,
-            "slots": slots,
-            "loaded": backend.state.loaded,  # model -> when Ollama unloads it
-            "sleeping": backend.state.sleeping,
-            "last_error": backend.state.last_error,
-            "keep_warm_pings": {
-                f"{model}:{outcome}": count
-                for (name, model, outcome), count in warmth.pings.items()
-                if name == backend.name
-            },
-            "cold_starts": {
-                model: count
-                for (name, model), count in warmth.cold_starts.items()
-                if name == backend.name
-            },
-        }
-    return web.json_response(
-        {
-            "backends": backends,
-            "users": {
-                name: {"running": running, "queued": queued}
-                for name, (running, queued) in snapshot.users.items()
-            },
-            "queue": {
-                "depth": snapshot.queue_depth,
-                "oldest_wait_seconds": round(snapshot.oldest_wait, 3),
-            },
-            "state": {
-                "kind": type(request.app[ADMISSION].state).__name__,
-                "shared": request.app[ADMISSION].state.shared,
-                "waiting_on_other_replicas": request.app[ADMISSION].state.others_waiting,
-            },
-            "policy": {
-                "path": str(live.path) if live.path else None,
-                "reloads_ok": live.reloads_ok,
-                "reloads_failed": live.reloads_failed,
-                "last_error": live.last_error,
-            },
-        }
-    )
+class Status:
+    def __init__(self, services: Services) -> None:
+        self._services = services
+
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_get("/status", self.status)
+
+    async def status(self, request: web.Request) -> web.Response:
+        services = self._services
+        if not services.is_admin(request, services.policy.current):
+            raise GatewayError(
+                403, Reason.ADMIN_ONLY, "/status needs an admin key or a loopback client"
+            )
+        return web.json_response(render(services.snapshot()))
 
 
-def _from_loopback(remote: str | None) -> bool:
-    try:
-        return remote is not None and ip_address(remote).is_loopback
-    except ValueError:
-        return False
+def render(snapshot: GatewaySnapshot) -> dict[str, Any]:
+    room, holds, reloads = snapshot.room, snapshot.holds, snapshot.reloads
+    return {
+        "backends": {b.name: _backend(b, snapshot) for b in snapshot.backends},
+        "users": {
+            name: {"running": running, "queued": queued}
+            for name, (running, queued) in room.users.items()
+        },
+        "queue": {"depth": room.queue_depth, "oldest_wait_seconds": round(room.oldest_wait, 3)},
+        "state": {
+            "kind": holds.kind,
+            "shared": holds.shared,
+            "waiting_on_other_replicas": holds.others_waiting,
+        },
+        "policy": {
+            "path": reloads.path,
+            "reloads_ok": reloads.reloads_ok,
+            "reloads_failed": reloads.reloads_failed,
+            "last_error": reloads.last_error,
+        },
+    }
+
+
+def _backend(backend: BackendSnapshot, snapshot: GatewaySnapshot) -> dict[str, Any]:
+    warmth = snapshot.warmth
+    return {
+        "kind": backend.kind,
+        "url": backend.url,
+        "healthy": backend.healthy,
+        "busy": backend.busy,
+        "slots": backend.slots,
+        "loaded": backend.loaded,  # model -> when Ollama unloads it
+        "sleeping": backend.sleeping,
+        "last_error": backend.last_error,
+        "keep_warm_pings": {
+            f"{model}:{outcome}": count
+            for (name, model, outcome), count in warmth.pings.items()
+            if name == backend.name
+        },
+        "cold_starts": {
+            model: count
+            for (name, model), count in warmth.cold_starts.items()
+            if name == backend.name
+        },
+    }

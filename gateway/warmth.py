@@ -5,9 +5,10 @@ next person waits for a reload; any client sending ``"keep_alive": 0`` unloads i
 everybody (https://github.com/ollama/ollama/blob/main/docs/faq.md). So the gateway:
 
 - pings each ``keep_warm`` model with an empty ``POST /api/generate`` (no prompt, no
-  options: different options would force a reload) when ``/api/ps`` shows it unloaded or
-  about to expire. Ollama runs such a request without a parallel slot, and the gateway
-  sends it outside admission, so it takes no user's slot either;
+  options: different options would force a reload) when ``/api/ps``, as the backend
+  monitor last read it, shows it unloaded or about to expire. Ollama runs such a request
+  without a parallel slot, and the gateway sends it outside admission, so it takes no
+  user's slot either;
 - clamps or overrides the keep_alive of proxied requests;
 - counts a reply whose ``load_duration`` shows it paid for a load: a cold start.
 """
@@ -16,28 +17,36 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
 import structlog
 
-from gateway.backends import BackendState, model_key
+from gateway.backends import BackendState, BackendStates, model_key
 from gateway.durations import parse_go_duration
 from gateway.policy import BackendConfig, KeepAlivePolicy, Warmth
 from gateway.tasks import KeyedTasks
+from gateway.upstream import Upstream
 
-__all__ = ["KeepWarm", "apply_keep_alive_policy"]
+__all__ = ["KeepWarm", "WarmthSnapshot", "apply_keep_alive_policy"]
 
 log = structlog.get_logger("fairgate.warmth")
 _MAX_BACKOFF = 5  # doublings of the interval after repeated errors
 
 
+@dataclass(frozen=True, slots=True)
+class WarmthSnapshot:
+    pings: dict[tuple[str, str, str], int]  # (backend, model, ok|failed) -> pings
+    cold_starts: dict[tuple[str, str], int]  # (backend, model) -> replies that paid a load
+
+
 class KeepWarm:
     """A pinging task for every Ollama backend that names models to keep warm."""
 
-    def __init__(self, session: aiohttp.ClientSession, states: dict[str, BackendState]) -> None:
-        self._session = session
+    def __init__(self, upstream: Upstream, states: BackendStates) -> None:
+        self._upstream = upstream
         self._states = states
         self._settings = Warmth()
         self._tasks = KeyedTasks(self._keep_warm, "warmth")
@@ -51,6 +60,9 @@ class KeepWarm:
     async def close(self) -> None:
         await self._tasks.close()
 
+    def snapshot(self) -> WarmthSnapshot:
+        return WarmthSnapshot(dict(self.pings), dict(self.cold_starts))
+
     def note_load(self, backend: str, model: str, load_seconds: float | None) -> bool:
         """Count a cold start when a reply's load_duration passes the threshold."""
         if load_seconds is None or load_seconds <= self._settings.cold_start_after:
@@ -63,18 +75,18 @@ class KeepWarm:
         failures = 0
         while True:
             state = self._states.get(config.name)
-            if state is None or state.healthy:  # paused while the backend is down
+            if state is not None and state.healthy:  # paused while the backend is down
                 try:
-                    await self._check(config)
+                    await self._check(config, state)
                     failures = 0
                 except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
                     failures = min(failures + 1, _MAX_BACKOFF)
                     log.warning("keep_warm_failed", backend=config.name, error=repr(exc))
             await asyncio.sleep(self._settings.interval * 2**failures)
 
-    async def _check(self, config: BackendConfig) -> None:
+    async def _check(self, config: BackendConfig, state: BackendState) -> None:
         horizon = 2 * self._settings.interval
-        loaded = await self._loaded(config)
+        loaded = {model: _expiry(expires) for model, expires in state.loaded.items()}
         now = datetime.now(UTC)
         for model in config.keep_warm:
             expires = loaded.get(model_key(model), now)
@@ -85,22 +97,11 @@ class KeepWarm:
             if not ok:
                 raise ValueError(f"the keep-warm ping for {model} failed")
 
-    async def _loaded(self, config: BackendConfig) -> dict[str, datetime]:
-        timeout = aiohttp.ClientTimeout(total=30)
-        async with self._session.get(config.url + "/api/ps", timeout=timeout) as reply:
-            reply.raise_for_status()
-            document = await reply.json(content_type=None)
-        return {
-            model_key(str(entry.get("name"))): _expiry(entry.get("expires_at"))
-            for entry in document.get("models") or ()
-            if isinstance(entry, dict)
-        }
-
     async def _ping(self, config: BackendConfig, model: str) -> bool:
         body = {"model": model, "keep_alive": _seconds(config.keep_alive)}
         # Loading a large model from disk can take minutes.
         timeout = aiohttp.ClientTimeout(total=600)
-        async with self._session.post(
+        async with self._upstream.session.post(
             config.url + "/api/generate", json=body, timeout=timeout
         ) as reply:
             await reply.read()

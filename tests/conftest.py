@@ -12,8 +12,9 @@ import pytest
 from aiohttp import web
 
 from fairsim import SimConfig, Simulator
-from gateway.app import bound_url, create_app, start_server
+from gateway.app import SERVICES, bound_url, create_app, start_server
 from gateway.policy import Policy, load_policy, parse_policy
+from gateway.services import Services
 from gateway.settings import Settings
 
 StartSim = Callable[..., Awaitable[tuple[Simulator, str]]]
@@ -24,6 +25,10 @@ StartGateway = Callable[..., Awaitable["Gateway"]]
 class Gateway:
     url: str
     app: web.Application
+
+    @property
+    def services(self) -> Services:
+        return self.app[SERVICES]
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ import ollama
 import openai
 import pytest
 
-from gateway.admission import Admission, AdmissionSnapshot
-from gateway.keys import ADMISSION
+from gateway.admission import Admission
+from gateway.waiting_room import RoomSnapshot
 from tests.conftest import Gateway, StartGateway, StartSim
 
 MODEL = "llama3.2:3b"
@@ -34,7 +34,7 @@ def policy(sim_url: str, slots: int = 4, head: str = USERS) -> str:
 
 
 async def until(
-    admission: Admission, predicate: Callable[[AdmissionSnapshot], bool], within: float = 5.0
+    admission: Admission, predicate: Callable[[RoomSnapshot], bool], within: float = 5.0
 ) -> None:
     """Wait, on admission's change signal, until ``predicate`` holds for its snapshot."""
     async with asyncio.timeout(within):
@@ -42,11 +42,11 @@ async def until(
             await admission.changed()
 
 
-def queued(user: str, count: int) -> Callable[[AdmissionSnapshot], bool]:
+def queued(user: str, count: int) -> Callable[[RoomSnapshot], bool]:
     return lambda snapshot: snapshot.users.get(user, (0, 0))[1] == count
 
 
-def idle(snapshot: AdmissionSnapshot) -> bool:
+def idle(snapshot: RoomSnapshot) -> bool:
     busy = sum(busy for busy, _ in snapshot.backends.values())
     return not snapshot.users and snapshot.queue_depth == 0 and busy == 0
 
@@ -103,7 +103,7 @@ class TestCapsAndQueues:
         """Cap 1: the second request waits, up to max_queued wait, the next is refused at once."""
         _, sim_url = await start_sim(parallel=8)
         gateway = await start_gateway(policy(sim_url))
-        admission = gateway.app[ADMISSION]
+        admission = gateway.services.admission
         async with held(gateway, "alice-key", "first"):
             waiting = [waiting_chat(gateway, "alice-key", f"wait {n}") for n in range(2)]
             await until(admission, queued("alice", 2))
@@ -135,7 +135,7 @@ class TestCapsAndQueues:
         _, sim_url = await start_sim(parallel=8)
         head = USERS.replace("max_depth: 16", "max_depth: 2")
         gateway = await start_gateway(policy(sim_url, slots=1, head=head))
-        admission = gateway.app[ADMISSION]
+        admission = gateway.services.admission
         async with held(gateway, "alice-key", "holder"):
             waiting = [
                 waiting_chat(gateway, "carol-key", "c1"),
@@ -165,7 +165,7 @@ class TestCapsAndQueues:
                 assert reply.status == 503
                 assert "max_wait" in (await reply.json())["error"]
                 assert reply.headers["Retry-After"].isdigit()
-        await until(gateway.app[ADMISSION], idle)
+        await until(gateway.services.admission, idle)
 
     async def test_the_backend_never_sees_more_than_its_slots(
         self, start_sim: StartSim, start_gateway: StartGateway
@@ -221,7 +221,7 @@ class TestCapsAndQueues:
         _, sim_url = await start_sim(parallel=8)
         head = USERS + "  tv: {clients: [127.0.0.0/8], max_concurrent: 1, max_queued: 0}\n"
         gateway = await start_gateway(policy(sim_url, head=head))
-        admission = gateway.app[ADMISSION]
+        admission = gateway.services.admission
         basic_url = gateway.url.replace("http://", "http://anything:alice-key@")
         async with (
             aiohttp.ClientSession() as session

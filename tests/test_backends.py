@@ -16,7 +16,6 @@ from fairsim import SimConfig, Simulator
 from gateway.admission import Admission
 from gateway.app import bound_url, start_server
 from gateway.backends import Backend
-from gateway.keys import ADMISSION, LIVE
 from tests.conftest import Gateway, StartGateway, StartSim, serve
 from tests.test_admission import until
 
@@ -29,12 +28,12 @@ def backends_yaml(*entries: str, extra: str = "") -> str:
 
 
 def backend(gateway: Gateway, name: str) -> Backend:
-    return next(b for b in gateway.app[LIVE].current.pool.backends if b.name == name)
+    return next(b for b in gateway.services.policy.current.pool.backends if b.name == name)
 
 
 async def wait_backend(gateway: Gateway, name: str, predicate: Callable[[Backend], bool]) -> None:
     """Wait on admission's change signal (the monitor wakes it) until the backend matches."""
-    admission: Admission = gateway.app[ADMISSION]
+    admission: Admission = gateway.services.admission
     await until(admission, lambda _: predicate(backend(gateway, name)))
 
 

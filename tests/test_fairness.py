@@ -21,5 +21,5 @@ async def test_fair_keeps_light_users_near_the_reference_where_fifo_does_not() -
     assert fair <= 1.5 * reference, (fair, reference)
     assert fifo >= 2.0 * fair, (fifo, fair)
     assert fair_run.max_running <= 2 and fifo_run.max_running <= 2
-    heavy = next(o for o in fair_run.outcomes if o.klass == "heavy")
+    heavy = next(o for o in fair_run.outcomes if o.request_class == "heavy")
     assert heavy.tokens > 0 and heavy.failed == 0  # slowed, not starved

@@ -20,7 +20,6 @@ import ollama
 import openai
 import pytest
 
-from gateway.keys import ADMISSION, LIVE
 from tests.conftest import StartGateway, StartSim
 from tests.processes import free_port, stop, until_answers
 from tests.test_admission import until
@@ -76,8 +75,8 @@ async def test_a_real_llama_server_behind_the_gateway(
         "defaults: {max_concurrent: 3, max_queued: 3}\n"  # one user sends all three
         "timeouts: {first_byte: 120s}\n"
     )
-    cpp = gateway.app[LIVE].current.pool.backends[0]
-    admission = gateway.app[ADMISSION]
+    cpp = gateway.services.policy.current.pool.backends[0]
+    admission = gateway.services.admission
     # Read from GET /props total_slots: at start, or at a later probe if a busy machine made
     # the first one time out (the monitor wakes admission when the slots become known).
     await until(admission, lambda _: cpp.slots == 2, within=30)

@@ -8,8 +8,7 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
-from gateway.keys import ADMISSION, LIVE
-from gateway.live import PolicyView
+from gateway.reload import PolicyView
 from tests.conftest import Gateway, StartGateway, StartSim
 from tests.test_admission import generate_status, held, idle, queued, until
 
@@ -24,7 +23,7 @@ def policy_text(sim_url: str, alice: str = "{keys: [alice-key]}") -> str:
 
 async def rewrite(gateway: Gateway, path: Path, text: str, *, valid: bool = True) -> None:
     """Replace the policy file and wait for the watcher to apply (or refuse) it."""
-    live = gateway.app[LIVE]
+    live = gateway.services.policy
     done = asyncio.get_running_loop().create_future()
     listeners: list[Callable[..., None]] = live.on_reload if valid else live.on_reload_failed  # type: ignore[assignment]
     listener: Callable[..., None] = lambda _: done.done() or done.set_result(None)  # noqa: E731
@@ -47,7 +46,7 @@ class TestLiveReload:
         path = tmp_path / "fairgate.yaml"
         path.write_text(policy_text(sim_url))
         gateway = await start_gateway(path, reload_interval=0.05)
-        admission = gateway.app[ADMISSION]
+        admission = gateway.services.admission
         async with held(gateway, "alice-key", "one"):
             second = asyncio.create_task(generate_status(gateway, "alice-key"))
             await until(admission, queued("alice", 1))
@@ -65,7 +64,7 @@ class TestLiveReload:
         path = tmp_path / "fairgate.yaml"
         path.write_text(policy_text(sim_url, "{keys: [alice-key], max_concurrent: 2}"))
         gateway = await start_gateway(path, reload_interval=0.05)
-        admission = gateway.app[ADMISSION]
+        admission = gateway.services.admission
         async with held(gateway, "alice-key", "one"):
             async with held(gateway, "alice-key", "two"):
                 await rewrite(gateway, path, policy_text(sim_url))
@@ -86,7 +85,7 @@ class TestLiveReload:
         path.write_text(policy_text(sim_url))
         gateway = await start_gateway(path, reload_interval=0.05)
         await rewrite(gateway, path, "users: [broken\n", valid=False)
-        live = gateway.app[LIVE]
+        live = gateway.services.policy
         assert live.reloads_failed == 1 and live.last_error and "invalid YAML" in live.last_error
         assert await generate_status(gateway, "alice-key") == 200
 
@@ -100,7 +99,7 @@ class TestLiveReload:
         gateway = await start_gateway(path, reload_interval=3600)
         assert await generate_status(gateway, "alice-key") == 200
         reloaded: asyncio.Future[PolicyView] = asyncio.get_running_loop().create_future()
-        gateway.app[LIVE].on_reload.append(reloaded.set_result)
+        gateway.services.policy.on_reload.append(reloaded.set_result)
         path.write_text(policy_text(sim_url, "{keys: [alice-new-key]}"))
         os.kill(os.getpid(), signal.SIGHUP)
         await asyncio.wait_for(reloaded, timeout=5)

@@ -15,11 +15,11 @@ import aiohttp
 import pytest
 
 from gateway.admission import Admission, Permit, Ticket
-from gateway.errors import Api
-from gateway.keys import ADMISSION
-from gateway.live import PolicyView
+from gateway.backends import BackendStates
+from gateway.holds.redis import RedisHolds
 from gateway.policy import parse_policy
-from gateway.state.redis import RedisState
+from gateway.reload import PolicyView
+from gateway.vocabulary import Api, Reason
 from tests.conftest import Gateway, StartGateway, StartSim
 from tests.processes import until_answers
 from tests.redis_server import RedisServer, redis_server, redis_url  # noqa: F401 (fixtures)
@@ -49,7 +49,7 @@ async def test_a_users_cap_holds_across_replicas(
     async with held(a, "alice-key", "running on A"):
         assert await generate_status(b, "alice-key", "second on B") == 503  # wait_timeout
         assert await generate_status(b, "bob-key", "bob on B") == 200
-    await until(a.app[ADMISSION], idle)
+    await until(a.services.admission, idle)
     assert await generate_status(b, "alice-key", "after A finished") == 200
 
 
@@ -127,21 +127,21 @@ async def test_redis_going_away_is_handled_as_configured_and_sharing_resumes(
     await redis_server.stop()
     assert await generate_status(local, "alice-key", "while away, local") == 200
     assert await generate_status(closed, "alice-key", "while away, closed") == 503
-    assert not local.app[ADMISSION].state.shared
+    assert not local.services.admission.holds.shared
     async with aiohttp.ClientSession() as session, session.get(local.url + "/metrics") as reply:
         exposition = await reply.text()
     assert "fairgate_state_shared 0.0" in exposition
     failures = re.search(r"^fairgate_state_failures_total (\S+)$", exposition, re.MULTILINE)
     assert failures and float(failures.group(1)) >= 1
     await redis_server.start()
-    state = local.app[ADMISSION].state
+    state = local.services.admission.holds
     deadline = time.monotonic() + 10
     while not state.shared:
         assert time.monotonic() < deadline, "sharing did not resume"
         await state.released(within=0.1)
     assert await generate_status(local, "alice-key", "after") == 200
     for gateway in (local, closed):
-        await until(gateway.app[ADMISSION], idle)
+        await until(gateway.services.admission, idle)
     users, backends = await state.usage()
     assert (users, backends) == ({}, {})
 
@@ -157,8 +157,9 @@ async def test_fair_share_counters_and_queue_depths_travel_between_replicas(
     replicas = []
     for _ in range(2):
         policy = parse_policy(text)
-        state = RedisState(redis_url, lease_seconds=30)
-        replicas.append(Admission(policy, PolicyView.of(policy, {}).pool, state=state))
+        state = RedisHolds(redis_url, lease_seconds=30)
+        state.start()
+        replicas.append(Admission(policy, PolicyView.of(policy, BackendStates()).pool, holds=state))
     a, b = replicas
     try:
         permit = await a.acquire(Ticket("alice", MODEL, Api.OLLAMA, input_tokens=100))
@@ -171,9 +172,9 @@ async def test_fair_share_counters_and_queue_depths_travel_between_replicas(
         await until(a, lambda snap: snap.queue_depth == 2)
         await a.share()
         await b.share()
-        assert b.ordering.counters()["alice"] == pytest.approx(200.0)
-        assert b.state.others_waiting == 2
-        refused = b._refusal("gateway_busy", "dan")
+        assert b.room.ordering.counters()["alice"] == pytest.approx(200.0)
+        assert b.holds.others_waiting == 2
+        refused = b._refusal(Reason.GATEWAY_BUSY, "dan")
         assert refused.retry_after >= 2 * 5.0  # three ahead of one slot, 5 s each by default
         permit.release()
         for task in waiting:
@@ -182,4 +183,5 @@ async def test_fair_share_counters_and_queue_depths_travel_between_replicas(
             granted.release()
     finally:
         for replica in replicas:
-            await replica.state.close()
+            assert replica.holds is not None
+            await replica.holds.close()

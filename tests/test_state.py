@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway.state import Hold, MemoryState, SharedState, StateUnavailable
-from gateway.state.redis import RedisState
+from gateway.holds import Hold, HoldStore, MemoryHolds, StoreUnavailable
+from gateway.holds.redis import RedisHolds
 from tests.redis_server import RedisServer, redis_server, redis_url  # noqa: F401 (fixtures)
 
 
@@ -17,11 +17,12 @@ from tests.redis_server import RedisServer, redis_server, redis_url  # noqa: F40
 async def state(
     request: pytest.FixtureRequest,
     redis_url: str,  # noqa: F811
-) -> AsyncIterator[SharedState]:
+) -> AsyncIterator[HoldStore]:
     if request.param == "memory":
-        yield MemoryState()
+        yield MemoryHolds()
         return
-    shared = RedisState(redis_url, lease_seconds=5.0)
+    shared = RedisHolds(redis_url, lease_seconds=5.0)
+    shared.start()
     yield shared
     await shared.close()
 
@@ -33,7 +34,7 @@ def hold(n: int, user: str = "alice", backend: str = "gpu", **limits: int | bool
 
 
 class TestContract:
-    async def test_holds_are_taken_up_to_the_users_cap(self, state: SharedState) -> None:
+    async def test_holds_are_taken_up_to_the_users_cap(self, state: HoldStore) -> None:
         """A user's third hold is refused at a cap of two; another user's is not."""
         assert await state.take(hold(1))
         assert await state.take(hold(2))
@@ -41,20 +42,20 @@ class TestContract:
         assert await state.take(hold(4, user="bob"))
         assert await state.usage() == ({"alice": 2, "bob": 1}, {"gpu": 3})
 
-    async def test_holds_are_taken_up_to_the_backends_slots(self, state: SharedState) -> None:
+    async def test_holds_are_taken_up_to_the_backends_slots(self, state: HoldStore) -> None:
         """With every slot held, even a user under their cap is refused."""
         for n, user in enumerate(["a", "b", "c"]):
             assert await state.take(hold(n, user=user))
         assert not await state.take(hold(9, user="d"))
         assert await state.take(hold(10, user="d", backend="other"))
 
-    async def test_heavy_holds_are_limited_to_their_share(self, state: SharedState) -> None:
+    async def test_heavy_holds_are_limited_to_their_share(self, state: HoldStore) -> None:
         """With heavy_slots 1, a second heavy hold is refused while a light one is not."""
         assert await state.take(hold(1, user="a", heavy=True))
         assert not await state.take(hold(2, user="b", heavy=True))
         assert await state.take(hold(3, user="b"))
 
-    async def test_giving_back_frees_the_room_and_wakes_waiters(self, state: SharedState) -> None:
+    async def test_giving_back_frees_the_room_and_wakes_waiters(self, state: HoldStore) -> None:
         """A release makes room again and ends a wait on released() early."""
         first = hold(1, user_cap=1)
         assert await state.take(first)
@@ -67,13 +68,13 @@ class TestContract:
         assert time.monotonic() - started < 2
         assert await state.take(hold(2, user_cap=1))
 
-    async def test_taking_the_same_hold_twice_counts_once(self, state: SharedState) -> None:
+    async def test_taking_the_same_hold_twice_counts_once(self, state: HoldStore) -> None:
         """take() is idempotent for one hold id."""
         assert await state.take(hold(1, user_cap=1))
         assert await state.take(hold(1, user_cap=1))
         assert (await state.usage())[0] == {"alice": 1}
 
-    async def test_giving_back_everything_leaves_nothing(self, state: SharedState) -> None:
+    async def test_giving_back_everything_leaves_nothing(self, state: HoldStore) -> None:
         """After every hold is released, usage is empty."""
         holds = [hold(n, user=f"u{n}") for n in range(3)]
         for each in holds:
@@ -84,7 +85,7 @@ class TestContract:
         assert await state.usage() == ({}, {})
 
 
-async def _settled(state: SharedState) -> None:
+async def _settled(state: HoldStore) -> None:
     """Redis releases in the background; wait until its usage shows it (bounded)."""
     deadline = time.monotonic() + 5
     while await state.usage() != ({}, {}) and time.monotonic() < deadline:
@@ -94,10 +95,12 @@ async def _settled(state: SharedState) -> None:
 class TestRedisLeases:
     async def test_a_lease_not_renewed_expires(self, redis_url: str) -> None:  # noqa: F811
         """A replica that stops renewing (killed) loses its holds within the lease time."""
-        crashed = RedisState(redis_url, lease_seconds=0.5)
+        crashed = RedisHolds(redis_url, lease_seconds=0.5)
+        crashed.start()
         assert await crashed.take(hold(1, user_cap=1))
         await crashed.close()  # renewal stops and nothing is given back, as after SIGKILL
-        survivor = RedisState(redis_url, lease_seconds=5.0)
+        survivor = RedisHolds(redis_url, lease_seconds=5.0)
+        survivor.start()
         try:
             assert not await survivor.take(hold(2, user_cap=1))
             deadline = time.monotonic() + 3
@@ -109,7 +112,8 @@ class TestRedisLeases:
 
     async def test_renewed_leases_outlive_their_lifetime(self, redis_url: str) -> None:  # noqa: F811
         """A live replica's hold survives several lease periods."""
-        live = RedisState(redis_url, lease_seconds=0.3)
+        live = RedisHolds(redis_url, lease_seconds=0.3)
+        live.start()
         try:
             assert await live.take(hold(1, user_cap=1))
             await asyncio.sleep(1.0)  # three lease periods: only renewal keeps it
@@ -121,12 +125,13 @@ class TestRedisLeases:
         self,
         redis_server: RedisServer,  # noqa: F811
     ) -> None:
-        """Unreachable Redis raises StateUnavailable; once it is back, holds are shared again."""
-        shared = RedisState(redis_server.url, lease_seconds=0.6)
+        """Unreachable Redis raises StoreUnavailable; once it is back, holds are shared again."""
+        shared = RedisHolds(redis_server.url, lease_seconds=0.6)
+        shared.start()
         try:
             assert await shared.take(hold(1))
             await redis_server.stop()
-            with pytest.raises(StateUnavailable):
+            with pytest.raises(StoreUnavailable):
                 await shared.take(hold(2))
             assert not shared.shared
             shared.give_back(hold(2))  # never taken remotely: a no-op, no leak

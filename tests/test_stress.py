@@ -8,7 +8,6 @@ from collections import Counter
 
 import aiohttp
 
-from gateway.keys import ADMISSION
 from tests.conftest import StartGateway, StartSim
 from tests.test_admission import MODEL, idle, until
 
@@ -78,7 +77,7 @@ async def test_a_random_storm_ends_with_every_counter_at_zero(
             outcomes += await asyncio.gather(
                 *(one_request(session, gateway.url, wave * 30 + n, rng) for n in range(30))
             )
-    await until(gateway.app[ADMISSION], idle, within=10)
+    await until(gateway.services.admission, idle, within=10)
     await sim.wait_for(lambda stats: stats.running == 0 and stats.queued == 0, timeout=5)
 
     # 502: the backend died before its first byte (sim_die_after 0).

@@ -8,7 +8,6 @@ import ollama
 
 from fairsim import SimConfig, Simulator
 from gateway.app import bound_url, start_server
-from gateway.keys import ADMISSION, WARMTH
 from tests.conftest import Gateway, StartGateway, serve
 from tests.test_admission import held
 from tests.test_backends import wait_backend
@@ -54,7 +53,7 @@ class TestKeepWarm:
         await sim.wait_for(lambda _: LLAMA in sim.loaded_models(), timeout=5)
         reply = await generate(gateway)
         assert (reply.load_duration or 0) / 1e9 < 0.1
-        assert not gateway.app[WARMTH].cold_starts
+        assert not gateway.services.warmth.cold_starts
 
     async def test_without_keep_warm_the_request_after_idle_is_a_cold_start(
         self, start_gateway: StartGateway, servers: object
@@ -67,7 +66,7 @@ class TestKeepWarm:
         clock.now += 2 * 3600
         reply = await generate(gateway)
         assert (reply.load_duration or 0) / 1e9 >= 0.3
-        assert gateway.app[WARMTH].cold_starts == {("gpu", LLAMA): 2}
+        assert gateway.services.warmth.cold_starts == {("gpu", LLAMA): 2}
 
     async def test_a_clients_keep_alive_zero_is_clamped_by_the_policy(
         self, start_gateway: StartGateway, servers: object
@@ -91,7 +90,7 @@ class TestKeepWarm:
         await sim.wait_for(lambda stats: stats.loads == 1, timeout=5)
         await runner.cleanup()
         await wait_backend(gateway, "gpu", lambda b: not b.state.healthy)
-        warmth = gateway.app[WARMTH]
+        warmth = gateway.services.warmth
         attempts = sum(warmth.pings.values())
         # An observation window, not synchronisation: ten keep-warm intervals without a ping.
         await asyncio.sleep(0.5)
@@ -112,6 +111,6 @@ class TestKeepWarm:
         async with held(gateway, None, "holding the only slot"):
             sim.expire_all()
             await sim.wait_for(lambda stats: stats.loads == 2, timeout=5)
-            snapshot = gateway.app[ADMISSION].snapshot()
+            snapshot = gateway.services.admission.snapshot()
             assert snapshot.backends["gpu"] == (1, 1) and snapshot.queue_depth == 0
         assert sim.stats.max_running == 1

@@ -1,6 +1,7 @@
 """The inference servers behind the gateway: their state, their health, and routing."""
 
-from gateway.backends.monitor import BackendMonitor
-from gateway.backends.pool import Backend, BackendPool, BackendState, model_key
+from gateway.backends.pool import Backend, BackendPool, BackendState, BackendStates, model_key
 
-__all__ = ["Backend", "BackendMonitor", "BackendPool", "BackendState", "model_key"]
+# The monitor and the probes (HTTP) are imported from their own modules, so that routing
+# (the pool) can be used without loading the HTTP client.
+__all__ = ["Backend", "BackendPool", "BackendState", "BackendStates", "model_key"]

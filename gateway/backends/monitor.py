@@ -9,13 +9,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-import aiohttp
 import structlog
 
-from gateway.backends.pool import BackendState
+from gateway.backends.pool import BackendState, BackendStates
 from gateway.backends.probes import Observation, ProbeFailed, probe
 from gateway.policy import BackendConfig, Monitoring
-from gateway.tasks import KeyedTasks
+from gateway.tasks import KeyedTasks, repeat
+from gateway.upstream import Upstream
 
 __all__ = ["BackendMonitor"]
 
@@ -27,12 +27,12 @@ class BackendMonitor:
 
     def __init__(
         self,
-        session: aiohttp.ClientSession,
-        states: dict[str, BackendState],
+        upstream: Upstream,
+        states: BackendStates,
         on_change: Callable[[], None],
     ) -> None:
         self.states = states
-        self._session = session
+        self._upstream = upstream
         self._on_change = on_change
         self._tasks = KeyedTasks(self._watch, "monitor")
         self._settings = Monitoring()
@@ -42,30 +42,28 @@ class BackendMonitor:
         self._settings = settings
         gone = self._tasks.reconcile({backend.name: backend for backend in backends})
         for name in gone:
-            self.states.pop(name, None)
+            self.states.forget(name)
 
     async def start(self, backends: list[BackendConfig], settings: Monitoring) -> None:
         """Probe every backend once, together, so that routing starts knowing what they
         serve; then keep probing in the background."""
         self._settings = settings
-        await asyncio.gather(
-            *(self.check(b, self.states.setdefault(b.name, BackendState())) for b in backends)
-        )
+        await asyncio.gather(*(self.check(b, self.states.of(b.name)) for b in backends))
         self.reconcile(backends, settings)
 
     async def close(self) -> None:
         await self._tasks.close()
 
     async def _watch(self, config: BackendConfig) -> None:
-        state = self.states.setdefault(config.name, BackendState())
-        while True:
-            await asyncio.sleep(self._settings.interval)
-            await self.check(config, state)
+        state = self.states.of(config.name)
+        await repeat(lambda: self._settings.interval, lambda: self.check(config, state))
 
     async def check(self, config: BackendConfig, state: BackendState) -> None:
         """Probe once and update ``state``."""
         try:
-            seen = await probe(self._session, config.kind, config.url, self._settings.timeout)
+            seen = await probe(
+                self._upstream.session, config.kind, config.url, self._settings.timeout
+            )
         except ProbeFailed as exc:
             self._failed(config, state, str(exc))
         else:

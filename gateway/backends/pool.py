@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gateway.errors import Api
 from gateway.policy import BackendConfig
+from gateway.vocabulary import Api
 
-__all__ = ["Backend", "BackendPool", "BackendState", "model_key"]
+__all__ = ["Backend", "BackendPool", "BackendState", "BackendStates", "model_key"]
 
 
 def model_key(name: str) -> str:
@@ -28,6 +28,27 @@ class BackendState:
     loaded: dict[str, str | None] = field(default_factory=dict)  # model key -> expires_at
     sleeping: bool = False
     last_error: str | None = None
+
+
+class BackendStates:
+    """What the monitor has seen of each configured backend, by name.
+
+    One per gateway: the monitor writes it; every version of the pool and keep-warm read it.
+    It outlives policy reloads, so a reload does not forget which backends are down.
+    """
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, BackendState] = {}
+
+    def of(self, name: str) -> BackendState:
+        """The state of ``name``, created (optimistically healthy) on first sight."""
+        return self._by_name.setdefault(name, BackendState())
+
+    def get(self, name: str) -> BackendState | None:
+        return self._by_name.get(name)
+
+    def forget(self, name: str) -> None:
+        self._by_name.pop(name, None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,11 +85,10 @@ class Backend:
 class BackendPool:
     """The configured backends; routing picks among those that can run a request."""
 
-    def __init__(self, configs: list[BackendConfig], states: dict[str, BackendState]) -> None:
+    def __init__(self, configs: list[BackendConfig], states: BackendStates) -> None:
         # The states are shared with the monitor and with pools of later policy versions.
         self.backends = [
-            Backend(c.name, c.url, c.kind, c.slots, states.setdefault(c.name, BackendState()))
-            for c in configs
+            Backend(c.name, c.url, c.kind, c.slots, states.of(c.name)) for c in configs
         ]
 
     def serving(self, api: Api, model: str) -> list[Backend]:
@@ -76,7 +96,9 @@ class BackendPool:
         return [b for b in self.backends if b.state.healthy and b.speaks(api) and b.serves(model)]
 
     def prefer(self, free: list[Backend], model: str, busy: Mapping[str, int]) -> Backend:
-        """Where ``model`` is loaded now (a cold load costs seconds), then the most free slots."""
+        """Where ``model`` is loaded now (a cold load costs seconds), then the most free slots.
+
+        The one rule for choosing among backends, for requests and for reads alike."""
         return max(
             free,
             key=lambda b: (b.has_loaded(model), b.slots - busy.get(b.name, 0)),

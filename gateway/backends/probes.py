@@ -17,7 +17,7 @@ import aiohttp
 
 from gateway.backends.pool import model_key
 
-__all__ = ["Observation", "ProbeFailed", "probe"]
+__all__ = ["Observation", "ProbeFailed", "entries_of", "probe"]
 
 
 class ProbeFailed(Exception):
@@ -80,8 +80,17 @@ async def _openai(get: Getter) -> Observation:
     return Observation(models=frozenset(model_key(str(entry.get("id"))) for entry in openai_models))
 
 
-def _entries(document: Any, key: str) -> list[dict[str, Any]]:
+def entries_of(document: Any, key: str) -> list[dict[str, Any]] | None:
+    """The objects in ``document[key]`` (Ollama's ``models``, OpenAI's ``data``); None when
+    the reply has no such list."""
     entries = document.get(key) if isinstance(document, dict) else None
     if not isinstance(entries, list):
-        raise ProbeFailed(f"no {key!r} list in the reply")
+        return None
     return [entry for entry in entries if isinstance(entry, dict)]
+
+
+def _entries(document: Any, key: str) -> list[dict[str, Any]]:
+    entries = entries_of(document, key)
+    if entries is None:
+        raise ProbeFailed(f"no {key!r} list in the reply")
+    return entries

@@ -6,7 +6,7 @@ heavy set), scored by its expiry on Redis's own clock. Taking a hold is one Lua 
 renews its leases every third of their lifetime; one killed with SIGKILL stops renewing
 and its holds expire within ``lease_seconds``. Scripts use EVALSHA, which Redis 6 has too.
 
-When Redis cannot be reached the state says so (``StateUnavailable``) and admission applies
+When Redis cannot be reached the state says so (``StoreUnavailable``) and admission applies
 the policy's ``redis.on_failure``; a background check restores sharing when Redis returns.
 Holds taken meanwhile were never written to Redis, so they cannot leak there.
 """
@@ -26,9 +26,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.state.base import Hold, StateUnavailable
+from gateway.holds.base import Hold, StoreUnavailable
+from gateway.tasks import Background, repeat
 
-__all__ = ["RedisState"]
+__all__ = ["RedisHolds"]
 
 log = structlog.get_logger("fairgate.state")
 
@@ -84,7 +85,7 @@ def _keys(hold: Hold) -> list[str]:
     ]
 
 
-class RedisState:
+class RedisHolds:
     """Shared holds in Redis, with leases, renewal and a fallback when Redis is away."""
 
     def __init__(self, url: str, lease_seconds: float = 12.0) -> None:
@@ -104,27 +105,29 @@ class RedisState:
         self._release = self._redis.register_script(_RELEASE)
         self._mine: dict[str, Hold] = {}  # holds this replica has in Redis
         self._released = asyncio.Event()
-        self._background: set[asyncio.Task[Any]] = set()
-        self._tasks = [
-            asyncio.create_task(self._keep_leases(lease_seconds / 3), name="state-renew"),
-            asyncio.create_task(self._listen(), name="state-listen"),
-        ]
+        self._releases: set[asyncio.Task[Any]] = set()
+        self._loops = Background("holds")
         self.shared = True
         self.failures = 0
         self.others_waiting = 0
         self._replica = uuid.uuid4().hex[:12]
         self._depth_ttl_ms = max(1000, 3 * self._lease_ms)
 
+    def start(self) -> None:
+        """Renew this replica's leases and listen for releases elsewhere."""
+        self._loops.start("renew", self._keep_leases(self._lease_ms / 3000))
+        self._loops.start("listen", self._listen())
+
     async def take(self, hold: Hold) -> bool:
         if not self.shared:
-            raise StateUnavailable("Redis is unreachable")
+            raise StoreUnavailable("Redis is unreachable")
         args: list[str | int] = [hold.id, hold.user_cap, hold.slots, int(hold.heavy)]
         args += [hold.heavy_slots, self._lease_ms]
         try:
             taken = await self._take(keys=_keys(hold), args=args)
         except (RedisError, OSError) as exc:
             self._lost(exc)
-            raise StateUnavailable(str(exc)) from exc
+            raise StoreUnavailable(str(exc)) from exc
         if taken:
             self._mine[hold.id] = hold
         return bool(taken)
@@ -133,8 +136,8 @@ class RedisState:
         if self._mine.pop(hold.id, None) is None:
             return  # never in Redis (taken while it was away): nothing to undo there
         task = asyncio.create_task(self._give_back(hold))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
 
     async def _give_back(self, hold: Hold) -> None:
         try:
@@ -155,7 +158,7 @@ class RedisState:
                         found[index][key.decode().split(":", 2)[2]] = count
         except (RedisError, OSError) as exc:
             self._lost(exc)
-            raise StateUnavailable(str(exc)) from exc
+            raise StoreUnavailable(str(exc)) from exc
         return found[0], found[1]
 
     async def exchange(self, charges: dict[str, float], waiting: int) -> dict[str, float] | None:
@@ -186,10 +189,10 @@ class RedisState:
             await asyncio.wait_for(self._released.wait(), within)
 
     async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
         # Bounded: redis-py's pub/sub reader can swallow a cancellation on a dead socket.
-        await asyncio.wait([*self._tasks, *self._background], timeout=2.0)
+        await self._loops.close(within=2.0)
+        if self._releases:
+            await asyncio.wait(self._releases, timeout=2.0)
         with contextlib.suppress(RedisError, OSError):
             await self._redis.aclose()
 
@@ -204,21 +207,20 @@ class RedisState:
         self._released = asyncio.Event()
 
     async def _keep_leases(self, every: float) -> None:
+        await repeat(every, self._renew_all)
+
+    async def _renew_all(self) -> None:
         """Renew this replica's leases; while Redis is away, check whether it is back."""
-        while True:
-            await asyncio.sleep(every)
-            try:
-                if not self.shared:
-                    await self._redis.ping()
-                    log.info("state_restored")
-                    self.shared = True
-                    self._wake()
-                for hold in list(self._mine.values()):
-                    await self._renew(
-                        keys=_keys(hold), args=[hold.id, self._lease_ms, int(hold.heavy)]
-                    )
-            except (RedisError, OSError) as exc:
-                self._lost(exc)
+        try:
+            if not self.shared:
+                await self._redis.ping()
+                log.info("state_restored")
+                self.shared = True
+                self._wake()
+            for hold in list(self._mine.values()):
+                await self._renew(keys=_keys(hold), args=[hold.id, self._lease_ms, int(hold.heavy)])
+        except (RedisError, OSError) as exc:
+            self._lost(exc)
 
     async def _listen(self) -> None:
         """Wake waiting requests when any replica releases a hold."""

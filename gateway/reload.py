@@ -6,7 +6,6 @@ never changes the rules under a request that is already being handled.
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,11 +13,12 @@ from pathlib import Path
 
 import structlog
 
-from gateway.backends import BackendPool, BackendState
+from gateway.backends import BackendPool, BackendStates
 from gateway.identity import Directory
 from gateway.policy import Policy, PolicyError, load_policy
+from gateway.tasks import repeat
 
-__all__ = ["LivePolicy", "PolicyView"]
+__all__ = ["LivePolicy", "PolicyView", "ReloadSnapshot"]
 
 log = structlog.get_logger("fairgate.policy")
 
@@ -32,16 +32,22 @@ class PolicyView:
     pool: BackendPool
 
     @classmethod
-    def of(cls, policy: Policy, states: dict[str, BackendState]) -> PolicyView:
+    def of(cls, policy: Policy, states: BackendStates) -> PolicyView:
         return cls(policy, Directory(policy), BackendPool(policy.backends, states))
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadSnapshot:
+    path: str | None
+    reloads_ok: int
+    reloads_failed: int
+    last_error: str | None
 
 
 class LivePolicy:
     """Holds the current PolicyView and replaces it when the file changes."""
 
-    def __init__(
-        self, policy: Policy, states: dict[str, BackendState], path: Path | None = None
-    ) -> None:
+    def __init__(self, policy: Policy, states: BackendStates, path: Path | None = None) -> None:
         self.states = states
         self.current = PolicyView.of(policy, states)
         self.path = path
@@ -74,12 +80,17 @@ class LivePolicy:
         log.info("policy_reloaded", path=str(self.path), users=len(policy.users))
         return True
 
+    def snapshot(self) -> ReloadSnapshot:
+        path = str(self.path) if self.path else None
+        return ReloadSnapshot(path, self.reloads_ok, self.reloads_failed, self.last_error)
+
     async def watch(self, interval: float) -> None:
         """Reload whenever the file's identity, size or mtime changes (edits, renames, k8s)."""
-        while True:
-            await asyncio.sleep(interval)
-            if self.path is not None and _fingerprint(self.path) != self._seen:
-                self.reload()
+        await repeat(interval, self._reload_if_changed)
+
+    def _reload_if_changed(self) -> None:
+        if self.path is not None and _fingerprint(self.path) != self._seen:
+            self.reload()
 
 
 def _fingerprint(path: Path | None) -> tuple[int, int, int] | None:

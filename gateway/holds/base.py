@@ -1,11 +1,11 @@
-"""The shared-state contract that admission relies on."""
+"""The hold-store contract that admission relies on when replicas share limits."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["Hold", "SharedState", "StateUnavailable"]
+__all__ = ["Hold", "HoldStore", "StoreUnavailable"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,13 +21,16 @@ class Hold:
     heavy_slots: int = 0
 
 
-class StateUnavailable(Exception):
+class StoreUnavailable(Exception):
     """The shared store cannot be reached; the caller applies ``on_failure``."""
 
 
-class SharedState(Protocol):
+class HoldStore(Protocol):
     shared: bool  # False while running on per-replica limits only
     failures: int  # times the shared store could not be reached
+
+    def start(self) -> None:
+        """Start any background work (lease renewal); called once a loop runs."""
 
     async def take(self, hold: Hold) -> bool:
         """Atomically take the hold if the user and the backend have room; False if not."""

@@ -1,4 +1,8 @@
-"""Holds in this process: the single-replica default, nothing to install."""
+"""Holds in this process: the contract's reference implementation.
+
+A single gateway needs no hold store (its waiting room is the only ledger); this one serves
+several gateways in one process (tests, benchmarks) and pins down what Redis must do.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +10,12 @@ import asyncio
 import contextlib
 from collections import Counter
 
-from gateway.state.base import Hold
+from gateway.holds.base import Hold
 
-__all__ = ["MemoryState"]
+__all__ = ["MemoryHolds"]
 
 
-class MemoryState:
+class MemoryHolds:
     """Counts in dictionaries; ``take`` is atomic because nothing in it awaits."""
 
     shared = True
@@ -24,6 +28,9 @@ class MemoryState:
         self._backends: Counter[str] = Counter()
         self._heavy: Counter[str] = Counter()
         self._release = asyncio.Event()
+
+    def start(self) -> None:
+        return None
 
     async def take(self, hold: Hold) -> bool:
         if hold.id in self._holds:

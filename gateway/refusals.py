@@ -1,0 +1,63 @@
+"""Saying no: the refusal's words and when to try again.
+
+Retry-After is an estimate of when a slot is likely: the requests ahead (here and on the
+other replicas) times how long a reply has recently held a slot, spread over the slots
+that could take them. Good enough to keep clients from retrying into the same full room.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.vocabulary import Reason
+from gateway.waiting_room import WaitingRoom
+
+__all__ = ["HoldTimer", "Refusal", "refusal"]
+
+# Until real requests have been timed, assume a reply holds its slot this long.
+_DEFAULT_HOLD_SECONDS = 5.0
+_MAX_RETRY_AFTER = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """The request will not run; ``retry_after`` is when a slot is likely, in seconds."""
+
+    reason: Reason
+    message: str
+    retry_after: float
+
+
+class HoldTimer:
+    """A moving average of how long a request holds its slot."""
+
+    def __init__(self) -> None:
+        self.seconds = _DEFAULT_HOLD_SECONDS
+
+    def observe(self, held: float) -> None:
+        self.seconds += 0.2 * (held - self.seconds)
+
+
+def refusal(
+    reason: Reason, user: str, room: WaitingRoom, hold: HoldTimer, others_waiting: int
+) -> Refusal:
+    """The refusal of a request that is not (or no longer) in the waiting room."""
+    policy = room.policy
+    limits = policy.limits_of(user)
+    if reason is Reason.USER_QUEUE_FULL:
+        waiting, places = len(room.waiting.get(user, ())), limits.max_concurrent
+        message = (
+            f"user {user} already has {room.running[user]} running and {waiting} "
+            f"waiting (max_queued {limits.max_queued}); retry later"
+        )
+    else:
+        waiting = room.depth + others_waiting
+        places = max(1, sum(b.slots for b in room.pool.backends))
+        message = (
+            f"the gateway is busy: {room.depth} requests waiting (max_depth "
+            f"{policy.queue.max_depth}); retry later"
+            if reason is Reason.GATEWAY_BUSY
+            else f"no slot freed within max_wait {policy.queue.max_wait:g}s; retry later"
+        )
+    retry_after = hold.seconds * (waiting + 1) / places
+    return Refusal(reason, message, min(retry_after, _MAX_RETRY_AFTER))

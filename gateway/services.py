@@ -1,0 +1,119 @@
+"""Everything a gateway holds, built once in ``create_app`` and handed to whoever needs it.
+
+No key hub, no lookups by name: route groups and collectors receive the services they use.
+Construction needs no running loop; ``start`` and ``close`` bracket the serving life.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+from aiohttp import web
+
+from gateway.access import RECORD, Listener
+from gateway.admission import Admission
+from gateway.backends import BackendStates
+from gateway.backends.monitor import BackendMonitor
+from gateway.holds import HoldStore
+from gateway.holds.redis import RedisHolds
+from gateway.identity import is_loopback
+from gateway.policy import Policy
+from gateway.reload import LivePolicy, PolicyView
+from gateway.settings import Settings
+from gateway.snapshot import GatewaySnapshot, take
+from gateway.tasks import Background, repeat
+from gateway.upstream import Upstream
+from gateway.warmth import KeepWarm
+
+__all__ = ["Services"]
+
+log = structlog.get_logger("fairgate")
+
+
+@dataclass(eq=False)
+class Services:
+    """The gateway's parts, each with one owner: this object."""
+
+    settings: Settings
+    policy: LivePolicy
+    backends: BackendStates
+    admission: Admission
+    upstream: Upstream
+    monitor: BackendMonitor
+    warmth: KeepWarm
+    on_finished: list[Listener] = field(default_factory=list)  # told of each request's end
+    loops: Background = field(default_factory=lambda: Background("gateway"))
+
+    @classmethod
+    def build(cls, settings: Settings, policy: Policy, path: Path | None) -> Services:
+        backends = BackendStates()
+        live = LivePolicy(policy, backends, path)
+        view = live.current
+        upstream = Upstream(settings.upstream_pool_size)
+        admission = Admission(policy, view.pool, holds=_hold_store(settings))
+        return cls(
+            settings=settings,
+            policy=live,
+            backends=backends,
+            admission=admission,
+            upstream=upstream,
+            monitor=BackendMonitor(upstream, backends, admission.wake),
+            warmth=KeepWarm(upstream, backends),
+        )
+
+    async def start(self) -> None:
+        """Open the upstream client, share holds, probe every backend once, then watch."""
+        await self.upstream.open()
+        holds = self.admission.holds
+        if holds is not None:
+            holds.start()
+            every = self.settings.redis_lease_seconds / 3
+            self.loops.start("share", repeat(every, self.admission.share))
+        policy = self.policy.current.policy
+        await self.monitor.start(policy.backends, policy.monitoring)
+        self.warmth.reconcile(policy.backends, policy.warmth)
+        self.policy.on_reload.append(self._reconfigure)
+
+    async def close(self) -> None:
+        await self.loops.close()
+        await self.warmth.close()
+        await self.monitor.close()
+        if self.admission.holds is not None:
+            await self.admission.holds.close()
+        await self.upstream.close()
+
+    def _reconfigure(self, view: PolicyView) -> None:
+        policy = view.policy
+        self.admission.reconfigure(policy, view.pool)
+        self.monitor.reconcile(policy.backends, policy.monitoring)
+        self.warmth.reconcile(policy.backends, policy.warmth)
+
+    def snapshot(self) -> GatewaySnapshot:
+        """The one reading that /status and the metrics render."""
+        return take(
+            self.policy.current.pool,
+            self.admission.snapshot(),
+            self.warmth.snapshot(),
+            self.admission.holds,
+            self.policy.snapshot(),
+        )
+
+    def caller(self, request: web.Request, view: PolicyView) -> str:
+        """Who is asking, from the request's credentials (401 if nobody), noted in its record."""
+        user = view.directory.identify(request.headers, request.remote)
+        request[RECORD].user = user
+        return user
+
+    def is_admin(self, request: web.Request, view: PolicyView) -> bool:
+        """Loopback clients and admin keys may read the gateway's state."""
+        return is_loopback(request.remote) or self.caller(request, view) in view.directory.admins
+
+
+def _hold_store(settings: Settings) -> HoldStore | None:
+    """Redis when FAIRGATE_REDIS_URL is set (several replicas); a single replica needs none."""
+    if not settings.redis_url:
+        return None
+    log.info("shared_state", kind="redis", lease_seconds=settings.redis_lease_seconds)
+    return RedisHolds(settings.redis_url, settings.redis_lease_seconds)

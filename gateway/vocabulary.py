@@ -1,0 +1,70 @@
+"""The gateway's words, spelled once: which API a request speaks, why it was refused or
+failed, and its class. Logs, metrics, `/status`, error bodies and the README's table all
+derive from these enums, so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from enum import Enum, StrEnum
+
+__all__ = ["REFUSALS", "Api", "Reason", "RequestClass", "api_of"]
+
+
+class Api(Enum):
+    """Which wire protocol a request speaks, and so which error shape it expects."""
+
+    OLLAMA = "ollama"
+    OPENAI = "openai"
+
+
+def api_of(path: str) -> Api:
+    return Api.OPENAI if path.startswith("/v1/") else Api.OLLAMA
+
+
+class RequestClass(StrEnum):
+    """Light requests may use every slot; heavy ones (long prompts, long contexts) only
+    ``classes.heavy.max_slots`` of a backend."""
+
+    LIGHT = "light"
+    HEAVY = "heavy"
+
+
+class Reason(StrEnum):
+    """Why the gateway answered a request itself, or why its reply was cut.
+
+    The value is the OpenAI ``code`` field, the access log's ``reason`` and the
+    ``reason`` label of ``fairgate_rejections_total``.
+    """
+
+    # The request is not one the gateway will take.
+    BAD_REQUEST = "bad_request"
+    UNAUTHORIZED = "unauthorized"
+    MODEL_FORBIDDEN = "model_forbidden"
+    MANAGEMENT_FORBIDDEN = "management_forbidden"
+    ADMIN_ONLY = "admin_only"
+    MODEL_NOT_FOUND = "model_not_found"
+    NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    BODY_TOO_LARGE = "body_too_large"
+    # No room for it now.
+    USER_QUEUE_FULL = "user_queue_full"
+    GATEWAY_BUSY = "gateway_busy"
+    WAIT_TIMEOUT = "wait_timeout"
+    STATE_UNAVAILABLE = "state_unavailable"
+    NO_BACKEND = "no_backend"
+    # The backend failed it.
+    BACKEND_UNREACHABLE = "backend_unreachable"
+    BACKEND_TIMEOUT = "backend_timeout"
+    BACKEND_FAILED = "backend_failed"
+    BACKEND_FAILED_MID_STREAM = "backend_failed_mid_stream"
+
+
+# What the gateway refused on its own account: counted in fairgate_rejections_total.
+# A backend's failure is not a rejection; fairgate_stream_failures_total and the request
+# counter's status code tell those apart.
+REFUSALS = frozenset(Reason) - {
+    Reason.BACKEND_UNREACHABLE,
+    Reason.BACKEND_TIMEOUT,
+    Reason.BACKEND_FAILED,
+    Reason.BACKEND_FAILED_MID_STREAM,
+}

@@ -1,0 +1,226 @@
+"""The local waiting room: who runs, who waits, and who goes next when a slot frees.
+
+Synchronous and without I/O: every method runs to completion on the event loop, so the
+counts it keeps are never seen half-updated. It is the one ledger of this replica's
+running requests and busy slots; the cross-replica hold store only confirms them.
+
+A request runs only when its user has fewer than ``max_concurrent`` running and a backend
+that serves it has a free slot (heavy requests: a free heavy slot too). Dispatch looks only
+at users with requests waiting, and the ordering (FIFO or fair) picks among them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gateway.backends.pool import Backend, BackendPool
+from gateway.policy import Policy
+from gateway.scheduler import Candidate, Fair, Fifo, Ordering
+from gateway.vocabulary import Api, Reason, RequestClass
+
+__all__ = ["RoomSnapshot", "Ticket", "Waiter", "WaitingRoom", "ordering_for"]
+
+
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """What admission needs to know about a request."""
+
+    user: str
+    model: str
+    api: Api
+    input_tokens: float = 0.0  # estimated prompt tokens, charged at dispatch
+    request_class: RequestClass = RequestClass.LIGHT
+    class_weight: float = 1.0
+
+    @property
+    def heavy(self) -> bool:
+        return self.request_class is RequestClass.HEAVY
+
+
+@dataclass(eq=False, slots=True)
+class Waiter:
+    """A request in the room; ``turn`` resolves to its backend when it is dispatched."""
+
+    ticket: Ticket
+    candidate: Candidate
+    arrived: float
+    turn: asyncio.Future[Backend]
+
+
+@dataclass(frozen=True, slots=True)
+class RoomSnapshot:
+    """The room at one instant, for /status and metrics."""
+
+    backends: dict[str, tuple[int, int]]  # name -> (busy, slots)
+    users: dict[str, tuple[int, int]]  # name -> (running, queued)
+    queue_depth: int
+    oldest_wait: float
+    heavy_running: dict[str, int] = field(default_factory=dict)  # backend -> heavy requests
+    queued_by_class: dict[tuple[str, RequestClass], int] = field(default_factory=dict)
+    fair_counters: dict[str, float] = field(default_factory=dict)  # user -> virtual tokens
+
+
+class WaitingRoom:
+    """Caps, the bounded waiting room, and the dispatch of freed slots."""
+
+    def __init__(self, policy: Policy, pool: BackendPool, on_change: Callable[[], None]) -> None:
+        self.policy = policy
+        self.pool = pool
+        self.ordering = ordering_for(policy)
+        self.depth = 0
+        self.waiting: dict[str, deque[Waiter]] = {}
+        self.running: Counter[str] = Counter()  # by user
+        self.busy: Counter[str] = Counter()  # by backend name
+        self._heavy: Counter[str] = Counter()  # heavy requests, by backend name
+        self._seq = itertools.count()
+        self._on_change = on_change
+
+    def reconfigure(self, policy: Policy, pool: BackendPool) -> None:
+        """New admissions follow the new policy at once; running requests stay counted."""
+        if (policy.scheduling, policy.costs) != (self.policy.scheduling, self.policy.costs):
+            self.ordering = ordering_for(policy)
+        self.policy, self.pool = policy, pool
+
+    def join(self, ticket: Ticket, now: float, turn: asyncio.Future[Backend]) -> Waiter:
+        user = ticket.user
+        if user not in self.waiting:
+            # VTC's rule: a user whose queue was empty is lifted to the least-served user
+            # still waiting, so idle (or merely running) time cannot be banked into a burst.
+            self.ordering.on_arrival(user, self.waiting.keys())
+        weight = self.policy.limits_of(user).weight * ticket.class_weight
+        candidate = Candidate(next(self._seq), user, weight, ticket.input_tokens)
+        waiter = Waiter(ticket, candidate, now, turn)
+        self.waiting.setdefault(user, deque()).append(waiter)
+        self.depth += 1
+        self._on_change()
+        return waiter
+
+    def leave(self, waiter: Waiter) -> None:
+        queue = self.waiting.get(waiter.ticket.user)
+        if queue is None or waiter not in queue:
+            return
+        queue.remove(waiter)
+        self.depth -= 1
+        if not queue:
+            del self.waiting[waiter.ticket.user]
+            self._idle_check(waiter.ticket.user)
+        self._on_change()
+
+    def cannot_start(self, ticket: Ticket) -> bool:
+        """Whether a request arriving now would have to wait."""
+        if self.running[ticket.user] >= self.policy.limits_of(ticket.user).max_concurrent:
+            return True
+        return not self.free_backends(ticket)
+
+    def over_bound(self, user: str, joining: bool) -> Reason | None:
+        """Which bound the room passes with this request in it (``joining``: not yet)."""
+        extra = 1 if joining else 0
+        if len(self.waiting.get(user, ())) + extra > self.policy.limits_of(user).max_queued:
+            return Reason.USER_QUEUE_FULL
+        if self.depth + extra > self.policy.queue.max_depth:
+            return Reason.GATEWAY_BUSY
+        return None
+
+    def dispatch(self) -> None:
+        """Give every free slot that a waiting request can use to the one the ordering picks."""
+        if not any(self.busy[b.name] < b.slots for b in self.pool.backends):
+            return  # every slot is taken: nobody waiting can start (the common overload case)
+        while self.waiting:
+            choice = self._next_turn()
+            if choice is None:
+                return
+            waiter, backend = choice
+            self.running[waiter.ticket.user] += 1  # before leaving: the user stays active
+            self.leave(waiter)
+            self.take(waiter.ticket, backend)
+            self.ordering.on_dispatch(waiter.candidate)
+            waiter.turn.set_result(backend)
+
+    def free_backends(self, ticket: Ticket) -> list[Backend]:
+        heavy_slots = self.policy.classes.heavy.slots_on
+        return [
+            backend
+            for backend in self.pool.serving(ticket.api, ticket.model)
+            if self.busy[backend.name] < backend.slots
+            and not (ticket.heavy and self._heavy[backend.name] >= heavy_slots(backend.slots))
+        ]
+
+    def take(self, ticket: Ticket, backend: Backend) -> None:
+        self.busy[backend.name] += 1
+        if ticket.heavy:
+            self._heavy[backend.name] += 1
+
+    def give_back(self, ticket: Ticket, backend: Backend) -> None:
+        _decrement(self.busy, backend.name)
+        if ticket.heavy:
+            _decrement(self._heavy, backend.name)
+
+    def release(self, ticket: Ticket, backend: Backend) -> None:
+        """A running request ended: its user's place and its slot are free again."""
+        _decrement(self.running, ticket.user)
+        self.give_back(ticket, backend)
+        self._idle_check(ticket.user)
+        self._on_change()
+        self.dispatch()
+
+    def snapshot(self, now: float) -> RoomSnapshot:
+        users = {user: (count, 0) for user, count in self.running.items()}
+        by_class: Counter[tuple[str, RequestClass]] = Counter()
+        oldest = now
+        for user, queue in self.waiting.items():
+            users[user] = (self.running[user], len(queue))
+            oldest = min(oldest, queue[0].arrived)
+            for waiter in queue:
+                by_class[user, waiter.ticket.request_class] += 1
+        return RoomSnapshot(
+            backends={b.name: (self.busy[b.name], b.slots) for b in self.pool.backends},
+            users=users,
+            queue_depth=self.depth,
+            oldest_wait=now - oldest,
+            heavy_running=dict(self._heavy),
+            queued_by_class=dict(by_class),
+            fair_counters=dict(self.ordering.counters()),
+        )
+
+    def _next_turn(self) -> tuple[Waiter, Backend] | None:
+        offers: dict[int, tuple[Waiter, Backend]] = {}
+        for user, queue in self.waiting.items():
+            if self.running[user] >= self.policy.limits_of(user).max_concurrent:
+                continue
+            for waiter in queue:
+                if waiter.turn.done():  # cancelled; its task is about to remove it
+                    continue
+                free = self.free_backends(waiter.ticket)
+                if free:
+                    offers[waiter.candidate.seq] = (waiter, self.prefer(free, waiter.ticket))
+                    break
+        if not offers:
+            return None
+        chosen = self.ordering.choose([waiter.candidate for waiter, _ in offers.values()])
+        return offers[chosen.seq]
+
+    def prefer(self, free: list[Backend], ticket: Ticket) -> Backend:
+        return self.pool.prefer(free, ticket.model, self.busy)
+
+    def _idle_check(self, user: str) -> None:
+        if user not in self.waiting and user not in self.running:
+            self.ordering.on_idle(user)
+
+
+def _decrement(counter: Counter[str], key: str) -> None:
+    # Keys at zero are dropped so that state stays proportional to what is active.
+    if counter[key] <= 1:
+        counter.pop(key, None)
+    else:
+        counter[key] -= 1
+
+
+def ordering_for(policy: Policy) -> Ordering:
+    """The ordering policy the YAML asks for."""
+    if policy.scheduling == "fifo":
+        return Fifo()
+    return Fair(w_in=policy.costs.input, w_out=policy.costs.output)

@@ -1,0 +1,164 @@
+"""One vocabulary: every refusal reason is counted, the README's table names each reason, and
+the core (admission, scheduling, policy, tallies, holds, routing) loads without aiohttp."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from gateway.app import create_app
+from gateway.policy import parse_policy
+from gateway.settings import Settings
+from gateway.vocabulary import REFUSALS, Reason
+from tests.conftest import Gateway, StartGateway, StartSim, serve
+from tests.processes import free_port
+from tests.test_admission import MODEL, held, until
+from tests.test_metrics import scrape
+
+REPO = Path(__file__).resolve().parent.parent
+OTHER = "qwen2.5:7b"
+HOUSE = f"""\
+defaults: {{max_concurrent: 1, max_queued: 0}}
+queue: {{max_depth: 1, max_wait: 200ms}}
+monitoring: {{unhealthy_after: 1}}
+users:
+  alice: {{keys: [alice-key], models: [{MODEL}]}}
+  bob: {{keys: [bob-key], max_queued: 5}}
+  carol: {{keys: [carol-key], max_queued: 5}}
+"""
+CORE = (
+    "gateway.admission",
+    "gateway.waiting_room",
+    "gateway.refusals",
+    "gateway.scheduler",
+    "gateway.classify",
+    "gateway.tallies",
+    "gateway.policy",
+    "gateway.holds",
+    "gateway.holds.redis",
+    "gateway.backends.pool",
+    "gateway.identity",
+    "gateway.errors",
+    "gateway.vocabulary",
+)
+
+
+@web.middleware
+async def peer_from_header(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """As a reverse proxy on another host would: the peer named in X-Test-Peer."""
+    peer = request.headers.get("X-Test-Peer")
+    return await handler(request.clone(remote=peer) if peer else request)
+
+
+async def status_of(
+    session: aiohttp.ClientSession, method: str, url: str, key: str | None = None, **kw: object
+) -> int:
+    headers = dict(kw.pop("headers", {}) or {})  # type: ignore[call-overload]
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    async with session.request(method, url, headers=headers, **kw) as reply:  # type: ignore[arg-type]
+        await reply.read()
+        return reply.status
+
+
+async def rejection_reasons(gateway: Gateway) -> set[str]:
+    families = await scrape(gateway)
+    return {labels["reason"] for name, labels, value in families["fairgate_rejections"] if value}
+
+
+async def provoke_request_refusals(gateway: Gateway) -> None:
+    """Each reason a request can be refused for before it waits."""
+    url = gateway.url
+    async with aiohttp.ClientSession() as session:
+        chat = {"model": MODEL, "prompt": "hi", "stream": False}
+        assert await status_of(session, "POST", url + "/api/generate", "bob-key", data="{") == 400
+        assert await status_of(session, "POST", url + "/api/generate", json=chat) == 401
+        forbidden = {**chat, "model": OTHER}
+        assert (
+            await status_of(session, "POST", url + "/api/generate", "alice-key", json=forbidden)
+            == 403
+        )
+        assert await status_of(session, "POST", url + "/api/pull", "bob-key", json=chat) == 403
+        peer = {"X-Test-Peer": "192.0.2.7"}
+        assert await status_of(session, "GET", url + "/status", "bob-key", headers=peer) == 403
+        missing = {**chat, "model": "nope:1b"}
+        assert (
+            await status_of(session, "POST", url + "/api/generate", "bob-key", json=missing) == 404
+        )
+        assert await status_of(session, "GET", url + "/nowhere") == 404
+        assert await status_of(session, "GET", url + "/api/generate") == 405
+        big = {**chat, "prompt": "x" * 5000}
+        assert await status_of(session, "POST", url + "/api/generate", "bob-key", json=big) == 413
+        # Only the dead OpenAI-kind backend might serve it: no healthy backend, but not unknown.
+        served_by_dead = {"model": "dead-only:1b", "messages": [{"role": "user", "content": "hi"}]}
+        path = url + "/v1/chat/completions"
+        assert await status_of(session, "POST", path, "bob-key", json=served_by_dead) == 503
+
+
+async def provoke_room_refusals(gateway: Gateway) -> None:
+    """The waiting room's refusals: the user's queue, the room's depth, the wait."""
+    url = gateway.url + "/api/generate"
+    chat = {"model": MODEL, "prompt": "hi", "stream": False}
+    async with held(gateway, "alice-key", "holding the only slot"), aiohttp.ClientSession() as s:
+        waiting = asyncio.create_task(status_of(s, "POST", url, "bob-key", json=chat))
+        await until(gateway.services.admission, lambda snap: snap.queue_depth == 1)
+        assert await status_of(s, "POST", url, "carol-key", json=chat) == 503  # gateway_busy
+        assert await status_of(s, "POST", url, "alice-key", json=chat) == 503  # user_queue_full
+        assert await waiting == 503  # wait_timeout
+
+
+async def test_every_refusal_reason_is_counted_in_fairgate_rejections_total(
+    start_sim: StartSim, start_gateway: StartGateway, servers: object
+) -> None:
+    """Each reason the gateway refuses for, provoked once, shows in the rejections counter."""
+    _, sim_url = await start_sim(models=[MODEL, OTHER])
+    dead = f"http://127.0.0.1:{free_port()}"
+    backends = (
+        f"backends:\n  - {{name: sim, url: {sim_url}, kind: ollama, slots: 1}}\n"
+        f"  - {{name: dead, url: {dead}, kind: openai, slots: 1}}\n"
+    )
+    app = create_app(Settings(max_body_bytes=2000), parse_policy(HOUSE + backends))
+    app.middlewares.insert(0, peer_from_header)
+    gateway = Gateway(await serve(servers, app), app)  # type: ignore[arg-type]
+    await provoke_request_refusals(gateway)
+    await provoke_room_refusals(gateway)
+
+    closed = HOUSE + "redis: {on_failure: closed}\n" + backends
+    no_redis = f"redis://127.0.0.1:{free_port()}"
+    shared = await start_gateway(closed, redis_url=no_redis)
+    async with aiohttp.ClientSession() as session:
+        chat = {"model": MODEL, "prompt": "hi", "stream": False}
+        path = shared.url + "/api/generate"
+        assert await status_of(session, "POST", path, "bob-key", json=chat) == 503
+
+    counted = await rejection_reasons(gateway) | await rejection_reasons(shared)
+    assert counted == {str(reason) for reason in REFUSALS}
+
+
+def test_the_readme_error_table_names_every_reason_and_no_other() -> None:
+    """The README's 'What the errors mean' table is the Reason enum, no more, no less."""
+    readme = (REPO / "README.md").read_text()
+    table = readme.split("## What the errors mean", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "`" in line]
+    named = {name for row in rows for name in re.findall(r"`([a-z_]+)`", row.split("|")[2])}
+    assert named == {str(reason) for reason in Reason}
+
+
+def test_the_core_imports_no_aiohttp() -> None:
+    """Admission, scheduling, policy, tallies, holds and routing load without the web stack."""
+    program = (
+        "import sys\n"
+        + "".join(f"import {module}\n" for module in CORE)
+        + "print(sorted(m for m in sys.modules if m.split('.')[0] in ('aiohttp', 'multidict')))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert loaded == "[]"
