@@ -77,7 +77,12 @@ def parse_keep_alive(value: Any) -> float:
     """Seconds a model stays loaded from Ollama's ``keep_alive``: FOREVER when negative."""
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise ValueError(f"Unsupported type: '{go_type_name(value)}'")
-    seconds = parse_go_duration(value) if isinstance(value, str) else float(value)
+    try:
+        seconds = parse_go_duration(value) if isinstance(value, str) else float(value)
+    except OverflowError:  # Go's float64 cannot hold it either: strconv's range error
+        raise ValueError(
+            f"json: cannot unmarshal number {value} into Go value of type float64"
+        ) from None
     return FOREVER if seconds < 0 else seconds
 
 

@@ -48,13 +48,23 @@ def _prompt_size(fields: dict[str, Any]) -> tuple[int, int]:
     for key in ("prompt", "system", "suffix", "input"):
         text_chars, text_images = _content_size(fields.get(key))
         characters, images = characters + text_chars, images + text_images
-    images += len(fields.get("images") or ())
-    for message in fields.get("messages") or ():
+    images += _count(fields.get("images"))
+    for message in _items(fields.get("messages")):
         if isinstance(message, dict):
             text_chars, text_images = _content_size(message.get("content"))
             characters += text_chars
-            images += text_images + len(message.get("images") or ())
+            images += text_images + _count(message.get("images"))
     return characters, images
+
+
+def _items(value: object) -> list[Any]:
+    # A body is the client's: any field may hold any JSON type. The backend refuses the
+    # wrong ones in its own words; the estimate only must not fail on them.
+    return value if isinstance(value, list) else []
+
+
+def _count(value: object) -> int:
+    return len(value) if isinstance(value, list) else 0
 
 
 def _content_size(content: object) -> tuple[int, int]:

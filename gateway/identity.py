@@ -60,7 +60,8 @@ class Directory:
         )
 
     def _user_of_key(self, key: str) -> str:
-        digest = hashlib.sha256(key.encode()).digest()
+        # surrogateescape: the header's bytes as sent, even when they are not UTF-8.
+        digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()
         user = None
         for known, name in self._digests:  # no early exit: the time taken says nothing
             if hmac.compare_digest(known, digest):

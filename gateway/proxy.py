@@ -11,6 +11,7 @@ from aiohttp import web
 
 from gateway.access import RECORD
 from gateway.admission import Permit, Refusal, Ticket
+from gateway.ambiguity import AmbiguousField, NotAnObject, load_checked
 from gateway.backends import Backend, BackendPool
 from gateway.classify import classify
 from gateway.errors import BackendFailure, GatewayError
@@ -136,15 +137,21 @@ async def root(request: web.Request) -> web.StreamResponse:
 
 
 def _json_object(body: bytes) -> dict[str, Any]:
+    """The body's JSON object, as every backend would read it, or a 400 saying why not."""
     try:
-        fields = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+        return load_checked(body)
+    except AmbiguousField as exc:
+        # Ollama would act on another value than the one the policy checks (the last of
+        # keys that differ only in case): refuse rather than guess.
+        raise GatewayError(400, Reason.AMBIGUOUS_FIELD, str(exc)) from exc
+    except NotAnObject as exc:
+        raise GatewayError(
+            400, Reason.BAD_REQUEST, "the request body must be a JSON object"
+        ) from exc
+    except ValueError as exc:  # not JSON, not UTF-8, or nested too deeply
         raise GatewayError(
             400, Reason.BAD_REQUEST, f"the request body is not valid JSON: {exc}"
         ) from exc
-    if not isinstance(fields, dict):
-        raise GatewayError(400, Reason.BAD_REQUEST, "the request body must be a JSON object")
-    return fields
 
 
 def _encoded(fields: dict[str, Any]) -> bytes:

@@ -38,6 +38,7 @@ class Reason(StrEnum):
 
     # The request is not one the gateway will take.
     BAD_REQUEST = "bad_request"
+    AMBIGUOUS_FIELD = "ambiguous_field"
     UNAUTHORIZED = "unauthorized"
     MODEL_FORBIDDEN = "model_forbidden"
     MANAGEMENT_FORBIDDEN = "management_forbidden"

@@ -126,8 +126,8 @@ def _wanted_keep_alive(given: object, rules: KeepAlivePolicy) -> float | None:
         return None
     try:
         asked = _client_seconds(given)
-    except ValueError:
-        return None  # Ollama answers a malformed keep_alive itself
+    except (ValueError, OverflowError):
+        return None  # Ollama answers a malformed (or absurd) keep_alive itself
     forever = asked < 0
     if rules.max is not None and (forever or asked > rules.max):
         return rules.max

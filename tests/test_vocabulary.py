@@ -80,6 +80,8 @@ async def provoke_request_refusals(gateway: Gateway) -> None:
         chat = {"model": MODEL, "prompt": "hi", "stream": False}
         assert await status_of(session, "POST", url + "/api/generate", "bob-key", data="{") == 400
         assert await status_of(session, "POST", url + "/api/generate", json=chat) == 401
+        twice = '{"model": "a", "MODEL": "b"}'
+        assert await status_of(session, "POST", url + "/api/generate", "bob-key", data=twice) == 400
         forbidden = {**chat, "model": OTHER}
         assert (
             await status_of(session, "POST", url + "/api/generate", "alice-key", json=forbidden)

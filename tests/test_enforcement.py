@@ -1,0 +1,180 @@
+"""Enforcement as an attacker tries it: bodies Ollama reads differently from the gateway, and
+malformed input that must get a 4xx, never a 5xx or a traceback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import string
+from typing import Any
+
+import aiohttp
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import Gateway, StartGateway, StartSim
+from tests.test_admission import MODEL
+
+OTHER = "qwen2.5:7b"
+KIDS = f"""\
+keep_alive: {{min: 5m}}
+users:
+  kids: {{keys: [kids-key], models: [{MODEL}]}}
+"""
+HEADERS = {"Authorization": "Bearer kids-key"}
+GENERATION = {
+    "/api/generate": {"model": MODEL, "prompt": "hi"},
+    "/api/chat": {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+    "/v1/chat/completions": {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+    "/api/embed": {"model": MODEL, "input": "hi"},
+}
+
+
+async def start(start_sim: StartSim, start_gateway: StartGateway) -> tuple[Any, Gateway]:
+    sim, url = await start_sim(models=[MODEL, OTHER], decode_tokens_per_s=100000.0)
+    backend = f"backends:\n  - {{name: sim, url: {url}, kind: ollama, slots: 2}}\n"
+    return sim, await start_gateway(KIDS + backend)
+
+
+async def post(gateway: Gateway, path: str, body: bytes) -> tuple[int, str]:
+    headers = {**HEADERS, "Content-Type": "application/json"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(gateway.url + path, data=body, headers=headers) as reply,
+    ):
+        return reply.status, await reply.text()
+
+
+class TestAmbiguousBodies:
+    @pytest.mark.parametrize(
+        ("path", "spelling"),
+        [("/api/generate", "MODEL"), ("/api/chat", "Model"), ("/v1/chat/completions", "mODEL")],
+    )
+    async def test_a_second_model_key_in_another_case_is_refused(
+        self, start_sim: StartSim, start_gateway: StartGateway, path: str, spelling: str
+    ) -> None:
+        """The allow-list saw llama3.2:3b; Ollama (and now the simulator) would run qwen: 400."""
+        sim, gateway = await start(start_sim, start_gateway)
+        body = {**GENERATION[path], "stream": False}
+        text = json.dumps(body)[:-1] + f', "{spelling}": "{OTHER}"}}'
+        status, reply = await post(gateway, path, text.encode())
+        assert status == 400 and "more than once" in reply
+        assert OTHER not in sim.loaded_models()
+
+    async def test_a_second_keep_alive_in_another_case_is_refused(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """keep_alive 0 hidden behind KEEP_ALIVE would unload the model under a 5m minimum."""
+        sim, gateway = await start(start_sim, start_gateway)
+        text = f'{{"model": "{MODEL}", "prompt": "hi", "stream": false, '
+        text += '"keep_alive": "10m", "KEEP_ALIVE": 0}'
+        status, _ = await post(gateway, "/api/generate", text.encode())
+        assert status == 400
+        assert not sim.loaded_models()  # nothing ran, so nothing was loaded or unloaded
+
+    async def test_exact_duplicate_keys_are_refused_too(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """Parsers disagree on exact duplicates (first, last or error): refused as well."""
+        _, gateway = await start(start_sim, start_gateway)
+        text = f'{{"model": "{MODEL}", "model": "{OTHER}", "prompt": "hi"}}'
+        status, _ = await post(gateway, "/api/generate", text.encode())
+        assert status == 400
+
+
+class TestMalformedInput:
+    @pytest.mark.parametrize(
+        "body",
+        [
+            {"model": MODEL, "messages": 5},
+            {"model": MODEL, "messages": True},
+            {"model": MODEL, "prompt": "hi", "images": 5},
+            {"model": MODEL, "messages": [{"role": "user", "content": "hi", "images": 7}]},
+            {"model": MODEL, "prompt": "hi", "keep_alive": int("9" * 400)},
+            {"model": MODEL, "prompt": 5, "system": ["a", 1]},
+        ],
+    )
+    async def test_wrongly_typed_fields_get_a_4xx(
+        self, start_sim: StartSim, start_gateway: StartGateway, body: dict[str, Any]
+    ) -> None:
+        """A field of the wrong type is the client's error, never a 500 from the gateway (the
+        backend answers it in its own words; the simulator is more lenient than Ollama)."""
+        _, gateway = await start(start_sim, start_gateway)
+        path = "/api/chat" if "messages" in body else "/api/generate"
+        status, _ = await post(gateway, path, json.dumps({**body, "stream": False}).encode())
+        assert status < 500
+
+    async def test_deep_nesting_gets_a_400(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """100,000 nested arrays exhaust Python's parser: a 400, not a RecursionError's 500."""
+        _, gateway = await start(start_sim, start_gateway)
+        body = f'{{"model": "{MODEL}", "x": ' + "[" * 100_000 + "]" * 100_000 + "}"
+        status, _ = await post(gateway, "/api/generate", body.encode())
+        assert status == 400
+
+    async def test_a_key_that_is_not_utf8_gets_401(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """79 bytes with a non-UTF-8 byte in the Bearer key: 401, not a 500 and a traceback."""
+        _, gateway = await start(start_sim, start_gateway)
+        host, port = gateway.url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(
+            b"POST /api/chat HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe\r\n"
+            b"Content-Length: 2\r\nConnection: close\r\n\r\n{}"
+        )
+        status_line = await reader.readline()
+        writer.close()
+        await writer.wait_closed()
+        assert status_line.split()[1] == b"401"
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda children: (
+        st.lists(children, max_size=3)
+        | st.dictionaries(st.text(string.ascii_letters + "_", max_size=8), children, max_size=3)
+    ),
+    max_leaves=6,
+)
+FIELDS = ("model", "prompt", "messages", "images", "options", "keep_alive", "stream", "format")
+
+
+def generated_requests(count: int) -> list[tuple[str, dict[str, Any]]]:
+    """``count`` generated (path, body) pairs; collected first, then sent on one loop."""
+    requests: list[tuple[str, dict[str, Any]]] = []
+
+    @settings(
+        max_examples=count,
+        derandomize=True,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    @given(
+        path=st.sampled_from(sorted(GENERATION)),
+        fields=st.dictionaries(st.sampled_from(FIELDS), JSON_VALUES, max_size=5),
+        model_kept=st.booleans(),
+    )
+    def collect(path: str, fields: dict[str, Any], model_kept: bool) -> None:
+        body = {**fields, "stream": False}
+        if model_kept:
+            body["model"] = MODEL
+        requests.append((path, body))
+
+    collect()
+    return requests
+
+
+async def test_generated_bodies_never_get_a_5xx(
+    start_sim: StartSim, start_gateway: StartGateway
+) -> None:
+    """Two thousand bodies of every shape on every generation path: each answer is < 500."""
+    _, gateway = await start(start_sim, start_gateway)
+    failures = []
+    for path, body in generated_requests(2000):
+        status, text = await post(gateway, path, json.dumps(body).encode())
+        if status >= 500:
+            failures.append((path, body, status, text))
+    assert not failures, failures[:5]
