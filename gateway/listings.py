@@ -23,7 +23,7 @@ from gateway.relay import Relay, Target
 from gateway.services import Services
 from gateway.vocabulary import Api, Reason
 
-__all__ = ["Reads", "model_not_found"]
+__all__ = ["Reads", "model_forbidden", "model_not_found"]
 
 log = structlog.get_logger("fairgate.listings")
 
@@ -51,7 +51,7 @@ class Reads:
         """The union of every healthy backend's list, each model once."""
         services = self._services
         view = services.policy.current
-        services.caller(request, view)
+        user = services.caller(request, view)
         key, field, api = _LISTINGS[request.path]
         session, within = services.upstream.session, view.policy.monitoring.timeout
         lists = await asyncio.gather(
@@ -60,7 +60,10 @@ class Reads:
         entries: dict[str, dict[str, Any]] = {}
         for listed in lists:
             for entry in listed:
-                entries.setdefault(str(entry.get(field)), entry)
+                name = str(entry.get(field))
+                # A user limited to some models sees only those.
+                if view.policy.may_use(user, name):
+                    entries.setdefault(name, entry)
         body: dict[str, Any] = {key: list(entries.values())}
         if api is Api.OPENAI:
             body = {"object": "list", **body}
@@ -69,7 +72,7 @@ class Reads:
     async def show(self, request: web.Request) -> web.StreamResponse:
         """Model details from a backend that has the model."""
         view, record = self._services.policy.current, request[RECORD]
-        self._services.caller(request, view)
+        user = self._services.caller(request, view)
         body = await request.read()
         try:
             fields = json.loads(body)
@@ -77,6 +80,8 @@ class Reads:
         except (ValueError, AttributeError):
             model = ""  # the backend answers malformed requests in its own words
         record.model = model or None
+        if model and not view.policy.may_use(user, model):
+            raise model_forbidden(user, model)
         pool = view.pool
         candidates = pool.serving(Api.OLLAMA, model) if model else pool.healthy(Api.OLLAMA)
         if not candidates and model and pool.known_nowhere(Api.OLLAMA, model):
@@ -118,6 +123,10 @@ async def _entries(
         log.warning("listing_failed", url=url, error=repr(exc))
         return []
     return entries_of(document, key) or []
+
+
+def model_forbidden(user: str, model: str) -> GatewayError:
+    return GatewayError(403, Reason.MODEL_FORBIDDEN, f"user {user} may not use model {model!r}")
 
 
 def model_not_found(model: str) -> GatewayError:

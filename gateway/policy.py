@@ -266,6 +266,11 @@ class Policy(_Strict):
         """The user's limits, each unset field taken from ``defaults``."""
         return self._limits.get(user, self.defaults)
 
+    def may_use(self, user: str, model: str) -> bool:
+        """Whether the user's ``models:`` list (if any) names ``model``."""
+        config = self.users.get(user)
+        return config is None or config.models is None or model in config.models
+
     @cached_property
     def _limits(self) -> dict[str, Limits]:
         merged = {}

@@ -15,7 +15,7 @@ from gateway.ambiguity import AmbiguousField, NotAnObject, load_checked
 from gateway.backends import Backend, BackendPool
 from gateway.classify import classify
 from gateway.errors import BackendFailure, GatewayError
-from gateway.listings import model_not_found
+from gateway.listings import model_forbidden, model_not_found
 from gateway.policy import Policy, Timeouts
 from gateway.relay import Relay, Target
 from gateway.services import Services
@@ -180,7 +180,5 @@ def _check_model_served(pool: BackendPool, api: Api, model: str) -> None:
 
 
 def _check_model_allowed(policy: Policy, user: str, model: str) -> None:
-    user_config = policy.users.get(user)
-    allowed = user_config.models if user_config is not None else None
-    if allowed is not None and model not in allowed:
-        raise GatewayError(403, Reason.MODEL_FORBIDDEN, f"user {user} may not use model {model!r}")
+    if not policy.may_use(user, model):
+        raise model_forbidden(user, model)

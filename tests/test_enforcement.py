@@ -178,3 +178,23 @@ async def test_generated_bodies_never_get_a_5xx(
         if status >= 500:
             failures.append((path, body, status, text))
     assert not failures, failures[:5]
+
+
+class TestReadsUnderPolicy:
+    async def test_a_limited_user_sees_only_their_models_and_cannot_show_others(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """kids (only llama3.2:3b) list only it in /api/tags and /v1/models; /api/show of
+        qwen is 403, of their own model 200."""
+        _, gateway = await start(start_sim, start_gateway)
+        async with aiohttp.ClientSession(headers=HEADERS) as session:
+            async with session.get(gateway.url + "/api/tags") as reply:
+                names = [entry["name"] for entry in (await reply.json())["models"]]
+            async with session.get(gateway.url + "/v1/models") as reply:
+                ids = [entry["id"] for entry in (await reply.json())["data"]]
+            async with session.post(gateway.url + "/api/show", json={"model": OTHER}) as reply:
+                forbidden = reply.status
+            async with session.post(gateway.url + "/api/show", json={"model": MODEL}) as reply:
+                allowed = reply.status
+        assert names == [MODEL] and ids == [MODEL]
+        assert (forbidden, allowed) == (403, 200)
