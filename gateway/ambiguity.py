@@ -28,6 +28,7 @@ __all__ = [
     "NotAnObject",
     "Pairs",
     "ambiguous_field",
+    "canonical_keys",
     "go_fold",
     "load_checked",
     "parse_object_pairs",
@@ -196,3 +197,12 @@ def _first_ambiguity(fields: object) -> tuple[str, tuple[str, ...]] | None:
                 if isinstance(item, list | dict)
             )
     return None
+
+
+def canonical_keys(fields: dict[str, Any]) -> dict[str, Any] | None:
+    """``fields`` with each top-level key spelled as Go's decoder matches it (``KEEP_ALIVE``
+    -> ``keep_alive``), or None when every key already is. Only for a body ``load_checked``
+    accepted, where no two keys fold alike; the policy then reads the fields Ollama acts on."""
+    if all(key == go_fold(key) for key in fields):
+        return None
+    return {go_fold(key): value for key, value in fields.items()}

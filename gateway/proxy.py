@@ -11,7 +11,7 @@ from aiohttp import web
 
 from gateway.access import RECORD
 from gateway.admission import Permit, Refusal, Ticket
-from gateway.ambiguity import AmbiguousField, NotAnObject, load_checked
+from gateway.ambiguity import AmbiguousField, NotAnObject, canonical_keys, load_checked
 from gateway.backends import Backend, BackendPool
 from gateway.classify import classify
 from gateway.errors import BackendFailure, GatewayError
@@ -61,6 +61,9 @@ class Generation:
         user = services.caller(request, view)
         body = await request.read()
         fields = _json_object(body)
+        canonical = canonical_keys(fields)
+        if canonical is not None:  # e.g. a lone KEEP_ALIVE: checked and sent as keep_alive
+            fields, body = canonical, _encoded(canonical)
         record.model = model = _model_name(fields)
         _check_model_allowed(view.policy, user, model)
         _check_model_served(view.pool, api, model)

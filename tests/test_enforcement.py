@@ -73,6 +73,16 @@ class TestAmbiguousBodies:
         assert status == 400
         assert not sim.loaded_models()  # nothing ran, so nothing was loaded or unloaded
 
+    async def test_a_lone_keep_alive_in_another_case_is_still_clamped(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """KEEP_ALIVE alone is keep_alive to Ollama: the 5m minimum applies, the model stays."""
+        sim, gateway = await start(start_sim, start_gateway)
+        text = f'{{"model": "{MODEL}", "prompt": "hi", "stream": false, "KEEP_ALIVE": 0}}'
+        status, _ = await post(gateway, "/api/generate", text.encode())
+        assert status == 200
+        assert MODEL in sim.loaded_models()
+
     async def test_exact_duplicate_keys_are_refused_too(
         self, start_sim: StartSim, start_gateway: StartGateway
     ) -> None:
