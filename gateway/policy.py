@@ -84,13 +84,19 @@ class BackendConfig(_Strict):
 
 
 class Timeouts(_Strict):
-    """How long the gateway waits on a backend before giving a clear error."""
+    """How long the gateway waits on a backend, or on a client, before giving up on it."""
 
     connect: Duration = Field(default=5.0, gt=0, description="To open a connection.")
     first_byte: Duration = Field(
         default=300.0, gt=0, description="From sending to the first byte (covers model load)."
     )
     idle: Duration = Field(default=120.0, gt=0, description="Longest gap between two chunks.")
+    client_stall: Duration = Field(
+        default=30.0,
+        gt=0,
+        description="Longest a client may leave the reply unread before its stream is ended "
+        "and its slot freed.",
+    )
 
 
 class Monitoring(_Strict):

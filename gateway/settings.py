@@ -57,6 +57,30 @@ class Settings(BaseSettings):
         description="Most connections kept open to all backends together.",
     )
 
+    max_connections: int = Field(
+        default=4096,
+        ge=1,
+        description="Most client connections open at once; at the cap the longest-idle one is "
+        "closed for a new one, or the new one refused when none is idle.",
+    )
+    idle_timeout: float = Field(
+        default=15.0,
+        gt=0,
+        description="Seconds a connection may sit without a complete request head (idle "
+        "keep-alive, or headers sent slowly) before it is closed.",
+    )
+    body_timeout: float = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds a client may take to send a request body; slower: 408.",
+    )
+    drain_timeout: float = Field(
+        default=30.0,
+        ge=0,
+        description="On SIGTERM, seconds running requests may finish before their streams are "
+        "ended with an in-band error; new requests get 503 shutting_down meanwhile.",
+    )
+
     event_loop: Literal["auto", "uvloop", "asyncio"] = Field(
         default="auto",
         description="uvloop relays each chunk at about two thirds of asyncio's CPU; auto uses "
