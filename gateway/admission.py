@@ -33,6 +33,18 @@ __all__ = ["Admission", "Permit", "Refusal", "Ticket"]
 _SHARED_RETRY_SECONDS = 0.5
 
 
+class _Revoked(Exception):
+    """The request's key or user left the policy while it waited."""
+
+
+_REVOKED = Refusal(
+    Reason.KEY_REVOKED,
+    "this key or user was removed from the policy while the request waited",
+    retry_after=0.0,
+    status=401,
+)
+
+
 class Permit:
     """A held turn: one of the user's running places and one backend slot.
 
@@ -162,6 +174,8 @@ class Admission:
                 return Permit(self, waiter, waiter.turn.result())
             room.leave(waiter)
             return self._refusal(Reason.WAIT_TIMEOUT, ticket.user)
+        except _Revoked:
+            return _REVOKED
         except BaseException:
             self._abandon(waiter)
             raise
@@ -241,6 +255,17 @@ class Admission:
         if totals is not None:  # else kept, and sent when the shared state is back
             self._unsent.clear()
             ordering.adopt(totals)
+
+    def revoke(self, admits: Callable[[str, str], bool]) -> None:
+        """Refuse at once the waiting requests whose credential the policy no longer admits
+        (``admits(user, credential)``); running ones finish, as a reload promises."""
+        for queue in list(self.room.waiting.values()):
+            for waiter in list(queue):
+                ticket = waiter.ticket
+                if not waiter.turn.done() and not admits(ticket.user, ticket.credential):
+                    self.room.leave(waiter)
+                    waiter.turn.set_exception(_Revoked())
+        self.room.dispatch()
 
     def wake(self) -> None:
         """Something outside changed (a backend came back, its slots became known)."""

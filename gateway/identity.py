@@ -18,7 +18,18 @@ from gateway.errors import GatewayError
 from gateway.policy import ANONYMOUS, Policy
 from gateway.vocabulary import Reason
 
-__all__ = ["Directory", "client_address", "is_loopback"]
+__all__ = ["Caller", "Directory", "client_address", "is_loopback"]
+
+_ANONYMOUS_CREDENTIAL = "anonymous"
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who is asking, and by which credential: ``key:<sha256 hex>``, ``client:<address>``
+    or ``anonymous``; a later policy admits the same credential, or no longer does."""
+
+    user: str
+    credential: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,34 +54,50 @@ class Directory:
         self._anonymous = self._open or ANONYMOUS in policy.users
         self.admins = frozenset(name for name, user in policy.users.items() if user.admin)
 
-    def identify(self, headers: Mapping[str, str], remote: str | None) -> str:
-        """The user name, or GatewayError 401 when the request cannot be attributed."""
+    def identify(self, headers: Mapping[str, str], remote: str | None) -> Caller:
+        """Who is asking, or GatewayError 401 when the request cannot be attributed."""
         key = _presented_key(headers)
         if key is not None:
-            return self._user_of_key(key)
+            # surrogateescape: the header's bytes as sent, even when they are not UTF-8.
+            digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()
+            user = self._user_of_digest(digest)
+            if user is not None:
+                return Caller(user, "key:" + digest.hex())
+            if self._open:
+                return Caller(ANONYMOUS, _ANONYMOUS_CREDENTIAL)
+            raise GatewayError(401, Reason.UNAUTHORIZED, "unknown API key")
         address = client_address(remote) if self._client_rules else None
-        if address is not None:
-            for rule in self._client_rules:
-                if address in rule.network:  # type: ignore[operator]
-                    return rule.user
+        user = self._user_of_address(address)
+        if user is not None:
+            return Caller(user, f"client:{address}")
         if self._anonymous:
-            return ANONYMOUS
+            return Caller(ANONYMOUS, _ANONYMOUS_CREDENTIAL)
         raise GatewayError(
             401, Reason.UNAUTHORIZED, "an API key is required (Authorization: Bearer)"
         )
 
-    def _user_of_key(self, key: str) -> str:
-        # surrogateescape: the header's bytes as sent, even when they are not UTF-8.
-        digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()
+    def admits(self, user: str, credential: str) -> bool:
+        """Whether this policy still lets ``credential`` in as ``user`` (after a reload)."""
+        kind, _, value = credential.partition(":")
+        if kind == "key":
+            return self._user_of_digest(bytes.fromhex(value)) == user
+        if kind == "client":
+            return self._user_of_address(client_address(value)) == user
+        return self._anonymous and user == ANONYMOUS
+
+    def _user_of_digest(self, digest: bytes) -> str | None:
         user = None
         for known, name in self._digests:  # no early exit: the time taken says nothing
             if hmac.compare_digest(known, digest):
                 user = name
-        if user is not None:
-            return user
-        if self._open:
-            return ANONYMOUS
-        raise GatewayError(401, Reason.UNAUTHORIZED, "unknown API key")
+        return user
+
+    def _user_of_address(self, address: IPv4Address | IPv6Address | None) -> str | None:
+        if address is not None:
+            for rule in self._client_rules:
+                if address in rule.network:  # type: ignore[operator]
+                    return rule.user
+        return None
 
 
 def _digest_of_configured(key: str) -> bytes:

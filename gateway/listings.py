@@ -51,7 +51,7 @@ class Reads:
         """The union of every healthy backend's list, each model once."""
         services = self._services
         view = services.policy.current
-        user = services.caller(request, view)
+        user = services.caller(request, view).user
         key, field, api = _LISTINGS[request.path]
         session, within = services.upstream.session, view.policy.monitoring.timeout
         lists = await asyncio.gather(
@@ -72,7 +72,7 @@ class Reads:
     async def show(self, request: web.Request) -> web.StreamResponse:
         """Model details from a backend that has the model."""
         view, record = self._services.policy.current, request[RECORD]
-        user = self._services.caller(request, view)
+        user = self._services.caller(request, view).user
         body = await request.read()
         try:
             fields = json.loads(body)

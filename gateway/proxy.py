@@ -58,7 +58,8 @@ class Generation:
         services, record = self._services, request[RECORD]
         view = services.policy.current
         api = api_of(request.path)
-        user = services.caller(request, view)
+        caller = services.caller(request, view)
+        user = caller.user
         body = await request.read()
         fields = _json_object(body)
         canonical = canonical_keys(fields)
@@ -72,11 +73,18 @@ class Generation:
         estimate = classify(fields, view.policy)
         record.request_class, record.input_estimate = estimate.request_class, estimate.input_tokens
         ticket = Ticket(
-            user, model, api, estimate.input_tokens, estimate.request_class, estimate.weight
+            user,
+            model,
+            api,
+            estimate.input_tokens,
+            estimate.request_class,
+            estimate.weight,
+            caller.credential,
         )
         outcome = await services.admission.acquire(ticket)
         if isinstance(outcome, Refusal):
-            raise GatewayError(503, outcome.reason, outcome.message, outcome.retry_after)
+            retry_after = outcome.retry_after if outcome.status == 503 else None
+            raise GatewayError(outcome.status, outcome.reason, outcome.message, retry_after)
         async with outcome as permit:
             record.queue_wait, record.dispatched_at = permit.queue_wait, permit.granted_at
             timeouts = view.policy.timeouts

@@ -26,6 +26,7 @@ class Refusal:
     reason: Reason
     message: str
     retry_after: float
+    status: int = 503
 
 
 class HoldTimer:

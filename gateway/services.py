@@ -18,7 +18,7 @@ from gateway.backends import BackendStates
 from gateway.backends.monitor import BackendMonitor
 from gateway.holds import HoldStore
 from gateway.holds.redis import RedisHolds
-from gateway.identity import is_loopback
+from gateway.identity import Caller, is_loopback
 from gateway.policy import Policy
 from gateway.reload import LivePolicy, PolicyView
 from gateway.settings import Settings
@@ -87,6 +87,8 @@ class Services:
     def _reconfigure(self, view: PolicyView) -> None:
         policy = view.policy
         self.admission.reconfigure(policy, view.pool)
+        # A key or user taken out of the policy stops waiting at once, not when its turn comes.
+        self.admission.revoke(view.directory.admits)
         self.monitor.reconcile(policy.backends, policy.monitoring)
         self.warmth.reconcile(policy.backends, policy.warmth)
 
@@ -100,15 +102,17 @@ class Services:
             self.policy.snapshot(),
         )
 
-    def caller(self, request: web.Request, view: PolicyView) -> str:
+    def caller(self, request: web.Request, view: PolicyView) -> Caller:
         """Who is asking, from the request's credentials (401 if nobody), noted in its record."""
-        user = view.directory.identify(request.headers, request.remote)
-        request[RECORD].user = user
-        return user
+        caller = view.directory.identify(request.headers, request.remote)
+        request[RECORD].user = caller.user
+        return caller
 
     def is_admin(self, request: web.Request, view: PolicyView) -> bool:
         """Loopback clients and admin keys may read the gateway's state."""
-        return is_loopback(request.remote) or self.caller(request, view) in view.directory.admins
+        if is_loopback(request.remote):
+            return True
+        return self.caller(request, view).user in view.directory.admins
 
 
 def _hold_store(settings: Settings) -> HoldStore | None:

@@ -40,6 +40,7 @@ class Reason(StrEnum):
     BAD_REQUEST = "bad_request"
     AMBIGUOUS_FIELD = "ambiguous_field"
     UNAUTHORIZED = "unauthorized"
+    KEY_REVOKED = "key_revoked"
     MODEL_FORBIDDEN = "model_forbidden"
     MANAGEMENT_FORBIDDEN = "management_forbidden"
     ADMIN_ONLY = "admin_only"

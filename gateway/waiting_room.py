@@ -35,6 +35,7 @@ class Ticket:
     input_tokens: float = 0.0  # estimated prompt tokens, charged at dispatch
     request_class: RequestClass = RequestClass.LIGHT
     class_weight: float = 1.0
+    credential: str = ""  # how the user was identified (identity.Caller), for revocation
 
     @property
     def heavy(self) -> bool:

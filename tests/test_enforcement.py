@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import string
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -14,7 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import Gateway, StartGateway, StartSim
-from tests.test_admission import MODEL
+from tests.test_admission import MODEL, held, idle, queued, until
+from tests.test_reload import rewrite
 
 OTHER = "qwen2.5:7b"
 KIDS = f"""\
@@ -208,3 +210,63 @@ class TestReadsUnderPolicy:
                 allowed = reply.status
         assert names == [MODEL] and ids == [MODEL]
         assert (forbidden, allowed) == (403, 200)
+
+
+class TestRevocation:
+    async def test_a_reload_that_removes_a_key_refuses_its_waiting_requests_at_once(
+        self, start_sim: StartSim, start_gateway: StartGateway, tmp_path: Path
+    ) -> None:
+        """A waiting request whose key left the policy gets 401 key_revoked, not a late turn."""
+        _, url = await start_sim()
+        path = tmp_path / "fairgate.yaml"
+        path.write_text(revocable_policy(url, "[alice-key, alice-old]"))
+        gateway = await start_gateway(path, reload_interval=0.05)
+        admission = gateway.services.admission
+        async with held(gateway, "alice-key", "one"):
+            waiting_old = asyncio.create_task(generate_reply(gateway, "alice-old"))
+            waiting_kept = asyncio.create_task(generate_reply(gateway, "alice-key"))
+            await until(admission, queued("alice", 2))
+            await rewrite(gateway, path, revocable_policy(url, "[alice-key]"))
+            status, body = await asyncio.wait_for(waiting_old, timeout=2)
+            assert (status, json.loads(body)["error"]) == (401, ANY_REVOKED)
+            assert admission.snapshot().users["alice"] == (1, 1)  # the kept key still waits
+        assert (await asyncio.wait_for(waiting_kept, timeout=5))[0] == 200
+        await until(admission, idle)
+
+    async def test_a_reload_that_removes_a_user_refuses_their_waiting_requests(
+        self, start_sim: StartSim, start_gateway: StartGateway, tmp_path: Path
+    ) -> None:
+        """Taking a user out of the file ends their waiting requests; others are untouched."""
+        _, url = await start_sim()
+        path = tmp_path / "fairgate.yaml"
+        path.write_text(revocable_policy(url, "[alice-key]", bob=True))
+        gateway = await start_gateway(path, reload_interval=0.05)
+        admission = gateway.services.admission
+        async with held(gateway, "bob-key", "one"):
+            waiting = asyncio.create_task(generate_reply(gateway, "bob-key"))
+            await until(admission, queued("bob", 1))
+            await rewrite(gateway, path, revocable_policy(url, "[alice-key]"))
+            assert (await asyncio.wait_for(waiting, timeout=2))[0] == 401
+        await until(admission, idle)
+
+
+ANY_REVOKED = "this key or user was removed from the policy while the request waited"
+
+
+def revocable_policy(url: str, alice_keys: str, bob: bool = False) -> str:
+    bob_line = "  bob: {keys: [bob-key]}\n" if bob else ""
+    return (
+        "defaults: {max_concurrent: 1, max_queued: 4}\n"
+        f"users:\n  alice: {{keys: {alice_keys}}}\n{bob_line}"
+        f"backends:\n  - {{name: sim, url: {url}, kind: ollama, slots: 4}}\n"
+    )
+
+
+async def generate_reply(gateway: Gateway, key: str) -> tuple[int, str]:
+    body = json.dumps({"model": MODEL, "prompt": "hi", "stream": False}).encode()
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(gateway.url + "/api/generate", data=body, headers=headers) as reply,
+    ):
+        return reply.status, await reply.text()

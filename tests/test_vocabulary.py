@@ -114,6 +114,11 @@ async def provoke_room_refusals(gateway: Gateway) -> None:
         assert await status_of(s, "POST", url, "carol-key", json=chat) == 503  # gateway_busy
         assert await status_of(s, "POST", url, "alice-key", json=chat) == 503  # user_queue_full
         assert await waiting == 503  # wait_timeout
+        revoked = asyncio.create_task(status_of(s, "POST", url, "bob-key", json=chat))
+        await until(gateway.services.admission, lambda snap: snap.queue_depth == 1)
+        # What a reload that takes bob's key out of the file does to his waiting request.
+        gateway.services.admission.revoke(lambda user, credential: user != "bob")
+        assert await revoked == 401  # key_revoked
 
 
 async def test_every_refusal_reason_is_counted_in_fairgate_rejections_total(
