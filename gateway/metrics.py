@@ -29,7 +29,7 @@ from gateway.backends import model_key
 from gateway.policy import ANONYMOUS
 from gateway.reload import LivePolicy
 from gateway.snapshot import GatewaySnapshot
-from gateway.vocabulary import REFUSALS, RequestClass
+from gateway.vocabulary import REFUSALS, Reason, RequestClass
 
 __all__ = ["Metrics"]
 
@@ -89,6 +89,11 @@ class Metrics:
             "Replies cut by the backend (or its silence) after the first byte.",
             ["backend"], registry=r,
         )  # fmt: skip
+        self.client_stalls = Counter(
+            "fairgate_client_stalls",
+            "Replies ended because the client left them unread for timeouts.client_stall.",
+            ["user"], registry=r,
+        )  # fmt: skip
         r.register(_SnapshotCollector(snapshot))
         self._policy = policy
 
@@ -108,8 +113,10 @@ class Metrics:
             return
         model = self._model(record.model)
         self.requests.labels(user, model, request_class, str(record.status)).inc()
-        if record.reason == "backend_failed_mid_stream" and record.backend is not None:
+        if record.reason is Reason.BACKEND_FAILED_MID_STREAM and record.backend is not None:
             self.stream_failures.labels(record.backend).inc()
+        if record.reason is Reason.CLIENT_STALLED:
+            self.client_stalls.labels(user).inc()
         if record.queue_wait is not None:
             self.queue_wait.labels(request_class).observe(record.queue_wait)
         if record.first_byte_at is not None:

@@ -99,9 +99,12 @@ class Relay:
         loop = asyncio.get_running_loop()
         gaps, last = progress.gaps, loop.time()
         watch = _SilenceWatch(upstream.content, idle)
+        stall = _StallWatch(request, self._target.timeouts.client_stall, progress)
         try:
             while chunk:
+                stall.writing_since = loop.time()
                 await response.write(chunk)
+                stall.writing_since = None
                 progress.bytes_out += len(chunk)
                 tail.add(chunk)
                 if meter is not None:
@@ -115,6 +118,9 @@ class Relay:
                     now = loop.time()
                     gaps.append(now - last)
                     last = now
+            self._counted(tail.counts())
+            stall.writing_since = loop.time()
+            await response.write_eof()
         except ConnectionResetError:
             progress.client_gone = True
             return response
@@ -123,8 +129,7 @@ class Relay:
             return response
         finally:
             watch.stop()
-        self._counted(tail.counts())
-        await response.write_eof()
+            stall.stop()
         return response
 
     async def _failed(
@@ -273,6 +278,43 @@ class _SilenceWatch:
             return
         self._timer = self._loop.call_at(
             (now if since is None else since) + self._idle, self._check
+        )
+
+    def stop(self) -> None:
+        self._timer.cancel()
+
+
+class _StallWatch:
+    """Ends a reply whose client has left it unread for ``stall`` seconds.
+
+    A write waits only when the socket and the transport's buffer are full, so the bytes
+    held for one stream stay bounded (the transport's high-water mark plus a chunk); a
+    client that stops reading would otherwise hold its slot, and the backend's, forever.
+    Aborting the transport (a close would wait to flush what cannot be flushed) cancels the
+    handler, which closes the upstream request and releases the permit.
+    """
+
+    def __init__(self, request: web.Request, stall: float, progress: Progress) -> None:
+        self.writing_since: float | None = None
+        self._request = request
+        self._stall = stall
+        self._progress = progress
+        self._loop = asyncio.get_running_loop()
+        self._timer = self._loop.call_at(self._loop.time() + stall, self._check)
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        since = self.writing_since
+        if since is not None and now - since >= self._stall:
+            transport = self._request.transport
+            log.warning("client_stalled", unread_for=round(now - since, 1))
+            self._progress.failure = Reason.CLIENT_STALLED
+            self._progress.client_gone = True
+            if transport is not None:
+                transport.abort()
+            return
+        self._timer = self._loop.call_at(
+            (now if since is None else since) + self._stall, self._check
         )
 
     def stop(self) -> None:

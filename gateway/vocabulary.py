@@ -59,6 +59,8 @@ class Reason(StrEnum):
     BACKEND_TIMEOUT = "backend_timeout"
     BACKEND_FAILED = "backend_failed"
     BACKEND_FAILED_MID_STREAM = "backend_failed_mid_stream"
+    # The client failed it.
+    CLIENT_STALLED = "client_stalled"
 
 
 # What the gateway refused on its own account: counted in fairgate_rejections_total.
@@ -69,4 +71,5 @@ REFUSALS = frozenset(Reason) - {
     Reason.BACKEND_TIMEOUT,
     Reason.BACKEND_FAILED,
     Reason.BACKEND_FAILED_MID_STREAM,
+    Reason.CLIENT_STALLED,
 }

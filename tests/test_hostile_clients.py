@@ -1,0 +1,94 @@
+"""Clients that misbehave on the wire cannot hold what others need: a slot, memory, or a
+connection. Raw sockets play the client, as an attacker's toolkit would."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from typing import Any
+
+import aiohttp
+import structlog
+
+from tests.conftest import Gateway, StartGateway, StartSim
+from tests.test_admission import MODEL, idle, until
+from tests.test_metrics import scrape
+
+STALL = 1.0
+POLICY = f"""\
+timeouts: {{client_stall: {STALL:g}s}}
+users:
+  alice: {{keys: [alice-key]}}
+  bob: {{keys: [bob-key]}}
+"""
+
+
+async def open_raw(
+    gateway: Gateway, receive_buffer: int | None = None
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to the gateway; a small receive buffer makes a reader that stops
+    reading felt at once by the sender."""
+    host, _, port = gateway.url.removeprefix("http://").rpartition(":")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if receive_buffer is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+    return await asyncio.open_connection(sock=sock, limit=1024)
+
+
+def request_bytes(path: str, body: bytes, key: str = "alice-key", extra: str = "") -> bytes:
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: gateway\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n{extra}\r\n"
+    )
+    return head.encode() + body
+
+
+def stamped(logger: object, method: str, event: dict[str, Any]) -> dict[str, Any]:
+    """Notes when each log line was written."""
+    event["at"] = time.monotonic()
+    return event
+
+
+async def status_of(gateway: Gateway) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as session, session.get(gateway.url + "/status") as reply:
+        result: dict[str, Any] = await reply.json()
+        return result
+
+
+class TestSlowReaders:
+    async def test_a_reader_that_stops_frees_its_slot_within_client_stall(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """A client that stops reading mid-stream loses its stream after client_stall; the
+        slot is free within a second more and the backend saw the request cancelled."""
+        sim, url = await start_sim(decode_tokens_per_s=200000.0)
+        gateway = await start_gateway(
+            POLICY + f"backends:\n  - {{name: sim, url: {url}, kind: ollama, slots: 1}}\n"
+        )
+        body = json.dumps(
+            {"model": MODEL, "prompt": "talk", "options": {"num_predict": 10_000_000}}
+        ).encode()
+        reader, writer = await open_raw(gateway, receive_buffer=4096)
+        with structlog.testing.capture_logs(processors=[stamped]) as logs:
+            writer.write(request_bytes("/api/generate", body))
+            assert (await reader.readline()).startswith(b"HTTP/1.1 200")
+            await until(gateway.services.admission, idle, within=30)
+            freed = time.monotonic()
+        stalled = [entry for entry in logs if entry["event"] == "client_stalled"]
+        assert len(stalled) == 1
+        # The clock runs once the socket's and the transport's buffers are full: from the
+        # last byte the gateway could pass on, client_stall, then the slot within a second.
+        assert stalled[0]["unread_for"] < STALL + 0.2
+        assert freed - stalled[0]["at"] < 1.0
+        status = await status_of(gateway)
+        assert status["backends"]["sim"]["busy"] == 0
+        await sim.engine.wait_for(lambda stats: stats.disconnects == 1, timeout=5)
+        request = next(entry for entry in logs if entry["event"] == "request")
+        assert (request["reason"], request["client_gone"]) == ("client_stalled", True)
+        stalls = (await scrape(gateway))["fairgate_client_stalls"]
+        assert ("fairgate_client_stalls_total", {"user": "alice"}, 1.0) in stalls
+        writer.close()
