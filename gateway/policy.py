@@ -1,22 +1,33 @@
 """The admin's YAML file: users and their keys, limits, the waiting room, backends, timeouts.
 
 Validation errors name the file, the line and the field path, because the person reading
-them is editing that file by hand.
+them is editing that file by hand; ``policy_file.py`` reads the file and words the errors.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+from collections.abc import Mapping
 from functools import cached_property
 from ipaddress import IPv4Network, IPv6Network
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from gateway.durations import Duration
+from gateway.policy_file import PolicyError, describe, environment, problem_at, read_yaml
 
 __all__ = [
     "ANONYMOUS",
@@ -152,14 +163,43 @@ class Limits(_Strict):
 
 
 _SHA256_KEY = re.compile(r"sha256:[0-9a-f]{64}")
+_ENVIRONMENT = "environment"
+"""The validation context's variables for ``env:`` keys (``parse_policy`` adds ``.env``)."""
+
+
+def _configured_key(key: str, info: ValidationInfo) -> str:
+    if not key:
+        raise ValueError("an empty key would let anyone in")
+    if key.startswith("sha256:") and not _SHA256_KEY.fullmatch(key):
+        raise ValueError("sha256: keys need 64 lowercase hex digits (sha256sum of the key)")
+    if key.startswith("env:"):
+        context = info.context if isinstance(info.context, Mapping) else {}
+        variables: Mapping[str, str] = context.get(_ENVIRONMENT, os.environ)
+        value = variables.get(key[4:])
+        if value is None:
+            raise ValueError(f"{key!r} needs {key[4:]}, set neither in the environment nor in .env")
+        if not value:
+            raise ValueError(f"{key!r} needs {key[4:]}, which is empty")
+        # Held as its digest: identity then needs no access to the variables, and no
+        # plain secret is kept from the environment.
+        return f"sha256:{hashlib.sha256(value.encode()).hexdigest()}"
+    return key
+
+
+def _digest_of(key: str) -> str:
+    return key[7:] if key.startswith("sha256:") else hashlib.sha256(key.encode()).hexdigest()
+
+
+ConfiguredKey = Annotated[str, AfterValidator(_configured_key)]
 
 
 class UserConfig(_Strict):
     """One person or device; unset limits come from ``defaults``."""
 
-    keys: list[str] = Field(
+    keys: list[ConfiguredKey] = Field(
         default_factory=list,
-        description="API keys: plain text, sha256:<hex of the key>, or env:VARIABLE.",
+        description="API keys: plain text, sha256:<hex of the key>, or env:VARIABLE (read "
+        "when the file is loaded, from the environment or .env, and held as its sha256).",
     )
     clients: list[IPv4Network | IPv6Network] = Field(
         default_factory=list,
@@ -172,18 +212,6 @@ class UserConfig(_Strict):
         default=None, description="Models this user may use; unset means every model."
     )
     admin: bool = Field(default=False, description="May read /status from other machines.")
-
-    @field_validator("keys")
-    @classmethod
-    def _keys_resolvable(cls, keys: list[str]) -> list[str]:
-        for key in keys:
-            if key.startswith("sha256:") and not _SHA256_KEY.fullmatch(key):
-                raise ValueError("sha256: keys need 64 lowercase hex digits (sha256sum of the key)")
-            if key.startswith("env:") and not os.environ.get(key[4:]):
-                raise ValueError(f"environment variable {key[4:]} is not set")
-            if not key:
-                raise ValueError("an empty key would let anyone in")
-        return keys
 
 
 class QueueConfig(_Strict):
@@ -208,16 +236,20 @@ class HeavyClass(_Strict):
     )
     weight: float = Field(default=1.0, gt=0, description="Share multiplier for heavy requests.")
 
-    @field_validator("max_slots")
+    @field_validator("max_slots", mode="before")
     @classmethod
-    def _count_or_share(cls, value: int | str) -> int | str:
-        if isinstance(value, int):
-            if value < 1:
-                raise ValueError("must be at least 1")
+    def _count_or_share(cls, value: object) -> object:
+        # Before the int | str union, so that a wrong value gets this one message, not one
+        # per member of the union.
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
             return value
-        if not re.fullmatch(r"\d{1,3}%", value) or not 0 < int(value[:-1]) <= 100:
-            raise ValueError("a count (2) or a share of the slots (50%)")
-        return value
+        if (
+            isinstance(value, str)
+            and re.fullmatch(r"\d{1,3}%", value)
+            and 0 < int(value[:-1]) <= 100
+        ):
+            return value
+        raise ValueError("must be a count of slots such as 2, or a share such as 50%")
 
     def slots_on(self, backend_slots: int) -> int:
         """How many of ``backend_slots`` heavy requests may hold; at least one."""
@@ -287,27 +319,31 @@ class Policy(_Strict):
 
     @field_validator("users")
     @classmethod
-    def _keys_unique(cls, users: dict[str, UserConfig]) -> dict[str, UserConfig]:
-        owners: dict[str, str] = {}
+    def _each_reachable_by_own_keys(cls, users: dict[str, UserConfig]) -> dict[str, UserConfig]:
         for name, user in users.items():
-            for key in user.keys:
-                if key in owners:
-                    raise ValueError(f"users {owners[key]} and {name} share a key")
-                owners[key] = name
+            if not (user.keys or user.clients or name == ANONYMOUS):
+                message = "no keys and no clients, so no request can ever be this user"
+                raise problem_at((name,), message)
+        first: dict[str, tuple[str, int]] = {}
+        for name, user in users.items():
+            for index, key in enumerate(user.keys):
+                # Compared as digests: a plain key and its sha256: form are the same key.
+                owner, earlier = first.setdefault(_digest_of(key), (name, index))
+                if (owner, earlier) != (name, index):
+                    said = "listed twice" if owner == name else f"{owner} has this key too"
+                    raise problem_at((name, "keys", index), said, first=(owner, "keys", earlier))
         return users
 
     @field_validator("backends")
     @classmethod
     def _unique_names(cls, backends: list[BackendConfig]) -> list[BackendConfig]:
-        names = [backend.name for backend in backends]
-        duplicates = sorted({name for name in names if names.count(name) > 1})
-        if duplicates:
-            raise ValueError(f"backend names must be unique: {', '.join(duplicates)}")
+        first: dict[str, int] = {}
+        for index, backend in enumerate(backends):
+            earlier = first.setdefault(backend.name, index)
+            if earlier != index:
+                message = f"another backend is named {backend.name!r}"
+                raise problem_at((index, "name"), message, first=(earlier, "name"))
         return backends
-
-
-class PolicyError(Exception):
-    """The policy file cannot be used; the message names the file, line and field."""
 
 
 def load_policy(path: Path) -> Policy:
@@ -321,58 +357,10 @@ def load_policy(path: Path) -> Policy:
 
 def parse_policy(text: str, source: str = "<policy>") -> Policy:
     """Validate policy YAML ``text``; ``source`` names it in error messages."""
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
-        raise PolicyError(f"{where}: invalid YAML: {exc.problem or exc.context}") from exc
+    data, root = read_yaml(text, source)
     if not isinstance(data, dict):
         raise PolicyError(f"{source}:1: the file must be a mapping (backends:, users:, ...)")
     try:
-        return Policy.model_validate(data)
+        return Policy.model_validate(data, context={_ENVIRONMENT: environment()})
     except ValidationError as exc:
-        raise PolicyError(_describe(exc, root, source)) from exc
-
-
-def _describe(exc: ValidationError, root: yaml.Node | None, source: str) -> str:
-    lines = []
-    for error in exc.errors(include_url=False):
-        loc = error["loc"]
-        field = _dotted(loc) or "(top level)"
-        scalar = isinstance(error["input"], str | int | float | bool)
-        got = f" (got {error['input']!r})" if scalar and error["type"] != "missing" else ""
-        message = error["msg"].removeprefix("Value error, ")
-        lines.append(f"{source}:{_line_of(root, loc)}: {field}: {message}{got}")
-    return "\n".join(lines)
-
-
-def _dotted(loc: tuple[int | str, ...]) -> str:
-    text = ""
-    for part in loc:
-        text += f"[{part}]" if isinstance(part, int) else f".{part}" if text else str(part)
-    return text
-
-
-def _line_of(node: yaml.Node | None, loc: tuple[int | str, ...]) -> int:
-    """The 1-based line of the deepest YAML node that ``loc`` reaches."""
-    line = node.start_mark.line + 1 if node is not None else 1
-    for part in loc:
-        child = _child(node, part)
-        if child is None:
-            break
-        key_node, node = child
-        line = key_node.start_mark.line + 1
-    return line
-
-
-def _child(node: yaml.Node | None, part: int | str) -> tuple[yaml.Node, yaml.Node] | None:
-    if isinstance(node, yaml.MappingNode):
-        for key, value in node.value:
-            if key.value == str(part):
-                return key, value
-    if isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
-        item: Any = node.value[part]
-        return item, item
-    return None
+        raise PolicyError(describe(exc, root, source, Policy)) from exc

@@ -1,0 +1,304 @@
+"""Reading the admin's policy file: YAML without silent surprises, problems as sentences.
+
+PyYAML keeps the last of two equal mapping keys without a word, so a second ``users:`` block
+appended to the file would quietly replace the first; repeated keys are looked for on the
+composed node tree, before anything is built from it. pydantic's errors name parts of its
+schema (union branches, validator reprs) that mean nothing to the person editing the file; each
+is rewritten here as one sentence at the line of the field. Nothing here knows the policy's
+fields: the model is an argument, so ``policy.py`` imports this module and not the reverse.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import types
+from collections.abc import Iterator, Sequence
+from ipaddress import IPv4Network, IPv6Network, ip_network
+from typing import Annotated, Any, Union, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails, PydanticCustomError
+from pydantic_settings import DotEnvSettingsSource
+
+from gateway.settings import Settings
+
+__all__ = ["Loc", "PolicyError", "describe", "environment", "problem_at", "read_yaml"]
+
+Loc = tuple[int | str, ...]
+
+
+class PolicyError(Exception):
+    """The policy file cannot be used; the message names the file, line and field."""
+
+
+def read_yaml(text: str, source: str) -> tuple[Any, yaml.Node | None]:
+    """The document in ``text`` and its node tree; PolicyError for bad YAML or a repeated key."""
+    loader = yaml.SafeLoader(text)
+    try:
+        root = loader.get_single_node()
+        repeats = [f"{_where(source, line, at)}{what}" for line, at, what in _repeated_keys(root)]
+        if repeats:
+            raise PolicyError("\n".join(repeats))
+        return (loader.construct_document(root) if root is not None else None), root
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        raise PolicyError(f"{where}: invalid YAML: {exc.problem or exc.context}") from exc
+    finally:
+        loader.dispose()
+
+
+def _repeated_keys(root: yaml.Node | None) -> list[tuple[int, Loc, str]]:
+    found: list[tuple[int, Loc, str]] = []
+    for mapping, at in _mappings(root, (), set()):
+        first: dict[tuple[str, str], int] = {}
+        for key, _ in mapping.value:
+            if not isinstance(key, yaml.ScalarNode):
+                continue
+            line = key.start_mark.line + 1
+            # The tag too: 1 and "1" are different keys once built.
+            earlier = first.setdefault((key.tag, key.value), line)
+            if earlier != line:
+                found.append((line, at, f"duplicate key {key.value!r} (first at line {earlier})"))
+    return sorted(found)
+
+
+def _mappings(node: yaml.Node | None, at: Loc, seen: set[int]) -> Iterator[tuple[Any, Loc]]:
+    """Every mapping node under ``node`` with its place; an alias is visited once."""
+    if node is None or id(node) in seen:
+        return
+    seen.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        yield node, at
+        for key, value in node.value:
+            yield from _mappings(value, (*at, str(key.value)), seen)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            yield from _mappings(item, (*at, index), seen)
+
+
+def environment() -> dict[str, str]:
+    """Variables as the process settings see them: the ``.env`` file, overridden by the
+    environment. Read with the settings' own source, so both find the same file."""
+    dotenv = DotEnvSettingsSource(Settings, case_sensitive=True).env_vars
+    from_file = {name: value for name, value in dotenv.items() if value is not None}
+    return from_file | dict(os.environ)
+
+
+def problem_at(at: Loc, message: str, first: Loc | None = None) -> PydanticCustomError:
+    """An error about a place below the validator that found it (one user's key, seen while
+    checking all users). ``at`` and ``first`` (the earlier of two that clash) are relative to
+    the validated value; ``describe`` reports the problem at their lines."""
+    context = {"message": message, "at": at, "first": first}
+    return PydanticCustomError("policy_problem", "{message}", context)
+
+
+def describe(exc: ValidationError, root: yaml.Node | None, source: str, model: type[Any]) -> str:
+    """One line per problem: ``file:line: field: sentence``; union branches merged into one."""
+    problems: dict[Loc, str] = {}
+    for error in exc.errors(include_url=False):
+        at, message = _problem(error, root, model)
+        problems.setdefault(at, message)
+    return "\n".join(f"{_where(source, _line_of(root, at), at)}{m}" for at, m in problems.items())
+
+
+def _problem(error: ErrorDetails, root: yaml.Node | None, model: type[Any]) -> tuple[Loc, str]:
+    context = error.get("ctx") or {}
+    if error["type"] == "policy_problem":
+        at = (*error["loc"], *context["at"])
+        first = context["first"]
+        line = f" (first at line {_line_of(root, (*error['loc'], *first))})" if first else ""
+        return at, f"{context['message']}{line}"
+    at, union = _place_in_file(model, error["loc"])
+    if union:
+        return at, _none_of(union, error["input"])
+    if error["type"] == "extra_forbidden":
+        return at, _unknown_field(str(at[-1]), _fields_of(model, at[:-1]))
+    return at, _sentence(error)
+
+
+_TYPE_ERRORS = {
+    "int_parsing": "a whole number",
+    "int_type": "a whole number",
+    "int_from_float": "a whole number",
+    "float_parsing": "a number",
+    "float_type": "a number",
+    "bool_parsing": "true or false",
+    "bool_type": "true or false",
+    "string_type": "text (put it in quotes)",
+    "dict_type": "a mapping (name: value lines)",
+    "model_type": "a mapping (name: value lines)",
+}
+_BOUNDS = {
+    "greater_than_equal": "must be at least {ge}",
+    "greater_than": "must be more than {gt}",
+    "less_than_equal": "must be at most {le}",
+    "less_than": "must be less than {lt}",
+}
+
+
+def _sentence(error: ErrorDetails) -> str:
+    kind, value, context = error["type"], error["input"], error.get("ctx") or {}
+    if kind == "missing":
+        return "required, but not given"
+    if value is None and kind in {*_TYPE_ERRORS, "list_type"}:
+        return "is empty: give it a value or remove the line"
+    if kind in _TYPE_ERRORS:
+        return f"{_shown(value)} is not {_TYPE_ERRORS[kind]}"
+    if kind == "list_type":
+        hint = f"; write [{value!r}]" if isinstance(value, str | int | float) else ""
+        return f"{_shown(value)} is not a list{hint}"
+    if kind == "literal_error":
+        return _not_one_of(value, context["expected"])
+    if kind in _BOUNDS:
+        return f"{_BOUNDS[kind].format(**context)}, not {_shown(value)}"
+    if kind == "too_short":
+        least = context["min_length"]
+        return "must not be empty" if least == 1 else f"needs at least {least} entries"
+    message = error["msg"].removeprefix("Value error, ")
+    # A message that quotes the text it refused needs no "got"; a number is always shown,
+    # since "0" could be found in any message.
+    quoted = isinstance(value, str) and repr(value) in message
+    shown = isinstance(value, str | int | float | bool) and not quoted
+    return f"{message} (got {_shown(value)})" if shown else message
+
+
+def _shown(value: object) -> str:
+    """``value`` as YAML spells it where that differs from Python (true, not True)."""
+    return str(value).lower() if isinstance(value, bool) else repr(value)
+
+
+def _not_one_of(value: object, expected: str) -> str:
+    choices = re.findall(r"'([^']*)'", expected)
+    close = difflib.get_close_matches(str(value), choices, n=1)
+    guess = f"; did you mean {close[0]!r}?" if close else ""
+    return f"{value!r} is not {expected}{guess}"
+
+
+def _unknown_field(name: str, known: Sequence[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1)
+    if close:
+        return f"unknown field; did you mean {close[0]!r}?"
+    return f"unknown field; the fields here are {', '.join(known)}"
+
+
+_KINDS: dict[Any, str] = {
+    int: "a whole number",
+    float: "a number",
+    str: "text",
+    bool: "true or false",
+}
+
+
+def _none_of(members: tuple[Any, ...], value: object) -> str:
+    """Why ``value`` fits no member of a union, said once rather than once per member."""
+    if set(members) <= {IPv4Network, IPv6Network}:
+        return _not_a_network(value)
+    kinds = dict.fromkeys(_KINDS.get(_bare(m), getattr(m, "__name__", str(m))) for m in members)
+    return f"{_shown(value)} is not {' or '.join(kinds)}"
+
+
+def _not_a_network(value: object) -> str:
+    try:
+        network = ip_network(str(value), strict=False)
+    except ValueError:
+        return f"{value!r} is not an IP address or CIDR range"
+    # It parses when host bits may be set, so that is the one thing wrong with it.
+    return f"{value!r} has host bits set; did you mean '{network}'?"
+
+
+def _place_in_file(model: type[Any], loc: Loc) -> tuple[Loc, tuple[Any, ...] | None]:
+    """The part of ``loc`` that names places in the file, and the union it ends at, if any:
+    after a union, pydantic's location names the branch tried (``int``, a validator repr)."""
+    annotation: Any = model
+    for index, part in enumerate(loc):
+        members = _union_members(annotation)
+        if members:
+            return loc[:index], members
+        if part == "[key]":  # the mapping key just before it is the place, and is in loc
+            return loc[:index], None
+        annotation = _step(annotation, part)
+    return loc, None
+
+
+def _fields_of(model: type[Any], at: Loc) -> list[str]:
+    annotation: Any = model
+    for part in at:
+        annotation = _step(annotation, part)
+    annotation = _bare(annotation)
+    is_model = isinstance(annotation, type) and issubclass(annotation, BaseModel)
+    return list(annotation.model_fields) if is_model else []
+
+
+def _step(annotation: Any, part: int | str) -> Any:
+    """The type one step into a model, mapping or list; None where the schema is unknown."""
+    annotation = _bare(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        field = annotation.model_fields.get(str(part))
+        return field.annotation if field else None
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is dict:
+        return args[1]
+    if origin is list:
+        return args[0]
+    return None
+
+
+def _bare(annotation: Any) -> Any:
+    """``annotation`` without Annotated metadata or an Optional's None."""
+    while True:
+        if get_origin(annotation) is Annotated:
+            annotation = get_args(annotation)[0]
+        elif get_origin(annotation) in (Union, types.UnionType) and len(_non_none(annotation)) == 1:
+            annotation = _non_none(annotation)[0]
+        else:
+            return annotation
+
+
+def _union_members(annotation: Any) -> tuple[Any, ...] | None:
+    annotation = _bare(annotation)
+    if get_origin(annotation) in (Union, types.UnionType):
+        return _non_none(annotation)
+    return None
+
+
+def _non_none(union: Any) -> tuple[Any, ...]:
+    return tuple(member for member in get_args(union) if member is not type(None))
+
+
+def _where(source: str, line: int, at: Loc) -> str:
+    field = _dotted(at)
+    return f"{source}:{line}: {field}: " if field else f"{source}:{line}: "
+
+
+def _dotted(loc: Loc) -> str:
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else f".{part}" if text else str(part)
+    return text
+
+
+def _line_of(node: yaml.Node | None, loc: Loc) -> int:
+    """The 1-based line of the deepest YAML node that ``loc`` reaches."""
+    line = node.start_mark.line + 1 if node is not None else 1
+    for part in loc:
+        child = _child(node, part)
+        if child is None:
+            break
+        key_node, node = child
+        line = key_node.start_mark.line + 1
+    return line
+
+
+def _child(node: yaml.Node | None, part: int | str) -> tuple[yaml.Node, yaml.Node] | None:
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            if key.value == str(part):
+                return key, value
+    if isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+        item: Any = node.value[part]
+        return item, item
+    return None
