@@ -147,7 +147,13 @@ async def _answer(
         return await handler(request)
     except GatewayError as error:
         record.status, record.reason = error.status, error.reason
-        return error_response(api_of(request.path), error)
+        response = error_response(api_of(request.path), error)
+        if _body_withheld(request):
+            # Refused before 100 Continue: the client may never send the body, so the
+            # connection cannot be read to its next request; close it. (A body that is
+            # being sent is read to its end and dropped by aiohttp, in bounded pieces.)
+            response.force_close()
+        return response
     except web.HTTPException as exc:
         # aiohttp's own refusals (no such route, wrong method, body over client_max_size).
         if exc.status < 400:
@@ -163,6 +169,15 @@ async def _answer(
         record.client_gone = record.client_gone or request.transport is None
         record.status = record.status or 499
         raise
+
+
+def _body_withheld(request: web.Request) -> bool:
+    return (
+        request.headers.get("Expect", "").lower() == "100-continue"
+        and request.can_read_body
+        and not request.content.is_eof()
+        and request.content.total_bytes == 0
+    )
 
 
 _HTTP_REASONS = {

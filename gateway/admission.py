@@ -152,6 +152,11 @@ class Admission:
                 return self._refusal(Reason.WAIT_TIMEOUT, ticket.user)
             await self.holds.released(min(remaining, _SHARED_RETRY_SECONDS))
 
+    def refuses_unseen(self, user: str) -> Refusal | None:
+        """The quick no that needs no body (``WaitingRoom.refuses_unseen``), or None."""
+        reason = self.room.refuses_unseen(user)
+        return None if reason is None else self._refusal(reason, user)
+
     async def _local_turn(self, ticket: Ticket, within: float) -> Permit | Refusal:
         room = self.room
         reason = room.over_bound(ticket.user, joining=True)

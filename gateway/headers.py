@@ -1,8 +1,10 @@
 """Which headers cross the gateway, in each direction.
 
-RFC 9110 section 7.6.1 (hop-by-hop headers), plus what must not cross the gateway: the
-client's credentials, and lengths and encodings that the two separate connections settle
-for themselves.
+RFC 9110 section 7.6.1 (hop-by-hop headers, and every header the Connection header names),
+plus what must not cross the gateway: the client's credentials, ``Expect`` (the gateway
+answers it), and lengths and encodings that the two separate connections settle for
+themselves. aiohttp hands the handler a body already decompressed, so the client's
+``Content-Encoding`` no longer describes the bytes forwarded.
 """
 
 from __future__ import annotations
@@ -29,19 +31,31 @@ _NOT_FORWARDED = frozenset(
         "authorization",
         "x-api-key",
         "cookie",
+        "expect",
+        "content-encoding",
     }
 )
 _NOT_RETURNED = _NOT_FORWARDED | {"server", "date", "set-cookie"}
 
 
 def forwarded_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
-    forwarded = CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in _NOT_FORWARDED)
+    dropped = _NOT_FORWARDED | _named_by_connection(headers)
+    forwarded = CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in dropped)
     # Uncompressed replies keep the relay byte-faithful and the final counts readable.
     forwarded["Accept-Encoding"] = "identity"
     return forwarded
 
 
 def returned_headers(upstream: aiohttp.ClientResponse) -> CIMultiDict[str]:
-    return CIMultiDict(
-        (k, v) for k, v in upstream.headers.items() if k.lower() not in _NOT_RETURNED
+    dropped = _NOT_RETURNED | _named_by_connection(upstream.headers)
+    return CIMultiDict((k, v) for k, v in upstream.headers.items() if k.lower() not in dropped)
+
+
+def _named_by_connection(headers: CIMultiDictProxy[str]) -> frozenset[str]:
+    """The headers a Connection header names: they were meant for this hop only."""
+    return frozenset(
+        name.strip().lower()
+        for value in headers.getall("Connection", ())
+        for name in value.split(",")
+        if name.strip()
     )

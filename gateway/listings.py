@@ -2,13 +2,17 @@
 
 Listings are asked of every healthy backend at once, when a client asks: ``/api/ps`` must
 say what is loaded now, not at the last probe. A backend that does not answer in time is
-left out of the list rather than failing it.
+left out of the list rather than failing it. Each user may have a few reads under way at
+once (``FAIRGATE_MAX_READS_PER_USER``); past that, 429: a read opens backend connections,
+and a user capped at one generation must not open dozens through ``/api/show``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import aiohttp
@@ -18,6 +22,7 @@ from aiohttp import web
 from gateway.access import RECORD
 from gateway.backends import Backend
 from gateway.backends.probes import entries_of
+from gateway.bodies import Fields, defer_continue, read_body
 from gateway.errors import GatewayError
 from gateway.relay import Relay, Target
 from gateway.services import Services
@@ -40,18 +45,48 @@ class Reads:
 
     def __init__(self, services: Services) -> None:
         self._services = services
+        self._reading: Counter[str] = Counter()  # reads under way, by user
 
     def add_routes(self, app: web.Application) -> None:
         for path in _LISTINGS:
             app.router.add_get(path, self.listing)
-        app.router.add_post("/api/show", self.show)
+        app.router.add_post("/api/show", self.show, expect_handler=defer_continue)
+        # Clients probe the version to see whether a server is there: no key needed.
         app.router.add_get("/api/version", self.version)
 
     async def listing(self, request: web.Request) -> web.Response:
         """The union of every healthy backend's list, each model once."""
+        user = self._services.caller(request, self._services.policy.current).user
+        with self._read_by(user):
+            return await self._listing(request, user)
+
+    async def show(self, request: web.Request) -> web.StreamResponse:
+        """Model details from a backend that has the model."""
+        user = self._services.caller(request, self._services.policy.current).user
+        with self._read_by(user):
+            return await self._show(request, user)
+
+    @contextmanager
+    def _read_by(self, user: str) -> Iterator[None]:
+        limit = self._services.settings.max_reads_per_user
+        if self._reading[user] >= limit:
+            raise GatewayError(
+                429,
+                Reason.TOO_MANY_READS,
+                f"user {user} already has {limit} reads (listings, show) under way",
+                retry_after=1.0,
+            )
+        self._reading[user] += 1
+        try:
+            yield
+        finally:
+            self._reading[user] -= 1
+            if not self._reading[user]:
+                del self._reading[user]
+
+    async def _listing(self, request: web.Request, user: str) -> web.Response:
         services = self._services
         view = services.policy.current
-        user = services.caller(request, view).user
         key, field, api = _LISTINGS[request.path]
         session, within = services.upstream.session, view.policy.monitoring.timeout
         lists = await asyncio.gather(
@@ -69,16 +104,15 @@ class Reads:
             body = {"object": "list", **body}
         return web.json_response(body)
 
-    async def show(self, request: web.Request) -> web.StreamResponse:
-        """Model details from a backend that has the model."""
-        view, record = self._services.policy.current, request[RECORD]
-        user = self._services.caller(request, view).user
-        body = await request.read()
-        try:
-            fields = json.loads(body)
-            model = str(fields.get("model") or fields.get("name") or "")
-        except (ValueError, AttributeError):
-            model = ""  # the backend answers malformed requests in its own words
+    async def _show(self, request: web.Request, user: str) -> web.StreamResponse:
+        services = self._services
+        view, record, settings = services.policy.current, request[RECORD], services.settings
+        # Read as Ollama reads it (keys folded, last wins refused), so the model checked
+        # against models: is the model shown: `model`, else the older `name`.
+        fields = Fields(await read_body(request, settings.max_body_bytes, settings.body_timeout))
+        model = fields.values.get("model") or fields.values.get("name") or ""
+        if not isinstance(model, str):
+            raise GatewayError(400, Reason.BAD_REQUEST, "model must be a string")
         record.model = model or None
         if model and not view.policy.may_use(user, model):
             raise model_forbidden(user, model)
@@ -86,7 +120,7 @@ class Reads:
         candidates = pool.serving(Api.OLLAMA, model) if model else pool.healthy(Api.OLLAMA)
         if not candidates and model and pool.known_nowhere(Api.OLLAMA, model):
             raise model_not_found(model)
-        return await self._relay(request, self._choose(candidates, model), body)
+        return await self._relay(request, self._choose(candidates, model), fields.body)
 
     async def version(self, request: web.Request) -> web.StreamResponse:
         view = self._services.policy.current

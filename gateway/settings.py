@@ -74,6 +74,11 @@ class Settings(BaseSettings):
         gt=0,
         description="Seconds a client may take to send a request body; slower: 408.",
     )
+    max_reads_per_user: int = Field(
+        default=4,
+        ge=1,
+        description="Listings and /api/show under way at once per user; more: 429.",
+    )
     drain_timeout: float = Field(
         default=30.0,
         ge=0,

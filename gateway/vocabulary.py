@@ -48,6 +48,8 @@ class Reason(StrEnum):
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
     BODY_TOO_LARGE = "body_too_large"
+    BODY_TIMEOUT = "body_timeout"
+    TOO_MANY_READS = "too_many_reads"
     # No room for it now.
     USER_QUEUE_FULL = "user_queue_full"
     GATEWAY_BUSY = "gateway_busy"

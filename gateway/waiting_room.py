@@ -126,6 +126,20 @@ class WaitingRoom:
             return Reason.GATEWAY_BUSY
         return None
 
+    def refuses_unseen(self, user: str) -> Reason | None:
+        """The bound a request of ``user`` would pass, when it would pass it whatever its
+        body says: the user's own places are all taken, or no backend has a free slot.
+        Checked before the body is read, so a user at cap cannot make the gateway read,
+        and hold, body after body only to refuse each."""
+        reason = self.over_bound(user, joining=True)
+        if reason is None:
+            return None
+        if self.running[user] >= self.policy.limits_of(user).max_concurrent:
+            return reason
+        if all(self.busy[b.name] >= b.slots for b in self.pool.backends):
+            return reason
+        return None
+
     def dispatch(self) -> None:
         """Give every free slot that a waiting request can use to the one the ordering picks."""
         if not any(self.busy[b.name] < b.slots for b in self.pool.backends):

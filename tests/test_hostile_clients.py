@@ -13,7 +13,7 @@ import aiohttp
 import structlog
 
 from tests.conftest import Gateway, StartGateway, StartSim
-from tests.test_admission import MODEL, idle, until
+from tests.test_admission import MODEL, held, idle, until
 from tests.test_metrics import scrape
 
 STALL = 1.0
@@ -39,12 +39,21 @@ async def open_raw(
     return await asyncio.open_connection(sock=sock, limit=1024)
 
 
-def request_bytes(path: str, body: bytes, key: str = "alice-key", extra: str = "") -> bytes:
-    head = (
+def request_head(path: str, length: int, key: str = "alice-key", extra: str = "") -> bytes:
+    """A POST's head that declares ``length`` bytes of body (sent, or not, separately)."""
+    return (
         f"POST {path} HTTP/1.1\r\nHost: gateway\r\nAuthorization: Bearer {key}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n{extra}\r\n"
-    )
-    return head.encode() + body
+        f"Content-Type: application/json\r\nContent-Length: {length}\r\n{extra}\r\n"
+    ).encode()
+
+
+def request_bytes(path: str, body: bytes, key: str = "alice-key", extra: str = "") -> bytes:
+    return request_head(path, len(body), key, extra) + body
+
+
+async def head_of(reader: asyncio.StreamReader) -> bytes:
+    """The next response head (an interim 100 Continue is one too)."""
+    return await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
 
 
 def stamped(logger: object, method: str, event: dict[str, Any]) -> dict[str, Any]:
@@ -91,4 +100,85 @@ class TestSlowReaders:
         assert (request["reason"], request["client_gone"]) == ("client_stalled", True)
         stalls = (await scrape(gateway))["fairgate_client_stalls"]
         assert ("fairgate_client_stalls_total", {"user": "alice"}, 1.0) in stalls
+        writer.close()
+
+
+HUGE = 30 * 1024 * 1024
+CAPPED = "defaults: {max_concurrent: 1, max_queued: 0}\n" + POLICY
+CHAT = json.dumps({"model": MODEL, "prompt": "hi", "stream": False}).encode()
+
+
+async def capped_gateway(start_sim: StartSim, start_gateway: StartGateway) -> Gateway:
+    _, url = await start_sim()
+    return await start_gateway(
+        CAPPED + f"backends:\n  - {{name: sim, url: {url}, kind: ollama, slots: 2}}\n",
+        max_body_bytes=HUGE + 1024,
+    )
+
+
+class TestRefusedBeforeTheBody:
+    async def test_a_user_at_cap_gets_503_from_the_headers_alone(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """With alice's one place taken and no room to wait, a 30 MiB request of hers gets
+        its 503 before a byte of its body is sent: the body is never awaited."""
+        gateway = await capped_gateway(start_sim, start_gateway)
+        async with held(gateway, "alice-key", "holding"):
+            reader, writer = await open_raw(gateway)
+            writer.write(request_head("/api/generate", HUGE))
+            assert (await head_of(reader)).startswith(b"HTTP/1.1 503")
+            writer.close()
+
+    async def test_a_wrong_key_gets_401_without_100_continue(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """An unknown key is refused at once; the client is never invited to send its body."""
+        gateway = await capped_gateway(start_sim, start_gateway)
+        reader, writer = await open_raw(gateway)
+        expect = "Expect: 100-continue\r\n"
+        writer.write(request_head("/api/generate", len(CHAT), key="wrong", extra=expect))
+        head = await head_of(reader)
+        assert head.startswith(b"HTTP/1.1 401") and b"Connection: close" in head
+        writer.close()
+
+    async def test_an_oversize_body_gets_413_without_100_continue(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """A declared length over the limit is refused from the headers."""
+        gateway = await capped_gateway(start_sim, start_gateway)
+        reader, writer = await open_raw(gateway)
+        expect = "Expect: 100-continue\r\n"
+        writer.write(request_head("/api/generate", HUGE * 2, extra=expect))
+        assert (await head_of(reader)).startswith(b"HTTP/1.1 413")
+        writer.close()
+
+    async def test_an_accepted_request_is_invited_and_expect_is_not_forwarded(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """A request that may run gets 100 Continue from the gateway, and the backend never
+        sees the Expect header (it would answer it, or never, on its own terms)."""
+        sim, url = await start_sim(record_replies=True)
+        gateway = await start_gateway(
+            POLICY + f"backends:\n  - {{name: sim, url: {url}, kind: ollama, slots: 2}}\n"
+        )
+        reader, writer = await open_raw(gateway)
+        writer.write(request_head("/api/generate", len(CHAT), extra="Expect: 100-continue\r\n"))
+        assert await head_of(reader) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        writer.write(CHAT)
+        assert (await head_of(reader)).startswith(b"HTTP/1.1 200")
+        assert "expect" not in {name.lower() for name in sim.request_headers[-1]}
+        writer.close()
+
+    async def test_a_body_that_never_arrives_gets_408(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """Half a body, then silence: 408 after body_timeout, and the connection is closed."""
+        _, url = await start_sim()
+        gateway = await start_gateway(
+            POLICY + f"backends:\n  - {{name: sim, url: {url}, kind: ollama, slots: 2}}\n",
+            body_timeout=0.3,
+        )
+        reader, writer = await open_raw(gateway)
+        writer.write(request_head("/api/generate", len(CHAT)) + CHAT[:5])
+        assert (await head_of(reader)).startswith(b"HTTP/1.1 408")
         writer.close()

@@ -98,10 +98,28 @@ async def provoke_request_refusals(gateway: Gateway) -> None:
         assert await status_of(session, "GET", url + "/api/generate") == 405
         big = {**chat, "prompt": "x" * 5000}
         assert await status_of(session, "POST", url + "/api/generate", "bob-key", json=big) == 413
+        await provoke_read_refusals(gateway, session)
         # Only the dead OpenAI-kind backend might serve it: no healthy backend, but not unknown.
         served_by_dead = {"model": "dead-only:1b", "messages": [{"role": "user", "content": "hi"}]}
         path = url + "/v1/chat/completions"
         assert await status_of(session, "POST", path, "bob-key", json=served_by_dead) == 503
+
+
+async def provoke_read_refusals(gateway: Gateway, session: aiohttp.ClientSession) -> None:
+    """A body that never comes holds bob's one read: the next read gets 429, the first 408."""
+    host, _, port = gateway.url.removeprefix("http://").rpartition(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(
+        b"POST /api/show HTTP/1.1\r\nHost: g\r\nAuthorization: Bearer bob-key\r\n"
+        b"Content-Length: 50\r\nExpect: 100-continue\r\n\r\n"
+    )
+    # The interim reply goes out once the read is counted, just before the body is awaited.
+    assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
+    writer.write(b"{")
+    show = {"model": MODEL}
+    assert await status_of(session, "POST", gateway.url + "/api/show", "bob-key", json=show) == 429
+    assert (await reader.readline()).startswith(b"HTTP/1.1 408")  # body_timeout
+    writer.close()
 
 
 async def provoke_room_refusals(gateway: Gateway) -> None:
@@ -131,7 +149,8 @@ async def test_every_refusal_reason_is_counted_in_fairgate_rejections_total(
         f"backends:\n  - {{name: sim, url: {sim_url}, kind: ollama, slots: 1}}\n"
         f"  - {{name: dead, url: {dead}, kind: openai, slots: 1}}\n"
     )
-    app = create_app(Settings(max_body_bytes=2000), parse_policy(HOUSE + backends))
+    settings = Settings(max_body_bytes=2000, body_timeout=0.3, max_reads_per_user=1)
+    app = create_app(settings, parse_policy(HOUSE + backends))
     app.middlewares.insert(0, peer_from_header)
     gateway = Gateway(await serve(servers, app), app)  # type: ignore[arg-type]
     await provoke_request_refusals(gateway)

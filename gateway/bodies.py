@@ -1,0 +1,97 @@
+"""Request bodies: read only for a request that may run, within a deadline and a bound, and
+parsed the way every backend will read them.
+
+aiohttp would answer ``Expect: 100-continue`` itself, before any handler ran: a wrong key
+got ``100 Continue`` and then a 401, and a body too large got ``100 Continue`` and was then
+awaited. Here the interim answer goes out only once the request has passed every check
+that needs no body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from gateway.ambiguity import AmbiguousField, NotAnObject, canonical_keys, load_checked
+from gateway.errors import GatewayError
+from gateway.vocabulary import Reason
+
+__all__ = ["Fields", "defer_continue", "encoded", "json_fields", "read_body"]
+
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+async def defer_continue(request: web.Request) -> None:
+    """The routes' expect handler: say nothing yet; ``read_body`` decides."""
+
+
+async def read_body(request: web.Request, limit: int, deadline: float) -> bytes:
+    """The whole body, or GatewayError: 413 over ``limit`` (before a byte of it is read),
+    417 for an expectation other than 100-continue, 408 when it takes over ``deadline``."""
+    declared = request.content_length
+    if declared is not None and declared > limit:
+        raise GatewayError(
+            413, Reason.BODY_TOO_LARGE, f"the body is {declared} bytes; the limit is {limit}"
+        )
+    expect = request.headers.get("Expect")
+    if expect is not None:
+        if expect.lower() != "100-continue":
+            raise GatewayError(417, Reason.BAD_REQUEST, "only Expect: 100-continue is supported")
+        if request.version >= (1, 1):
+            await request.writer.write(_CONTINUE)
+            request.writer.output_size = 0  # the interim reply is not the reply's body
+    try:
+        async with asyncio.timeout(deadline):
+            return await request.read()
+    except TimeoutError:
+        raise GatewayError(
+            408, Reason.BODY_TIMEOUT, f"the request body did not arrive within {deadline:g}s"
+        ) from None
+
+
+class Fields:
+    """A body's JSON object as every backend reads it, and the bytes to forward for it."""
+
+    __slots__ = ("body", "values")
+
+    def __init__(self, body: bytes) -> None:
+        values = json_fields(body)
+        canonical = canonical_keys(values)
+        if canonical is not None:  # e.g. a lone KEEP_ALIVE: checked and sent as keep_alive
+            values, body = canonical, encoded(canonical)
+        self.values: dict[str, Any] = values
+        self.body = body
+
+    def changed(self) -> None:
+        """The gateway rewrote a value (a keep_alive policy): forward the new encoding."""
+        self.body = encoded(self.values)
+
+
+def json_fields(body: bytes) -> dict[str, Any]:
+    """The body's JSON object, as every backend would read it, or a 400 saying why not."""
+    try:
+        return load_checked(body)
+    except AmbiguousField as exc:
+        # Ollama would act on another value than the one the policy checks (the last of
+        # keys that differ only in case): refuse rather than guess.
+        raise GatewayError(400, Reason.AMBIGUOUS_FIELD, str(exc)) from exc
+    except NotAnObject as exc:
+        raise GatewayError(
+            400, Reason.BAD_REQUEST, "the request body must be a JSON object"
+        ) from exc
+    except ValueError as exc:  # not JSON, not UTF-8, or nested too deeply
+        raise GatewayError(
+            400, Reason.BAD_REQUEST, f"the request body is not valid JSON: {exc}"
+        ) from exc
+
+
+def encoded(fields: dict[str, Any]) -> bytes:
+    # orjson: json.dumps holds the event loop 30-40 ms for a 4 MB image body, orjson 5 ms.
+    try:
+        return orjson.dumps(fields)
+    except orjson.JSONEncodeError:  # an integer beyond 64 bits, which json.loads accepts
+        return json.dumps(fields, ensure_ascii=False).encode()
