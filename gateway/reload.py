@@ -7,7 +7,7 @@ never changes the rules under a request that is already being handled.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +18,7 @@ from gateway.identity import Directory
 from gateway.policy import Policy, PolicyError, load_policy
 from gateway.tasks import repeat
 
-__all__ = ["LivePolicy", "PolicyView", "ReloadSnapshot"]
+__all__ = ["LivePolicy", "PolicyView", "ReloadSnapshot", "policy_changes"]
 
 log = structlog.get_logger("fairgate.policy")
 
@@ -72,12 +72,15 @@ class LivePolicy:
             for failure_listener in self.on_reload_failed:
                 failure_listener(str(exc))
             return False
+        changes = policy_changes(self.current.policy, policy)
         self.current = PolicyView.of(policy, self.states)
         for listener in self.on_reload:
             listener(self.current)
         self.reloads_ok += 1
         self.last_error = None
-        log.info("policy_reloaded", path=str(self.path), users=len(policy.users))
+        # A file touched, or only its comments edited, still reloads: say that nothing changed.
+        fields: dict[str, object] = {**changes} or {"unchanged": True}
+        log.info("policy_reloaded", path=str(self.path), users=len(policy.users), **fields)
         return True
 
     def snapshot(self) -> ReloadSnapshot:
@@ -91,6 +94,36 @@ class LivePolicy:
     def _reload_if_changed(self) -> None:
         if self.path is not None and _fingerprint(self.path) != self._seen:
             self.reload()
+
+
+def policy_changes(old: Policy, new: Policy) -> dict[str, list[str]]:
+    """What a reload changes, by name: users and backends added, removed or changed, and the
+    other top-level sections changed. Only what is non-empty, so that the log line says what
+    happened and nothing else."""
+    changes = {
+        **_named_changes("users", old.users, new.users),
+        **_named_changes("backends", _by_name(old), _by_name(new)),
+        "sections_changed": [
+            name
+            for name in type(new).model_fields
+            if name not in ("users", "backends") and getattr(old, name) != getattr(new, name)
+        ],
+    }
+    return {key: names for key, names in changes.items() if names}
+
+
+def _by_name(policy: Policy) -> dict[str, object]:
+    return {backend.name: backend for backend in policy.backends}
+
+
+def _named_changes(
+    what: str, old: Mapping[str, object], new: Mapping[str, object]
+) -> dict[str, list[str]]:
+    return {
+        f"{what}_added": [name for name in new if name not in old],
+        f"{what}_removed": [name for name in old if name not in new],
+        f"{what}_changed": [name for name in new if name in old and old[name] != new[name]],
+    }
 
 
 def _fingerprint(path: Path | None) -> tuple[int, int, int] | None:

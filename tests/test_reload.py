@@ -1,4 +1,5 @@
-"""The policy file reloads live: caps change, broken files are refused, keys rotate."""
+"""The policy file reloads live: caps change, broken files are refused, keys rotate, and the
+log line says what changed."""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
-from gateway.reload import PolicyView
+from structlog.testing import capture_logs
+
+from gateway.backends import BackendStates
+from gateway.policy import load_policy
+from gateway.reload import LivePolicy, PolicyView
 from tests.conftest import Gateway, StartGateway, StartSim
 from tests.test_admission import generate_status, held, idle, queued, until
 
@@ -105,3 +110,67 @@ class TestLiveReload:
         await asyncio.wait_for(reloaded, timeout=5)
         assert await generate_status(gateway, "alice-new-key") == 200
         assert await generate_status(gateway, "alice-key") == 401
+
+
+HOUSE = (
+    "users:\n"
+    "  alice: {keys: [alice-key], max_concurrent: 2}\n"
+    "  bob: {keys: [bob-key]}\n"
+    "  carol: {keys: [carol-key]}\n"
+    "backends:\n"
+    "  - {name: gpu, url: http://127.0.0.1:11434, slots: 2}\n"
+    "  - {name: cpu, url: http://127.0.0.1:11435, slots: 1}\n"
+)
+
+
+class TestReloadLog:
+    def reload_events(self, path: Path, before: str, after: str) -> list[dict[str, object]]:
+        """The policy_reloaded events logged when the file goes from ``before`` to ``after``."""
+        path.write_text(before)
+        live = LivePolicy(load_policy(path), BackendStates(), path)
+        path.write_text(after)
+        with capture_logs() as logs:
+            assert live.reload() is True
+        return [entry for entry in logs if entry["event"] == "policy_reloaded"]
+
+    def test_policy_reloaded_names_the_users_and_backends_that_changed(
+        self, tmp_path: Path
+    ) -> None:
+        """The log line lists users and backends added, removed and changed, by name."""
+        after = (
+            "users:\n"
+            "  alice: {keys: [alice-key], max_concurrent: 3}\n"
+            "  bob: {keys: [bob-key]}\n"
+            "  dave: {keys: [dave-key]}\n"
+            "backends:\n"
+            "  - {name: spare, url: http://127.0.0.1:11436, slots: 1}\n"
+            "  - {name: gpu, url: http://127.0.0.1:11434, slots: 2}\n"
+            "  - {name: cpu, url: http://127.0.0.1:11435, slots: 2}\n"
+            "queue: {max_depth: 4}\n"
+        )
+        [event] = self.reload_events(tmp_path / "fairgate.yaml", HOUSE, after)
+        assert event == {
+            "event": "policy_reloaded",
+            "log_level": "info",
+            "path": str(tmp_path / "fairgate.yaml"),
+            "users": 3,
+            "users_added": ["dave"],
+            "users_removed": ["carol"],
+            "users_changed": ["alice"],
+            "backends_added": ["spare"],
+            "backends_changed": ["cpu"],
+            "sections_changed": ["queue"],
+        }
+
+    def test_a_rotated_key_counts_as_a_changed_user(self, tmp_path: Path) -> None:
+        """A new key for bob is a change to bob, and to nothing else."""
+        after = HOUSE.replace("bob-key", "bob-new-key")
+        [event] = self.reload_events(tmp_path / "fairgate.yaml", HOUSE, after)
+        assert event["users_changed"] == ["bob"]
+        assert not {"users_added", "users_removed", "backends_changed"} & event.keys()
+
+    def test_a_reload_that_changes_nothing_says_so(self, tmp_path: Path) -> None:
+        """Editing only a comment still reloads, and the log line says nothing changed."""
+        [event] = self.reload_events(tmp_path / "fairgate.yaml", HOUSE, "# hello\n" + HOUSE)
+        assert event["unchanged"] is True
+        assert not any(key.endswith(("_added", "_removed", "_changed")) for key in event)
