@@ -8,10 +8,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from gateway import __version__
+from gateway.first_run import listen_problem, warn_about_example_keys
 from gateway.logs import configure_logging
 from gateway.policy import PolicyError, load_policy
-from gateway.settings import Settings
+from gateway.settings import Settings, describe_settings, settings_errors
 
 __all__ = ["main"]
 
@@ -33,7 +36,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"fairgate {__version__}")
     commands = parser.add_subparsers(dest="command")
 
-    serve = commands.add_parser("serve", help="run the gateway (settings from FAIRGATE_*)")
+    serve = commands.add_parser(
+        "serve",
+        help="run the gateway (settings from FAIRGATE_*)",
+        description="Run the gateway. Flags win over the environment and .env.",
+        epilog=describe_settings(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    serve.add_argument("--config", metavar="FILE", help="the policy file (FAIRGATE_CONFIG)")
+    serve.add_argument("--listen", metavar="HOST:PORT", help="where to listen (FAIRGATE_LISTEN)")
     serve.set_defaults(run=_serve)
 
     check = commands.add_parser("check-config", help="validate a policy YAML file")
@@ -67,16 +78,32 @@ def _add_tool_commands(commands: Any) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    settings = Settings()
+    # Exit status 2 for anything the admin must fix before it can start: systemd's
+    # Restart=on-failure then retries, and each failure is one line in the journal.
+    flags = {name: value for name in ("config", "listen") if (value := getattr(args, name))}
+    try:
+        settings = Settings(**flags)
+    except ValidationError as exc:
+        for line in settings_errors(exc, {name: f"--{name}" for name in flags}):
+            print(line, file=sys.stderr)
+        return 2
     configure_logging(settings.log_format, settings.log_level)
     try:
         policy = load_policy(settings.config)
     except PolicyError as exc:
         print(f"fairgate: cannot start: {exc}", file=sys.stderr)
         return 2
+    warn_about_example_keys(policy)
     from gateway.app import run_app
 
-    run_app(settings, policy)
+    try:
+        run_app(settings, policy)
+    except OSError as exc:
+        problem = listen_problem(exc)
+        if problem is None:
+            raise
+        print(f"fairgate: cannot listen on {settings.listen}: {problem}", file=sys.stderr)
+        return 2
     return 0
 
 

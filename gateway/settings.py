@@ -6,13 +6,17 @@ see ``policy.py``. What is here cannot change without a restart.
 
 from __future__ import annotations
 
+import textwrap
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args, get_origin
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["Settings"]
+__all__ = ["Settings", "describe_settings", "parse_listen", "settings_errors"]
+
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 class Settings(BaseSettings):
@@ -28,7 +32,8 @@ class Settings(BaseSettings):
     )
     listen: str = Field(
         default="127.0.0.1:8080",
-        description="host:port the gateway listens on; use 0.0.0.0:PORT to serve the LAN.",
+        description="HOST:PORT the gateway listens on; 0.0.0.0:PORT serves the LAN, [::]:PORT "
+        "IPv6 too. A bare PORT means 127.0.0.1:PORT.",
     )
     log_format: Literal["auto", "json", "console"] = Field(
         default="auto",
@@ -100,12 +105,82 @@ class Settings(BaseSettings):
     @field_validator("log_level", mode="before")
     @classmethod
     def _upper(cls, value: object) -> object:
-        return value.upper() if isinstance(value, str) else value
+        # Only a known level is upper-cased, so that an error shows the value as it was set.
+        if isinstance(value, str) and value.upper() in _LEVELS:
+            return value.upper()
+        return value
+
+    @field_validator("listen")
+    @classmethod
+    def _host_and_port(cls, value: str) -> str:
+        """Refuse what cannot be bound, rather than binding something else: a port past
+        65535 used to wrap around (99999 bound 34463) while the log said 99999."""
+        host, port = parse_listen(value)
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
     @property
     def host(self) -> str:
-        return self.listen.rpartition(":")[0] or "127.0.0.1"
+        return parse_listen(self.listen)[0]
 
     @property
     def port(self) -> int:
-        return int(self.listen.rpartition(":")[2])
+        return parse_listen(self.listen)[1]
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """(host, port) of ``HOST:PORT``, ``[IPv6]:PORT``, ``:PORT`` or a bare ``PORT`` (both
+    on 127.0.0.1: a gateway reaches the LAN only when asked to); ValueError saying why not."""
+    text = text.strip()
+    if "://" in text:
+        raise ValueError("write HOST:PORT without a scheme, e.g. 0.0.0.0:8080")
+    if text.isdigit():
+        host, port_text = "", text
+    elif text.startswith("["):
+        host, found, port_text = text[1:].partition("]:")
+        if not found:
+            raise ValueError("expected [IPv6]:PORT, e.g. [::]:8080")
+    else:
+        host, found, port_text = text.rpartition(":")
+        if not found:
+            raise ValueError("expected HOST:PORT, e.g. 127.0.0.1:8080, or a bare PORT")
+        if ":" in host:
+            raise ValueError("an IPv6 address goes in brackets, e.g. [::1]:8080")
+    if not port_text.isdigit():
+        raise ValueError(f"the port {port_text!r} is not a number")
+    port = int(port_text)
+    if not 1 <= port <= 65535:
+        raise ValueError(f"port {port} is out of range (1-65535)")
+    if any(c.isspace() or c in "/?#@[]" for c in host):
+        raise ValueError(f"{host!r} is not a host name or address")
+    return host or "127.0.0.1", port
+
+
+def settings_errors(exc: ValidationError, flags: Mapping[str, str] | None = None) -> list[str]:
+    """One line per invalid setting: its name (the flag, when one set it), the value, and
+    what it should be, instead of pydantic's multi-line report."""
+    lines = []
+    for error in exc.errors():
+        field = str(error["loc"][0]) if error["loc"] else ""
+        name = (flags or {}).get(field) or f"FAIRGATE_{field.upper()}"
+        if error["type"] == "value_error":
+            problem = str(error["ctx"]["error"])
+        elif error["type"] == "literal_error":
+            problem = f"must be {error['ctx']['expected']}"
+        else:
+            problem = error["msg"][:1].lower() + error["msg"][1:]
+        lines.append(f"fairgate: {name}={error['input']!r}: {problem}")
+    return lines
+
+
+def describe_settings() -> str:
+    """Every ``FAIRGATE_*`` setting with its default and description (``serve --help``),
+    generated from the fields so that the help cannot fall behind them."""
+    lines = ["settings, from the environment or a .env file in the working directory:"]
+    for name, field in Settings.model_fields.items():
+        default = "unset" if field.default is None else str(field.default)
+        lines.append(f"  FAIRGATE_{name.upper()}  (default: {default})")
+        text = field.description or ""
+        if get_origin(field.annotation) is Literal:
+            text += " One of: " + ", ".join(map(str, get_args(field.annotation))) + "."
+        lines += textwrap.wrap(text, 88, initial_indent=" " * 6, subsequent_indent=" " * 6)
+    return "\n".join(lines)

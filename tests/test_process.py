@@ -1,0 +1,247 @@
+"""The process explains itself: settings checked at start, a busy port in one line, `serve`
+flags and help, readiness, backend failures in words, and keys everybody knows.
+
+Where the behaviour is the command's (exit status, what reaches stderr), the real command
+runs as a child process; the rest runs against real gateways and simulators on loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import socket
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+
+from gateway.first_run import EXAMPLE_KEYS, example_keys_in
+from gateway.policy import parse_policy
+from gateway.settings import Settings
+from tests.conftest import one_backend
+from tests.processes import free_port, stop, until_answers
+
+REPO = Path(__file__).resolve().parent.parent
+DEPLOY = REPO / "deploy"
+EXAMPLE = DEPLOY / "fairgate.example.yaml"
+CHAT = {"model": "llama3.2:3b", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def gpu_backend(url: str, extra: str = "") -> str:
+    """Policy YAML with one Ollama backend named gpu, as in the example policy."""
+    return f"{extra}backends:\n  - {{name: gpu, url: '{url}', kind: ollama, slots: 2}}\n"
+
+
+async def fairgate(
+    *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> asyncio.subprocess.Process:
+    """`fairgate ARGS` in ``cwd`` (away from any .env), JSON logs, no inherited FAIRGATE_*."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("FAIRGATE_")}
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "gateway",
+        *args,
+        cwd=cwd,
+        env={**clean, "FAIRGATE_LOG_FORMAT": "json", **(env or {})},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+async def finished(process: asyncio.subprocess.Process) -> tuple[int, list[str]]:
+    """Exit status and stderr lines of a command expected to end by itself."""
+    async with asyncio.timeout(30):
+        _, stderr = await process.communicate()
+    assert process.returncode is not None
+    return process.returncode, stderr.decode().splitlines()
+
+
+async def logged(process: asyncio.subprocess.Process, event: str) -> dict[str, Any]:
+    """The next JSON log line of ``process`` with this event (lines arrive as written)."""
+    assert process.stderr is not None
+    async with asyncio.timeout(20):
+        while line := await process.stderr.readline():
+            entry: dict[str, Any] = json.loads(line)
+            if entry.get("event") == event:
+                return entry
+    raise AssertionError(f"the process ended without logging {event}")
+
+
+@pytest.fixture
+async def processes() -> AsyncIterator[list[asyncio.subprocess.Process]]:
+    """Child processes that the test leaves running; stopped (SIGTERM, then KILL) after it."""
+    started: list[asyncio.subprocess.Process] = []
+    yield started
+    for process in started:
+        await stop(process)
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+class TestListenSetting:
+    @pytest.mark.parametrize(
+        ("value", "host", "port"),
+        [
+            ("127.0.0.1:8080", "127.0.0.1", 8080),
+            ("0.0.0.0:80", "0.0.0.0", 80),
+            ("localhost:11000", "localhost", 11000),
+            ("8081", "127.0.0.1", 8081),  # a bare port stays on loopback
+            (":8082", "127.0.0.1", 8082),
+            ("[::1]:8083", "::1", 8083),
+            ("[::]:65535", "::", 65535),
+        ],
+    )
+    def test_a_listen_address_gives_the_host_and_port_that_are_bound(
+        self, value: str, host: str, port: int
+    ) -> None:
+        """Each accepted form of FAIRGATE_LISTEN names one host and one port."""
+        settings = Settings(listen=value)
+        assert (settings.host, settings.port) == (host, port)
+
+    @pytest.mark.parametrize(
+        ("value", "reason"),
+        [
+            ("localhost:99999", "port 99999 is out of range (1-65535)"),
+            ("127.0.0.1:0", "port 0 is out of range (1-65535)"),
+            ("localhost", "expected HOST:PORT, e.g. 127.0.0.1:8080, or a bare PORT"),
+            ("localhost:http", "the port 'http' is not a number"),
+            ("http://0.0.0.0:8080", "write HOST:PORT without a scheme, e.g. 0.0.0.0:8080"),
+            ("::1:8080", "an IPv6 address goes in brackets, e.g. [::1]:8080"),
+            ("[::1]8080", "expected [IPv6]:PORT, e.g. [::]:8080"),
+            ("my host:8080", "'my host' is not a host name or address"),
+        ],
+    )
+    async def test_an_unusable_listen_address_stops_the_command_with_one_line(
+        self, value: str, reason: str, tmp_path: Path
+    ) -> None:
+        """`fairgate serve` exits 2 with one line naming the setting, its value and why."""
+        process = await fairgate("serve", cwd=tmp_path, env={"FAIRGATE_LISTEN": value})
+        status, lines = await finished(process)
+        assert (status, lines) == (2, [f"fairgate: FAIRGATE_LISTEN={value!r}: {reason}"])
+
+    async def test_an_unknown_log_level_names_the_allowed_levels(self, tmp_path: Path) -> None:
+        """FAIRGATE_LOG_LEVEL=verbose: one line with the value and the four levels, exit 2."""
+        process = await fairgate("serve", cwd=tmp_path, env={"FAIRGATE_LOG_LEVEL": "verbose"})
+        status, lines = await finished(process)
+        expected = "must be 'DEBUG', 'INFO', 'WARNING' or 'ERROR'"
+        assert (status, lines) == (2, [f"fairgate: FAIRGATE_LOG_LEVEL='verbose': {expected}"])
+
+    async def test_a_bad_flag_value_is_named_as_the_flag(self, tmp_path: Path) -> None:
+        """A value given with --listen is reported as --listen, not as the variable."""
+        process = await fairgate("serve", "--listen", "localhost:70000", cwd=tmp_path)
+        status, lines = await finished(process)
+        expected = "fairgate: --listen='localhost:70000': port 70000 is out of range (1-65535)"
+        assert (status, lines) == (2, [expected])
+
+
+class TestServeCommand:
+    async def test_a_busy_port_stops_the_command_with_one_line(self, tmp_path: Path) -> None:
+        """Listening on a port another socket holds: exit 2 and one line, no traceback."""
+        policy = tmp_path / "fairgate.yaml"
+        policy.write_text(gpu_backend(f"http://127.0.0.1:{free_port()}"))
+        with socket.socket() as holder:
+            holder.bind(("127.0.0.1", 0))
+            holder.listen()
+            listen = f"127.0.0.1:{holder.getsockname()[1]}"
+            process = await fairgate(
+                "serve", "--config", str(policy), "--listen", listen, cwd=tmp_path
+            )
+            status, lines = await finished(process)
+        assert status == 2
+        assert lines[-1] == f"fairgate: cannot listen on {listen}: address already in use"
+        assert not any("Traceback" in line for line in lines)
+
+    async def test_help_lists_every_setting_with_its_default(self, tmp_path: Path) -> None:
+        """`fairgate serve --help` names each FAIRGATE_* variable, its default and purpose."""
+        process = await fairgate("serve", "--help", cwd=tmp_path)
+        async with asyncio.timeout(30):
+            stdout, _ = await process.communicate()
+        text = " ".join(stdout.decode().split())  # descriptions are wrapped
+        assert process.returncode == 0 and "--config FILE" in text and "--listen HOST:PORT" in text
+        for name, field in Settings.model_fields.items():
+            default = "unset" if field.default is None else str(field.default)
+            assert f"FAIRGATE_{name.upper()} (default: {default})" in text
+            assert field.description and " ".join(field.description.split()) in text
+
+    async def test_flags_win_over_the_environment_and_the_env_file(
+        self, tmp_path: Path, processes: list[asyncio.subprocess.Process]
+    ) -> None:
+        """--config beats .env's FAIRGATE_CONFIG, --listen beats the FAIRGATE_LISTEN variable."""
+        policy = tmp_path / "mine.yaml"
+        policy.write_text(gpu_backend(f"http://127.0.0.1:{free_port()}"))
+        (tmp_path / ".env").write_text(f"FAIRGATE_CONFIG={tmp_path / 'missing.yaml'}\n")
+        port = free_port()
+        process = await fairgate(
+            "serve",
+            "--config",
+            str(policy),
+            "--listen",
+            f"127.0.0.1:{port}",
+            cwd=tmp_path,
+            env={"FAIRGATE_LISTEN": f"127.0.0.1:{free_port()}"},
+        )
+        processes.append(process)
+        # Started at all: the .env's policy file does not exist. Answering: on the flag's port.
+        await until_answers(f"http://127.0.0.1:{port}/", 20, process)
+
+
+class TestExampleKeys:
+    def test_the_example_key_list_matches_the_keys_in_the_shipped_files(self) -> None:
+        """EXAMPLE_KEYS holds exactly the keys written in deploy/, plain or as sha256."""
+        by_digest = {hashlib.sha256(key.encode()).hexdigest(): key for key in EXAMPLE_KEYS}
+        found = set()
+        for path in sorted(DEPLOY.rglob("*.y*ml")):
+            document = yaml.safe_load(path.read_text())
+            users = document.get("users") if isinstance(document, dict) else None
+            for user in (users or {}).values():
+                for key in user.get("keys", []):
+                    assert not key.startswith("env:"), f"{path.name}: an env: key ships"
+                    digest = key.removeprefix("sha256:")
+                    found.add(by_digest.get(digest, key) if key.startswith("sha256:") else key)
+        assert found == EXAMPLE_KEYS
+
+    def test_an_example_key_is_found_however_it_is_written(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Plain, sha256: and env: forms of example keys are found; a real key is not."""
+        monkeypatch.setenv("KIDS_KEY", "change-me-kids")
+        digest = hashlib.sha256(b"change-me-bob").hexdigest()
+        policy = parse_policy(
+            "users:\n"
+            "  alice: {keys: [change-me-alice]}\n"
+            f"  bob: {{keys: ['sha256:{digest}']}}\n"
+            "  kids: {keys: ['env:KIDS_KEY']}\n"
+            "  carol: {keys: [a-long-random-key-of-her-own]}\n" + one_backend("http://127.0.0.1:9")
+        )
+        assert sorted(example_keys_in(policy)) == [
+            ("alice", "change-me-alice"),
+            ("bob", "change-me-bob"),
+            ("kids", "change-me-kids"),
+        ]
+
+    async def test_serving_the_example_policy_warns_about_its_keys(
+        self, tmp_path: Path, processes: list[asyncio.subprocess.Process]
+    ) -> None:
+        """`fairgate serve` on deploy/fairgate.example.yaml warns for alice's and kids' keys."""
+        listen = f"127.0.0.1:{free_port()}"
+        process = await fairgate(
+            "serve", "--config", str(EXAMPLE), "--listen", listen, cwd=tmp_path
+        )
+        processes.append(process)
+        warnings = [await logged(process, "example_key") for _ in range(2)]
+        assert {(w["user"], w["key"]) for w in warnings} == {
+            ("alice", "change-me-alice"),
+            ("kids", "test"),
+        }
+        assert all(w["level"] == "warning" for w in warnings)
