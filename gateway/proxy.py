@@ -10,6 +10,7 @@ from aiohttp import web
 from gateway.access import RECORD
 from gateway.admission import Permit, Refusal, Ticket
 from gateway.backends import Backend, BackendPool
+from gateway.backends.failures import unavailable
 from gateway.bodies import Fields, defer_continue, read_body
 from gateway.classify import classify
 from gateway.errors import BackendFailure, GatewayError
@@ -155,9 +156,11 @@ def _check_model_served(pool: BackendPool, api: Api, model: str) -> None:
         return
     if pool.known_nowhere(api, model):
         raise model_not_found(model)
-    raise GatewayError(
-        503, Reason.NO_BACKEND, f"no healthy backend serves {model!r} right now", retry_after=10.0
-    )
+    # Name each backend that could have served it and its last error: at a first run without
+    # Ollama this answer is what the user reads, and it must say what to check.
+    down = unavailable(b for b in pool.backends if b.speaks(api) and b.serves(model))
+    message = f"no healthy backend serves {model!r} right now ({down})"
+    raise GatewayError(503, Reason.NO_BACKEND, message, retry_after=10.0)
 
 
 def _check_model_allowed(policy: Policy, user: str, model: str) -> None:

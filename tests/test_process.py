@@ -8,6 +8,7 @@ runs as a child process; the rest runs against real gateways and simulators on l
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -21,11 +22,15 @@ import aiohttp
 import pytest
 import yaml
 
+from fairsim import SimConfig, Simulator
+from gateway.app import bound_url, start_server
+from gateway.backends.probes import ProbeFailed, probe
 from gateway.first_run import EXAMPLE_KEYS, example_keys_in
 from gateway.policy import parse_policy
 from gateway.settings import Settings
-from tests.conftest import one_backend
+from tests.conftest import StartGateway, one_backend
 from tests.processes import free_port, stop, until_answers
+from tests.test_backends import FAST_MONITOR, wait_backend
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
@@ -245,3 +250,90 @@ class TestExampleKeys:
             ("kids", "test"),
         }
         assert all(w["level"] == "warning" for w in warnings)
+
+
+@contextlib.asynccontextmanager
+async def serving(server: str) -> AsyncIterator[str]:
+    """A loopback URL with ``nothing`` listening, a ``silent`` server that accepts and never
+    answers, or a simulated ``llama-server``."""
+    if server == "nothing":
+        yield f"http://127.0.0.1:{free_port()}"
+    elif server == "silent":
+        accepted: list[asyncio.StreamWriter] = []
+        silent = await asyncio.start_server(
+            lambda _, writer: accepted.append(writer), "127.0.0.1", 0
+        )
+        try:
+            yield f"http://127.0.0.1:{silent.sockets[0].getsockname()[1]}"
+        finally:
+            silent.close()
+            for writer in accepted:
+                writer.close()
+            await silent.wait_closed()
+    else:
+        simulator = Simulator(SimConfig(flavor="llamacpp", models=["smollm2"]))
+        runner = await start_server(simulator.make_app(), "127.0.0.1", 0)
+        try:
+            yield bound_url(runner)
+        finally:
+            await runner.cleanup()
+
+
+class TestBackendFailures:
+    async def test_a_backend_refusing_at_start_is_logged_at_once_as_a_sentence(
+        self, tmp_path: Path, processes: list[asyncio.subprocess.Process]
+    ) -> None:
+        """Nothing on the backend's port: one line at start says so and what to check."""
+        backend = f"http://127.0.0.1:{free_port()}"
+        policy = tmp_path / "fairgate.yaml"
+        policy.write_text(gpu_backend(backend))
+        listen = f"127.0.0.1:{free_port()}"
+        process = await fairgate("serve", "--config", str(policy), "--listen", listen, cwd=tmp_path)
+        processes.append(process)
+        entry = await logged(process, "backend_unreachable")
+        expected = f"backend gpu at {backend}: connection refused - is Ollama running?"
+        assert (entry["level"], entry["reason"]) == ("warning", expected)
+
+    @pytest.mark.parametrize(
+        ("server", "kind", "cause"),
+        [
+            ("nothing", "ollama", "connection refused - is Ollama running?"),
+            (
+                "silent",
+                "llamacpp",
+                "no answer within 0.2s - is llama-server stuck, or the address wrong?",
+            ),
+            (
+                "llama-server",
+                "ollama",
+                "GET /api/version answered HTTP 404: 404: Not Found - is it Ollama (kind: ollama)?",
+            ),
+        ],
+    )
+    async def test_a_failed_probe_says_what_failed_and_what_to_check(
+        self, server: str, kind: str, cause: str, http: aiohttp.ClientSession
+    ) -> None:
+        """Refused, silent, or another kind of server: a phrase, never an exception's repr."""
+        async with serving(server) as url:
+            with pytest.raises(ProbeFailed) as failed:
+                await probe(http, kind, url, 0.2)
+        assert str(failed.value) == cause
+
+    async def test_no_backend_names_each_backend_and_its_last_error(
+        self, start_gateway: StartGateway, http: aiohttp.ClientSession
+    ) -> None:
+        """The 503 for a model whose backends are down says which, and what to check."""
+        backend = f"http://127.0.0.1:{free_port()}"
+        gateway = await start_gateway(gpu_backend(backend, extra=FAST_MONITOR))
+        await wait_backend(gateway, "gpu", lambda b: not b.state.healthy)
+        async with http.post(gateway.url + "/api/chat", json=CHAT) as reply:
+            status, retry_after, body = (
+                reply.status,
+                reply.headers["Retry-After"],
+                await reply.json(),
+            )
+        assert (status, retry_after) == (503, "10")
+        assert body["error"] == (
+            "no healthy backend serves 'llama3.2:3b' right now "
+            f"(backend gpu at {backend}: connection refused - is Ollama running?)"
+        )

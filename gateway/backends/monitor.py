@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import structlog
 
+from gateway.backends.failures import sentence
 from gateway.backends.pool import BackendState, BackendStates
 from gateway.backends.probes import Observation, ProbeFailed, probe
 from gateway.policy import BackendConfig, Monitoring
@@ -49,6 +50,15 @@ class BackendMonitor:
         serve; then keep probing in the background."""
         self._settings = settings
         await asyncio.gather(*(self.check(b, self.states.of(b.name)) for b in backends))
+        for backend in backends:
+            error = self.states.of(backend.name).last_error
+            if error is not None:
+                # Said now, not after unhealthy_after probes: on a first run without Ollama
+                # this line is the first thing the admin needs to read.
+                reason = sentence(backend.name, backend.url, error)
+                log.warning(
+                    "backend_unreachable", backend=backend.name, url=backend.url, reason=reason
+                )
         self.reconcile(backends, settings)
 
     async def close(self) -> None:
@@ -81,7 +91,12 @@ class BackendMonitor:
         state.last_error = reason
         if state.healthy and state.failures >= self._settings.unhealthy_after:
             state.healthy = False
-            log.warning("backend_down", backend=config.name, url=config.url, reason=reason)
+            log.warning(
+                "backend_down",
+                backend=config.name,
+                url=config.url,
+                reason=sentence(config.name, config.url, reason),
+            )
             self._on_change()
 
     def _succeeded(self, config: BackendConfig, state: BackendState, seen: Observation) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import aiohttp
 
+from gateway.backends.failures import cause_of, http_cause
 from gateway.backends.pool import model_key
 
 __all__ = ["Observation", "ProbeFailed", "entries_of", "probe"]
@@ -44,10 +45,10 @@ async def probe(session: aiohttp.ClientSession, kind: str, url: str, within: flo
                 url + path, timeout=aiohttp.ClientTimeout(total=within)
             ) as reply:
                 if reply.status != 200:
-                    raise ProbeFailed(f"GET {path}: HTTP {reply.status} {await reply.text()}")
+                    raise ProbeFailed(http_cause(path, reply.status, await reply.text(), kind))
                 return await reply.json(content_type=None)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            raise ProbeFailed(f"GET {path}: {exc!r}") from exc
+            raise ProbeFailed(cause_of(exc, kind, within)) from exc
 
     probes = {"ollama": _ollama, "llamacpp": _llamacpp, "openai": _openai}
     return await probes[kind](get)
