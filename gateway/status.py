@@ -1,17 +1,23 @@
-"""``GET /status``: the gateway's snapshot as JSON, for admins (an admin key, or loopback)."""
+"""``GET /status``: the gateway's snapshot as JSON, for admins (an admin key, or loopback);
+``/healthz`` and ``/readyz`` for health checks, without a key.
+
+Liveness and readiness differ on purpose: a gateway whose every backend is down is alive
+(restarting it would not bring Ollama back) but not ready (it can only answer 503s)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from aiohttp import web
 
+from gateway.backends import Backend
 from gateway.errors import GatewayError
 from gateway.services import Services
 from gateway.snapshot import BackendSnapshot, GatewaySnapshot
 from gateway.vocabulary import Reason
 
-__all__ = ["Status", "render"]
+__all__ = ["Status", "answering", "render"]
 
 
 class Status:
@@ -20,6 +26,24 @@ class Status:
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_get("/status", self.status)
+        app.router.add_get("/healthz", self.alive)
+        app.router.add_get("/readyz", self.ready)
+
+    async def alive(self, request: web.Request) -> web.Response:
+        """Liveness: the process answers HTTP; nothing else is checked."""
+        return web.json_response({"status": "alive"})
+
+    async def ready(self, request: web.Request) -> web.Response:
+        """Readiness: 200 while at least one backend is in rotation and has answered its
+        probes, 503 otherwise. Counts only: the backends' names and errors are in /status."""
+        backends = self._services.policy.current.pool.backends
+        ready = sum(1 for _ in answering(backends))
+        body = {
+            "status": "ready" if ready else "not_ready",
+            "backends_ready": ready,
+            "backends": len(backends),
+        }
+        return web.json_response(body, status=200 if ready else 503)
 
     async def status(self, request: web.Request) -> web.Response:
         services = self._services
@@ -28,6 +52,13 @@ class Status:
                 403, Reason.ADMIN_ONLY, "/status needs an admin key or a loopback client"
             )
         return web.json_response(render(services.snapshot()))
+
+
+def answering(backends: Iterable[Backend]) -> Iterable[Backend]:
+    """Backends in rotation that have answered a probe. A backend is healthy until its
+    probes say otherwise, so health alone would call a gateway ready whose only backend has
+    never answered (a first run without Ollama)."""
+    return (b for b in backends if b.state.healthy and b.state.models is not None)
 
 
 def render(snapshot: GatewaySnapshot) -> dict[str, Any]:

@@ -8,6 +8,7 @@ files (Prometheus' target, Grafana's datasource, Ollama's parallelism) do.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import tomllib
 from pathlib import Path
@@ -18,6 +19,9 @@ import pytest
 import yaml
 
 from gateway.__main__ import main
+from gateway.app import create_app
+from gateway.policy import load_policy
+from gateway.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
@@ -260,3 +264,19 @@ def test_the_ollama_drop_in_matches_the_example_policys_backend() -> None:
     assert env["OLLAMA_HOST"] == "127.0.0.1:11434"
     backend = ollama_backend(DEPLOY / "fairgate.example.yaml", env["OLLAMA_HOST"])
     assert int(env["OLLAMA_NUM_PARALLEL"]) == backend["slots"]
+
+
+def test_the_compose_health_check_asks_the_gateway_whether_it_is_ready() -> None:
+    """The gateway service's health check fetches /readyz, a route the gateway serves,
+    on the port it listens on."""
+    check = " ".join(service("fairgate")["healthcheck"]["test"])
+    found = re.search(r"http://[^'\"\s]+", check)
+    assert found, check
+    url = urlsplit(found.group(0))
+    listen = environment("fairgate").get("FAIRGATE_LISTEN", dockerfile_env()["FAIRGATE_LISTEN"])
+    assert (url.path, url.port) == ("/readyz", int(listen.rpartition(":")[2]))
+    app = create_app(Settings(), load_policy(COMPOSE_POLICY))
+    routes = {
+        (route.method, route.resource.canonical) for route in app.router.routes() if route.resource
+    }
+    assert ("GET", "/readyz") in routes

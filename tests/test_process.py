@@ -28,7 +28,7 @@ from gateway.backends.probes import ProbeFailed, probe
 from gateway.first_run import EXAMPLE_KEYS, example_keys_in
 from gateway.policy import parse_policy
 from gateway.settings import Settings
-from tests.conftest import StartGateway, one_backend
+from tests.conftest import Gateway, StartGateway, one_backend
 from tests.processes import free_port, stop, until_answers
 from tests.test_backends import FAST_MONITOR, wait_backend
 
@@ -337,3 +337,52 @@ class TestBackendFailures:
             "no healthy backend serves 'llama3.2:3b' right now "
             f"(backend gpu at {backend}: connection refused - is Ollama running?)"
         )
+
+
+class TestReadiness:
+    async def test_readyz_follows_the_backend_down_and_up_and_healthz_stays_alive(
+        self, start_gateway: StartGateway, http: aiohttp.ClientSession
+    ) -> None:
+        """/readyz is 200 with the backend, 503 once it is down, 200 again when it is back."""
+        simulator = Simulator(SimConfig())
+        runner = await start_server(simulator.make_app(), "127.0.0.1", 0)
+        url = bound_url(runner)
+        keyed = "users: {alice: {keys: [alice-key]}}\n" + FAST_MONITOR
+        gateway = await start_gateway(gpu_backend(url, extra=keyed))
+        assert await health(http, gateway) == (200, 200, {"status": "ready", **ONE_READY})
+        await runner.cleanup()
+        await wait_backend(gateway, "gpu", lambda b: not b.state.healthy)
+        assert await health(http, gateway) == (200, 503, {"status": "not_ready", **NONE_READY})
+        runner = await start_server(simulator.make_app(), "127.0.0.1", int(url.split(":")[-1]))
+        try:
+            await wait_backend(gateway, "gpu", lambda b: b.state.healthy)
+            assert await health(http, gateway) == (200, 200, {"status": "ready", **ONE_READY})
+        finally:
+            await runner.cleanup()
+
+    async def test_readyz_waits_for_a_backend_that_has_never_answered(
+        self, start_gateway: StartGateway, http: aiohttp.ClientSession
+    ) -> None:
+        """A first run with nothing on the backend's port is not ready, though not yet down."""
+        port = free_port()
+        gateway = await start_gateway(gpu_backend(f"http://127.0.0.1:{port}", extra=FAST_MONITOR))
+        assert await health(http, gateway) == (200, 503, {"status": "not_ready", **NONE_READY})
+        runner = await start_server(Simulator(SimConfig()).make_app(), "127.0.0.1", port)
+        try:
+            await wait_backend(gateway, "gpu", lambda b: b.state.models is not None)
+            assert (await health(http, gateway))[1] == 200
+        finally:
+            await runner.cleanup()
+
+
+ONE_READY = {"backends_ready": 1, "backends": 1}
+NONE_READY = {"backends_ready": 0, "backends": 1}
+
+
+async def health(http: aiohttp.ClientSession, gateway: Gateway) -> tuple[int, int, dict[str, Any]]:
+    """(/healthz status, /readyz status, /readyz body), asked without a key."""
+    async with (
+        http.get(gateway.url + "/healthz") as alive,
+        http.get(gateway.url + "/readyz") as ready,
+    ):
+        return alive.status, ready.status, await ready.json()
