@@ -15,6 +15,7 @@ from gateway.first_run import listen_problem, warn_about_example_keys
 from gateway.logs import configure_logging
 from gateway.policy import PolicyError, load_policy
 from gateway.settings import Settings, describe_settings, settings_errors
+from gateway.status_cli import add_status_arguments, run_status
 
 __all__ = ["main"]
 
@@ -50,6 +51,10 @@ def _parser() -> argparse.ArgumentParser:
     check = commands.add_parser("check-config", help="validate a policy YAML file")
     check.add_argument("file", type=Path, help="the YAML file to check")
     check.set_defaults(run=_check_config)
+
+    status = commands.add_parser("status", help="who runs and who waits, as a table")
+    add_status_arguments(status)
+    status.set_defaults(run=run_status)
 
     _add_tool_commands(commands)
     return parser

@@ -12,6 +12,7 @@ import structlog
 from aiohttp import web
 
 from gateway.access import access_log, add_request_id
+from gateway.house import House
 from gateway.listings import Reads
 from gateway.metrics import Metrics
 from gateway.policy import Policy
@@ -35,14 +36,20 @@ def create_app(
     """The gateway; ``policy_path`` is watched and re-read (also on SIGHUP) when given."""
     services = Services.build(settings, policy, policy_path)
     metrics = Metrics(services.policy, services.snapshot)
-    services.on_finished.append(metrics.observe)
+    services.on_finished += [metrics.observe, services.history.observe]
     app = web.Application(
         middlewares=[access_log(services.on_finished)], client_max_size=settings.max_body_bytes
     )
     app[SERVICES] = services
     app.on_response_prepare.append(add_request_id)
     app.cleanup_ctx.append(lambda _: _lifetime(services))
-    for routes in (Generation(services), Reads(services), Status(services), metrics):
+    for routes in (
+        Generation(services),
+        Reads(services),
+        Status(services),
+        House(services),
+        metrics,
+    ):
         routes.add_routes(app)
     return app
 

@@ -16,6 +16,7 @@ from gateway.access import RECORD, Listener
 from gateway.admission import Admission
 from gateway.backends import BackendStates
 from gateway.backends.monitor import BackendMonitor
+from gateway.history import History
 from gateway.holds import HoldStore
 from gateway.holds.redis import RedisHolds
 from gateway.identity import Caller, is_loopback
@@ -44,6 +45,7 @@ class Services:
     monitor: BackendMonitor
     warmth: KeepWarm
     on_finished: list[Listener] = field(default_factory=list)  # told of each request's end
+    history: History = field(default_factory=History)  # the last hour, for the house page
     loops: Background = field(default_factory=lambda: Background("gateway"))
 
     @classmethod
@@ -93,13 +95,17 @@ class Services:
         self.warmth.reconcile(policy.backends, policy.warmth)
 
     def snapshot(self) -> GatewaySnapshot:
-        """The one reading that /status and the metrics render."""
+        """The one reading that /status, the house page and the metrics render."""
+        view = self.policy.current
         return take(
-            self.policy.current.pool,
+            view.pool,
             self.admission.snapshot(),
             self.warmth.snapshot(),
             self.admission.holds,
             self.policy.snapshot(),
+            policy=view.policy,
+            hold_seconds=self.admission.hold_timer.seconds,
+            history=self.history.snapshot(),
         )
 
     def caller(self, request: web.Request, view: PolicyView) -> Caller:

@@ -1,21 +1,24 @@
 """One reading of the gateway at one instant: what `/status` and the Prometheus gauges render.
 
 Each component offers its own snapshot (the waiting room, the backends, keep-warm, the
-hold store, the policy reloads); this module puts them side by side. Two renderers, one
-reading: the JSON page and the metrics cannot disagree about what they saw.
+hold store, the policy reloads, the last hour's history); this module puts them side by
+side, with each user's limits. Several renderers, one reading: the JSON page, the house page,
+`fairgate status` and the metrics cannot disagree about what they saw.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gateway.backends.pool import Backend, BackendPool
+from gateway.history import HistorySnapshot
 from gateway.holds import HoldStore
+from gateway.policy import Policy
 from gateway.reload import ReloadSnapshot
 from gateway.waiting_room import RoomSnapshot
 from gateway.warmth import WarmthSnapshot
 
-__all__ = ["BackendSnapshot", "GatewaySnapshot", "HoldsSnapshot", "take"]
+__all__ = ["BackendSnapshot", "GatewaySnapshot", "HoldsSnapshot", "UserLimits", "take"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +33,7 @@ class BackendSnapshot:
     loaded: dict[str, str | None]  # model -> when Ollama unloads it
     sleeping: bool
     last_error: str | None
+    heavy_slots: int = 0  # how many of its slots heavy requests may hold
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,12 +47,30 @@ class HoldsSnapshot:
 
 
 @dataclass(frozen=True, slots=True)
+class UserLimits:
+    max_concurrent: int
+    max_queued: int
+    weight: float
+
+
+@dataclass(frozen=True, slots=True)
 class GatewaySnapshot:
     backends: tuple[BackendSnapshot, ...]
     room: RoomSnapshot
     warmth: WarmthSnapshot
     holds: HoldsSnapshot
     reloads: ReloadSnapshot
+    # Every configured user's limits, and those of anyone else active now (the defaults).
+    limits: dict[str, UserLimits] = field(default_factory=dict)
+    hold_seconds: float = 0.0  # how long a request has recently held its slot
+    history: HistorySnapshot = field(default_factory=HistorySnapshot)
+
+    def start_estimate(self, position: int) -> float:
+        """Seconds until the request at ``position`` in the room likely starts: as
+        Retry-After reckons (refusals.py), the requests up to it, each holding a slot for
+        the recent average, spread over every slot."""
+        slots = max(1, sum(backend.slots for backend in self.backends))
+        return self.hold_seconds * position / slots
 
 
 def take(
@@ -57,17 +79,33 @@ def take(
     warmth: WarmthSnapshot,
     holds: HoldStore | None,
     reloads: ReloadSnapshot,
+    *,
+    policy: Policy | None = None,
+    hold_seconds: float = 0.0,
+    history: HistorySnapshot | None = None,
 ) -> GatewaySnapshot:
+    heavy_slots = policy.classes.heavy.slots_on if policy is not None else lambda _: 0
     return GatewaySnapshot(
-        backends=tuple(_backend(b, room) for b in pool.backends),
+        backends=tuple(_backend(b, room, heavy_slots(b.slots)) for b in pool.backends),
         room=room,
         warmth=warmth,
         holds=holds_snapshot(holds),
         reloads=reloads,
+        limits={} if policy is None else _limits(policy, room),
+        hold_seconds=hold_seconds,
+        history=history or HistorySnapshot(),
     )
 
 
-def _backend(backend: Backend, room: RoomSnapshot) -> BackendSnapshot:
+def _limits(policy: Policy, room: RoomSnapshot) -> dict[str, UserLimits]:
+    limits = {}
+    for user in [*policy.users, *room.users]:
+        given = policy.limits_of(user)
+        limits[user] = UserLimits(given.max_concurrent, given.max_queued, given.weight)
+    return limits
+
+
+def _backend(backend: Backend, room: RoomSnapshot, heavy_slots: int) -> BackendSnapshot:
     name = backend.name
     busy, slots = room.backends.get(name, (0, backend.slots))
     state = backend.state
@@ -82,6 +120,7 @@ def _backend(backend: Backend, room: RoomSnapshot) -> BackendSnapshot:
         loaded=dict(state.loaded),
         sleeping=state.sleeping,
         last_error=state.last_error,
+        heavy_slots=heavy_slots,
     )
 
 

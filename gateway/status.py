@@ -7,15 +7,18 @@ Liveness and readiness differ on purpose: a gateway whose every backend is down 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import asdict
 from typing import Any
 
 from aiohttp import web
 
 from gateway.backends import Backend
 from gateway.errors import GatewayError
+from gateway.history import MinuteFigures, RecentRefusal, UsageToday
 from gateway.services import Services
 from gateway.snapshot import BackendSnapshot, GatewaySnapshot
 from gateway.vocabulary import Reason
+from gateway.waiting_room import RunningRequest, WaitingRequest
 
 __all__ = ["Status", "answering", "render"]
 
@@ -65,11 +68,16 @@ def render(snapshot: GatewaySnapshot) -> dict[str, Any]:
     room, holds, reloads = snapshot.room, snapshot.holds, snapshot.reloads
     return {
         "backends": {b.name: _backend(b, snapshot) for b in snapshot.backends},
-        "users": {
-            name: {"running": running, "queued": queued}
-            for name, (running, queued) in room.users.items()
+        "users": _users(snapshot),
+        "queue": {
+            "depth": room.queue_depth,
+            "oldest_wait_seconds": round(room.oldest_wait, 3),
+            "waiting": [_waiting(w, snapshot) for w in room.waiting],
+            "hold_seconds": round(snapshot.hold_seconds, 3),
         },
-        "queue": {"depth": room.queue_depth, "oldest_wait_seconds": round(room.oldest_wait, 3)},
+        "running": [_running(r) for r in room.running],
+        "refusals": [_refusal(r) for r in snapshot.history.refusals],
+        "last_hour": [_minute(m) for m in snapshot.history.minutes],
         "state": {
             "kind": holds.kind,
             "shared": holds.shared,
@@ -92,6 +100,8 @@ def _backend(backend: BackendSnapshot, snapshot: GatewaySnapshot) -> dict[str, A
         "healthy": backend.healthy,
         "busy": backend.busy,
         "slots": backend.slots,
+        "heavy_running": backend.heavy_running,
+        "heavy_slots": backend.heavy_slots,
         "loaded": backend.loaded,  # model -> when Ollama unloads it
         "sleeping": backend.sleeping,
         "last_error": backend.last_error,
@@ -105,4 +115,63 @@ def _backend(backend: BackendSnapshot, snapshot: GatewaySnapshot) -> dict[str, A
             for (name, model), count in warmth.cold_starts.items()
             if name == backend.name
         },
+    }
+
+
+def _users(snapshot: GatewaySnapshot) -> dict[str, Any]:
+    """Every configured user, and anyone else active: places in use against limits, today."""
+    active, today = snapshot.room.users, snapshot.history.today
+    users = {}
+    for name in sorted({*snapshot.limits, *active, *today}):
+        running, queued = active.get(name, (0, 0))
+        limits, usage = snapshot.limits.get(name), today.get(name, UsageToday())
+        users[name] = {
+            "running": running,
+            "queued": queued,
+            "max_concurrent": limits and limits.max_concurrent,
+            "max_queued": limits and limits.max_queued,
+            "weight": limits and limits.weight,
+            "today": asdict(usage),
+        }
+    return users
+
+
+def _running(run: RunningRequest) -> dict[str, Any]:
+    return {
+        "user": run.user,
+        "model": run.model,
+        "backend": run.backend,
+        "class": run.request_class,
+        "seconds": round(run.seconds, 3),
+    }
+
+
+def _waiting(waiter: WaitingRequest, snapshot: GatewaySnapshot) -> dict[str, Any]:
+    return {
+        "position": waiter.position,
+        "user": waiter.user,
+        "model": waiter.model,
+        "class": waiter.request_class,
+        "waited_seconds": round(waiter.waited, 3),
+        "estimated_start_seconds": round(snapshot.start_estimate(waiter.position), 3),
+    }
+
+
+def _refusal(refusal: RecentRefusal) -> dict[str, Any]:
+    return {
+        "at": round(refusal.at, 3),
+        "user": refusal.user,
+        "reason": refusal.reason,
+        "path": refusal.path,
+        "model": refusal.model,
+    }
+
+
+def _minute(minute: MinuteFigures) -> dict[str, Any]:
+    return {
+        "start": minute.start,
+        "requests": minute.requests,
+        "refusals": minute.refusals,
+        "ttft_p50": minute.ttft_p50,
+        "ttft_p95": minute.ttft_p95,
     }

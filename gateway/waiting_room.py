@@ -12,7 +12,9 @@ at users with requests waiting, and the ordering (FIFO or fair) picks among them
 from __future__ import annotations
 
 import asyncio
+import copy
 import itertools
+import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,7 +24,15 @@ from gateway.policy import Policy
 from gateway.scheduler import Candidate, Fair, Fifo, Ordering
 from gateway.vocabulary import Api, Reason, RequestClass
 
-__all__ = ["RoomSnapshot", "Ticket", "Waiter", "WaitingRoom", "ordering_for"]
+__all__ = [
+    "RoomSnapshot",
+    "RunningRequest",
+    "Ticket",
+    "Waiter",
+    "WaitingRequest",
+    "WaitingRoom",
+    "ordering_for",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,8 +63,30 @@ class Waiter:
 
 
 @dataclass(frozen=True, slots=True)
+class RunningRequest:
+    """A request holding a slot: who runs what where, for how long so far (seconds)."""
+
+    user: str
+    model: str
+    backend: str
+    request_class: RequestClass
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingRequest:
+    """A request in the room; ``position`` 1 is the next the ordering would pick."""
+
+    user: str
+    model: str
+    request_class: RequestClass
+    waited: float
+    position: int
+
+
+@dataclass(frozen=True, slots=True)
 class RoomSnapshot:
-    """The room at one instant, for /status and metrics."""
+    """The room at one instant, for /status, metrics and the house page."""
 
     backends: dict[str, tuple[int, int]]  # name -> (busy, slots)
     users: dict[str, tuple[int, int]]  # name -> (running, queued)
@@ -63,12 +95,20 @@ class RoomSnapshot:
     heavy_running: dict[str, int] = field(default_factory=dict)  # backend -> heavy requests
     queued_by_class: dict[tuple[str, RequestClass], int] = field(default_factory=dict)
     fair_counters: dict[str, float] = field(default_factory=dict)  # user -> virtual tokens
+    running: tuple[RunningRequest, ...] = ()  # oldest first
+    waiting: tuple[WaitingRequest, ...] = ()  # in the order the ordering would pick them
 
 
 class WaitingRoom:
     """Caps, the bounded waiting room, and the dispatch of freed slots."""
 
-    def __init__(self, policy: Policy, pool: BackendPool, on_change: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        pool: BackendPool,
+        on_change: Callable[[], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.policy = policy
         self.pool = pool
         self.ordering = ordering_for(policy)
@@ -79,6 +119,11 @@ class WaitingRoom:
         self._heavy: Counter[str] = Counter()  # heavy requests, by backend name
         self._seq = itertools.count()
         self._on_change = on_change
+        self._clock = clock
+        # Who holds each busy slot, and since when, for the house page: by the ticket's
+        # identity, since two requests can be alike field for field. The ticket is kept so
+        # that its id stays unique while it is here.
+        self._holders: dict[int, tuple[Ticket, str, float]] = {}
 
     def reconfigure(self, policy: Policy, pool: BackendPool) -> None:
         """New admissions follow the new policy at once; running requests stay counted."""
@@ -168,11 +213,15 @@ class WaitingRoom:
         self.busy[backend.name] += 1
         if ticket.heavy:
             self._heavy[backend.name] += 1
+        self._hold(ticket, backend)
 
     def give_back(self, ticket: Ticket, backend: Backend) -> None:
         _decrement(self.busy, backend.name)
         if ticket.heavy:
             _decrement(self._heavy, backend.name)
+        held = self._holders.get(id(ticket))
+        if held is not None and held[1] == backend.name:
+            del self._holders[id(ticket)]
 
     def release(self, ticket: Ticket, backend: Backend) -> None:
         """A running request ended: its user's place and its slot are free again."""
@@ -199,7 +248,48 @@ class WaitingRoom:
             heavy_running=dict(self._heavy),
             queued_by_class=dict(by_class),
             fair_counters=dict(self.ordering.counters()),
+            running=self._running(),
+            waiting=self._in_order(now),
         )
+
+    def _hold(self, ticket: Ticket, backend: Backend) -> None:
+        # A request moved to another backend (failover) keeps the time it started.
+        held = self._holders.get(id(ticket))
+        started = self._clock() if held is None else held[2]
+        self._holders[id(ticket)] = (ticket, backend.name, started)
+
+    def _running(self) -> tuple[RunningRequest, ...]:
+        now = self._clock()
+        return tuple(
+            RunningRequest(ticket.user, ticket.model, name, ticket.request_class, now - started)
+            for ticket, name, started in sorted(self._holders.values(), key=_started)
+        )
+
+    def _in_order(self, now: float) -> tuple[WaitingRequest, ...]:
+        """The waiting requests in the order the ordering would pick them if slots freed one
+        by one now, played on a copy of it. Caps and heavy slots are left out: an estimate."""
+        ordering = copy.deepcopy(self.ordering)
+        queues = [deque(w for w in queue if not w.turn.done()) for queue in self.waiting.values()]
+        queues = [queue for queue in queues if queue]
+        found: list[WaitingRequest] = []
+        while queues:
+            chosen = ordering.choose([queue[0].candidate for queue in queues])
+            ordering.on_dispatch(chosen)
+            index = next(i for i, queue in enumerate(queues) if queue[0].candidate is chosen)
+            waiter = queues[index].popleft()
+            if not queues[index]:
+                del queues[index]
+            ticket = waiter.ticket
+            found.append(
+                WaitingRequest(
+                    ticket.user,
+                    ticket.model,
+                    ticket.request_class,
+                    now - waiter.arrived,
+                    len(found) + 1,
+                )
+            )
+        return tuple(found)
 
     def _next_turn(self) -> tuple[Waiter, Backend] | None:
         offers: dict[int, tuple[Waiter, Backend]] = {}
@@ -224,6 +314,10 @@ class WaitingRoom:
     def _idle_check(self, user: str) -> None:
         if user not in self.waiting and user not in self.running:
             self.ordering.on_idle(user)
+
+
+def _started(held: tuple[Ticket, str, float]) -> float:
+    return held[2]
 
 
 def _decrement(counter: Counter[str], key: str) -> None:

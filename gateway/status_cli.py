@@ -1,0 +1,190 @@
+"""``fairgate status``: the house page as a table in the terminal, like ``ollama ps``.
+
+It reads the same ``/status`` JSON as the page (so an admin key, or a gateway on this
+machine), with the standard library only: it runs wherever the gateway is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+__all__ = ["add_status_arguments", "render_text", "run_status"]
+
+_CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear the screen: one frame per refresh
+
+
+class StatusError(Exception):
+    """The gateway could not be read: unreachable, refused the key, or not a gateway."""
+
+
+def add_status_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--url", default="http://127.0.0.1:8080", help="the gateway (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--key",
+        default=os.environ.get("FAIRGATE_KEY"),
+        help="an admin key, if the gateway is on another machine (default: $FAIRGATE_KEY)",
+    )
+    parser.add_argument("--watch", action="store_true", help="redraw every --interval seconds")
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between redraws")
+
+
+def run_status(args: argparse.Namespace) -> int:
+    if not args.watch:
+        try:
+            print(render_text(fetch(args.url, args.key)))
+        except StatusError as exc:
+            print(f"fairgate status: {exc}", file=sys.stderr)
+            return 1
+        return 0
+    try:
+        while True:
+            try:
+                frame = render_text(fetch(args.url, args.key))
+            except StatusError as exc:
+                frame = f"fairgate status: {exc} (retrying)"
+            print(f"{_CLEAR}{frame}\n\n{args.url} at {datetime.now():%H:%M:%S}", flush=True)
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        return 0
+
+
+def fetch(url: str, key: str | None) -> dict[str, Any]:
+    request = urllib.request.Request(url.rstrip("/") + "/status")
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            body: dict[str, Any] = json.load(reply)
+            return body
+    except urllib.error.HTTPError as exc:
+        raise StatusError(f"{url} answered {exc.code}: {_message(exc)}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise StatusError(f"cannot reach {url}: {exc}") from None
+    except ValueError as exc:
+        raise StatusError(f"{url}/status is not a gateway's status: {exc}") from None
+
+
+def _message(error: urllib.error.HTTPError) -> str:
+    try:
+        detail = json.load(error).get("error", "")
+    except ValueError:
+        return str(error.reason)
+    return str(detail.get("message", "") if isinstance(detail, dict) else detail)
+
+
+def render_text(status: dict[str, Any]) -> str:
+    """The whole picture: slots, who runs, who waits, each user, recent refusals."""
+    backends, queue = status["backends"], status["queue"]
+    busy = sum(b["busy"] for b in backends.values())
+    slots = sum(b["slots"] for b in backends.values())
+    head = f"{busy} of {slots} slots busy, {queue['depth']} waiting"
+    if queue["depth"]:
+        head += f" (oldest {_seconds(queue['oldest_wait_seconds'])})"
+    parts = [head, _backends(backends), _running(status["running"]), _waiting(queue["waiting"])]
+    parts.append(_users(status["users"]))
+    if status["refusals"]:
+        parts.append(_refusals(status["refusals"][:5]))
+    return "\n\n".join(parts)
+
+
+def _backends(backends: dict[str, Any]) -> str:
+    rows = [
+        [
+            name,
+            b["kind"],
+            ("sleeping" if b["sleeping"] else "up") if b["healthy"] else "down",
+            f"{b['busy']}/{b['slots']}",
+            f"{b['heavy_running']}/{b['heavy_slots']}",
+            ", ".join(b["loaded"]) or "-",
+        ]
+        for name, b in backends.items()
+    ]
+    return table(["BACKEND", "KIND", "STATE", "SLOTS", "HEAVY", "IN MEMORY"], rows)
+
+
+def _running(running: list[dict[str, Any]]) -> str:
+    if not running:
+        return "nothing running"
+    rows = [
+        [r["user"], r["model"], r["backend"], r["class"], _seconds(r["seconds"])] for r in running
+    ]
+    return table(["RUNNING", "MODEL", "BACKEND", "CLASS", "FOR"], rows)
+
+
+def _waiting(waiting: list[dict[str, Any]]) -> str:
+    if not waiting:
+        return "nobody waiting"
+    rows = [
+        [
+            str(w["position"]),
+            w["user"],
+            w["model"],
+            w["class"],
+            _seconds(w["waited_seconds"]),
+            "~" + _seconds(w["estimated_start_seconds"]),
+        ]
+        for w in waiting
+    ]
+    return table(["#", "WAITING", "MODEL", "CLASS", "WAITED", "STARTS IN"], rows)
+
+
+def _users(users: dict[str, Any]) -> str:
+    rows = [
+        [
+            name,
+            _of(u["running"], u["max_concurrent"]),
+            _of(u["queued"], u["max_queued"]),
+            str(u["today"]["requests"]),
+            str(u["today"]["prompt_tokens"] + u["today"]["completion_tokens"]),
+            str(u["today"]["refused"]),
+        ]
+        for name, u in users.items()
+    ]
+    return table(["USER", "RUNNING", "QUEUED", "REQUESTS TODAY", "TOKENS", "REFUSED"], rows)
+
+
+def _refusals(refusals: list[dict[str, Any]]) -> str:
+    rows = [
+        [
+            f"{datetime.fromtimestamp(r['at']):%H:%M:%S}",
+            r["user"] or "-",
+            r["reason"],
+            r["model"] or r["path"],
+        ]
+        for r in refusals
+    ]
+    return table(["REFUSED AT", "USER", "REASON", "MODEL"], rows)
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Left-aligned columns three spaces apart, as ``ollama ps`` prints them."""
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    return "\n".join(
+        "   ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
+    )
+
+
+def _of(value: int, limit: int | None) -> str:
+    return str(value) if limit is None else f"{value}/{limit}"
+
+
+def _seconds(seconds: float) -> str:
+    if seconds < 10:
+        return f"{seconds:.1f}s"
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
