@@ -338,6 +338,22 @@ class TestBackendFailures:
             f"(backend gpu at {backend}: connection refused - is Ollama running?)"
         )
 
+    async def test_a_chat_at_a_first_run_without_ollama_learns_what_to_check(
+        self, start_gateway: StartGateway, http: aiohttp.ClientSession
+    ) -> None:
+        """The first chat finds the backend refusing (502); the next is told what to check,
+        in the probes' words rather than the relay's."""
+        backend = f"http://127.0.0.1:{free_port()}"
+        gateway = await start_gateway(gpu_backend(backend))  # probes every 5 s: none between
+        statuses, errors = [], []
+        for _ in range(2):
+            async with http.post(gateway.url + "/api/chat", json=CHAT) as reply:
+                statuses.append(reply.status)
+                errors.append((await reply.json())["error"])
+        assert statuses == [502, 503]
+        expected = f"(backend gpu at {backend}: connection refused - is Ollama running?)"
+        assert errors[1].endswith(expected)
+
 
 class TestReadiness:
     async def test_readyz_follows_the_backend_down_and_up_and_healthz_stays_alive(

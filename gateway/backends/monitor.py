@@ -80,10 +80,12 @@ class BackendMonitor:
             self._succeeded(config, state, seen)
 
     def report_failure(self, name: str, reason: str) -> None:
-        """A request found the backend failing: count it like a failed probe."""
+        """A request found the backend failing: count it like a failed probe. When probes
+        already failed, their words stay: they say what to check, the relay's do not."""
         state, config = self.states.get(name), self._tasks.config(name)
         if state is not None and config is not None:
-            self._failed(config, state, reason)
+            kept = state.last_error if state.failures else None
+            self._failed(config, state, kept or reason)
 
     def _failed(self, config: BackendConfig, state: BackendState, reason: str) -> None:
         state.failures += 1
