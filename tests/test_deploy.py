@@ -266,6 +266,20 @@ def test_the_ollama_drop_in_matches_the_example_policys_backend() -> None:
     assert int(env["OLLAMA_NUM_PARALLEL"]) == backend["slots"]
 
 
+def test_the_systemd_units_header_installs_only_files_that_exist() -> None:
+    """Each `install ... SOURCE TARGET` in the unit's notes copies a file of the checkout."""
+    unit = DEPLOY / "systemd" / "fairgate.service"
+    commands = [
+        line.lstrip("#").split("&&")[0].split()
+        for line in unit.read_text().splitlines()
+        if line.startswith("#")
+    ]
+    sources = [words[-2] for words in commands if words[1:2] == ["install"]]
+    assert sources, "the header installs nothing"
+    for source in sources:
+        assert (REPO / source).is_file(), f"{unit.name} installs {source}, which does not exist"
+
+
 def test_the_compose_health_check_asks_the_gateway_whether_it_is_ready() -> None:
     """The gateway service's health check fetches /readyz, a route the gateway serves,
     on the port it listens on."""
