@@ -10,6 +10,10 @@ from .wire import parse_keep_alive
 __all__ = ["add_sim_arguments", "sim_config_from_args"]
 
 _DEFAULTS = SimConfig()
+# `fairgate sim` with no flags stands in for the Ollama of deploy/fairgate.example.yaml
+# (127.0.0.1:11434, 2 slots), so that the example policy works against it unchanged; `make
+# sim` runs exactly this. SimConfig keeps 1 slot, the tests' default.
+_PORT, _PARALLEL = 11434, 2
 
 
 def _keep_alive(text: str) -> float:
@@ -36,7 +40,7 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     d = _DEFAULTS
     add = parser.add_argument
     add("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    add("--port", type=int, default=11434, help="port to listen on (default: %(default)s)")
+    add("--port", type=int, default=_PORT, help="port to listen on (default: %(default)s)")
     add(
         "--flavor",
         choices=["ollama", "llamacpp"],
@@ -46,7 +50,7 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--parallel",
         type=int,
-        default=d.parallel,
+        default=_PARALLEL,
         help="slots, like OLLAMA_NUM_PARALLEL or llama-server -np (default: %(default)s)",
     )
     add(

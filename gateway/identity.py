@@ -72,8 +72,13 @@ class Directory:
             return Caller(user, f"client:{address}")
         if self._anonymous:
             return Caller(ANONYMOUS, _ANONYMOUS_CREDENTIAL)
+        # Say how to pass a key and where keys come from: the first curl of a new admin
+        # lands here, and the example policy's key is easy to find once that is said.
         raise GatewayError(
-            401, Reason.UNAUTHORIZED, "an API key is required (Authorization: Bearer)"
+            401,
+            Reason.UNAUTHORIZED,
+            "an API key is required: send Authorization: Bearer KEY "
+            "(the keys are under users: in the gateway's policy file)",
         )
 
     def admits(self, user: str, credential: str) -> bool:

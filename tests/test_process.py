@@ -7,6 +7,7 @@ runs as a child process; the rest runs against real gateways and simulators on l
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import hashlib
@@ -22,7 +23,7 @@ import aiohttp
 import pytest
 import yaml
 
-from fairsim import SimConfig, Simulator
+from fairsim import SimConfig, Simulator, add_sim_arguments, sim_config_from_args
 from gateway.app import bound_url, start_server
 from gateway.backends.probes import ProbeFailed, probe
 from gateway.first_run import EXAMPLE_KEYS, example_keys_in
@@ -402,3 +403,31 @@ async def health(http: aiohttp.ClientSession, gateway: Gateway) -> tuple[int, in
         http.get(gateway.url + "/readyz") as ready,
     ):
         return alive.status, ready.status, await ready.json()
+
+
+class TestFirstRun:
+    def test_fairgate_sim_without_flags_stands_in_for_the_example_policys_backend(self) -> None:
+        """`fairgate sim` (and so `make sim`) listens where the example's Ollama is, with its
+        slots and a model the example's users may use."""
+        parser = argparse.ArgumentParser()
+        add_sim_arguments(parser)
+        args = parser.parse_args([])
+        config = sim_config_from_args(args)
+        backend = yaml.safe_load(EXAMPLE.read_text())["backends"][0]
+        assert backend["url"] == f"http://{args.host}:{args.port}"
+        assert (backend["kind"], backend["slots"]) == (config.flavor, config.parallel)
+        assert "llama3.2:3b" in config.models
+        makefile = (REPO / "Makefile").read_text()
+        assert "\t$(BIN)/fairgate sim\n" in makefile
+
+    async def test_the_first_401_says_how_to_send_a_key(
+        self, start_gateway: StartGateway, http: aiohttp.ClientSession
+    ) -> None:
+        """A request without a key is told the header to send and where keys are written."""
+        policy = "users: {alice: {keys: [alice-key]}}\n" + one_backend("http://127.0.0.1:9")
+        gateway = await start_gateway(policy)
+        async with http.post(gateway.url + "/api/chat", json=CHAT) as reply:
+            status, body = reply.status, await reply.json()
+        assert status == 401
+        assert "send Authorization: Bearer KEY" in body["error"]
+        assert "users: in the gateway's policy file" in body["error"]

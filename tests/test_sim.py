@@ -617,7 +617,9 @@ def test_cli_flags_build_a_sim_config() -> None:
     assert (config.flavor, config.parallel, config.models) == ("llamacpp", 4, ["a:1b", "b:2b"])
     assert (config.default_keep_alive, config.decode_tokens_per_s) == (300.0, 0.0)
     assert config.prefill_blocks_decode is False and args.port == 0
-    assert sim_config_from_args(parser.parse_args([])) == SimConfig()
+    # Two slots on 11434 without flags: the example policy's Ollama (`make sim`).
+    assert sim_config_from_args(parser.parse_args([])) == SimConfig(parallel=2)
+    assert parser.parse_args([]).port == 11434
 
 
 # -- the llama.cpp flavour -----------------------------------------------------------------
