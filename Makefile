@@ -52,13 +52,14 @@ bench: $(DEV_STAMP)
 	$(BIN)/python -m benchmarks.overhead
 
 # Real servers the tests start on loopback: Prometheus (and promtool) and redis-server, from
-# Debian's packages; installed when missing.
+# Debian's packages; installed when missing. And chromium, the browser the house page's
+# tests drive through playwright (which downloads no browser of its own).
 services:
 	@command -v prometheus >/dev/null && command -v promtool >/dev/null \
-		&& command -v redis-server >/dev/null || { \
-		echo "installing Debian's prometheus and redis-server for the tests (needs root)"; \
+		&& command -v redis-server >/dev/null && command -v chromium >/dev/null || { \
+		echo "installing Debian's prometheus, redis-server and chromium for the tests (needs root)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-			--no-install-recommends prometheus redis-server; }
+			--no-install-recommends prometheus redis-server chromium; }
 
 $(LLAMA_STAMP): $(DEV_STAMP)
 	mkdir -p $(WHEELS)

@@ -1,0 +1,117 @@
+"""The house page's memory: the last hour by minute, recent refusals, each user's day."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from gateway.access import RequestRecord
+from gateway.history import MINUTES, RECENT_REFUSALS, History
+from gateway.vocabulary import Reason, RequestClass
+
+NOON = datetime(2025, 3, 14, 12, 0, 30).timestamp()
+
+
+class Clock:
+    """Wall-clock seconds, moved by hand."""
+
+    def __init__(self, now: float = NOON) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def served(user: str = "bob", ttft: float | None = 0.2, tokens: int = 10) -> RequestRecord:
+    record = RequestRecord("r", "POST", "/api/chat", arrived=100.0, user=user, model="m")
+    record.request_class = RequestClass.LIGHT
+    record.status = 200
+    record.first_byte_at = None if ttft is None else 100.0 + ttft
+    record.prompt_tokens, record.completion_tokens = tokens, 2 * tokens
+    return record
+
+
+def refused(user: str | None = "bob", reason: Reason = Reason.USER_QUEUE_FULL) -> RequestRecord:
+    record = RequestRecord("r", "POST", "/api/chat", user=user, model="m")
+    record.status, record.reason = 503, reason
+    return record
+
+
+class TestLastHour:
+    def test_ttft_quantiles_of_a_minute_are_within_a_bucket_of_the_true_ones(self) -> None:
+        """p50 and p95 of a minute's first tokens are at most a quarter above the true ones."""
+        history = History(Clock())
+        for n in range(1, 101):
+            history.observe(served(ttft=n / 100))  # 10 ms .. 1 s
+        minute = history.snapshot().minutes[-1]
+        assert minute.requests == 100
+        assert minute.ttft_p50 is not None and minute.ttft_p95 is not None
+        assert 0.50 <= minute.ttft_p50 <= 0.50 * 1.25
+        assert 0.95 <= minute.ttft_p95 <= 0.95 * 1.25
+
+    def test_the_hour_has_sixty_minutes_and_forgets_older_ones(self) -> None:
+        """Every minute of the hour is listed, empty ones too; a minute 61 ago is gone."""
+        clock = Clock()
+        history = History(clock)
+        history.observe(refused())
+        clock.now += 59 * 60
+        minutes = history.snapshot().minutes
+        assert len(minutes) == MINUTES
+        assert minutes[0].refusals == 1 and sum(m.refusals for m in minutes) == 1
+        assert minutes[1].ttft_p50 is None
+        clock.now += 60
+        assert sum(m.refusals for m in history.snapshot().minutes) == 0
+
+    def test_memory_stays_bounded_however_many_requests_pass(self) -> None:
+        """Ten thousand requests over two hours leave 60 minutes and 20 refusals in memory."""
+        clock = Clock()
+        history = History(clock)
+        for n in range(10_000):
+            clock.now += 0.72  # two hours in all
+            history.observe(refused() if n % 3 else served())
+        snapshot = history.snapshot()
+        assert len(history._minutes) == MINUTES
+        assert len(snapshot.refusals) == RECENT_REFUSALS
+
+    def test_listings_and_the_pages_own_polls_are_not_counted(self) -> None:
+        """A request that was never classified (a listing, /status, /ui) is not the house's."""
+        history = History(Clock())
+        history.observe(RequestRecord("r", "GET", "/status", user="bob"))
+        snapshot = history.snapshot()
+        assert sum(m.requests for m in snapshot.minutes) == 0
+        assert snapshot.today == {}
+
+
+class TestRefusalsAndDays:
+    def test_recent_refusals_come_newest_first_with_their_reason(self) -> None:
+        """The ring holds the last refusals, newest first, each with who and why."""
+        clock = Clock()
+        history = History(clock)
+        history.observe(refused("bob", Reason.USER_QUEUE_FULL))
+        clock.now += 1
+        history.observe(refused(None, Reason.UNAUTHORIZED))
+        first, second = history.snapshot().refusals
+        assert (first.user, first.reason, first.at) == (None, Reason.UNAUTHORIZED, NOON + 1)
+        assert (second.user, second.reason) == ("bob", Reason.USER_QUEUE_FULL)
+
+    def test_a_users_day_counts_requests_tokens_and_refusals_and_restarts_at_midnight(
+        self,
+    ) -> None:
+        """Requests, tokens and refusals add up per user until local midnight."""
+        clock = Clock()
+        history = History(clock)
+        history.observe(served("bob", tokens=10))
+        history.observe(served("bob", ttft=None, tokens=5))
+        history.observe(refused("bob"))
+        history.observe(refused(None))  # nobody to charge it to
+        today = history.snapshot().today
+        assert set(today) == {"bob"}
+        bob = today["bob"]
+        assert (bob.requests, bob.refused) == (2, 1)
+        assert (bob.prompt_tokens, bob.completion_tokens) == (15, 30)
+        midnight = datetime(2025, 3, 15).timestamp()
+        clock.now = midnight - 1
+        assert history.snapshot().today["bob"].requests == 2
+        clock.now = midnight + timedelta(minutes=1).total_seconds()
+        assert history.snapshot().today == {}
+        history.observe(served("carol"))
+        assert set(history.snapshot().today) == {"carol"}

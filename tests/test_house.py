@@ -1,0 +1,335 @@
+"""The house page, "where am I" and the /status they read, in a real browser (Debian's
+chromium, driven by playwright) against a real gateway and simulator on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.typedefs import Handler
+from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright, expect
+
+from gateway.app import create_app
+from gateway.policy import parse_policy
+from gateway.settings import Settings
+from tests.conftest import Gateway, StartGateway, StartSim, serve
+from tests.processes import required_binary
+from tests.test_admission import MODEL, until
+
+PROMPT = "please summarise the minutes of the last meeting " * 4  # a few dozen tokens
+
+
+def house(sim_url: str, slots: int = 2, scheduling: str = "fair") -> str:
+    return f"""\
+scheduling: {scheduling}
+defaults: {{max_concurrent: 1, max_queued: 3}}
+users:
+  alice: {{keys: [alice-key], admin: true}}
+  bob: {{keys: [bob-key]}}
+  agent: {{keys: [agent-key]}}
+  carol: {{keys: [carol-key], max_queued: 5, weight: 2}}
+backends:
+  - {{name: gpu, url: {sim_url}, kind: ollama, slots: {slots}}}
+"""
+
+
+class Stream:
+    """One streamed chat of ``key``'s user: opened in the background (it waits for its turn
+    like any client), stalled after its first token so that it holds its slot, and ended
+    on demand."""
+
+    def __init__(self, gateway: Gateway, key: str) -> None:
+        self.user = key.removesuffix("-key")
+        self.started = asyncio.Event()
+        self._end = asyncio.Event()
+        self._task = asyncio.create_task(self._run(gateway.url, key))
+
+    async def _run(self, url: str, key: str) -> None:
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": PROMPT}],
+            "options": {"sim_stall_after": 1},
+        }
+        headers = {"Authorization": f"Bearer {key}"}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(url + "/api/chat", json=body, headers=headers) as reply,
+        ):
+            assert reply.status == 200
+            await reply.content.readline()
+            self.started.set()
+            await self._end.wait()
+
+    @property
+    def ended(self) -> bool:
+        return self._end.is_set()
+
+    async def end(self) -> None:
+        self._end.set()
+        await self._task
+
+
+@pytest.fixture
+async def streams() -> AsyncIterator[list[Stream]]:
+    """Streams a test opens; whatever is still open at the end is ended."""
+    opened: list[Stream] = []
+    yield opened
+    for stream in opened:
+        await stream.end()
+
+
+async def open_stream(streams: list[Stream], gateway: Gateway, key: str) -> Stream:
+    stream = Stream(gateway, key)
+    streams.append(stream)
+    return stream
+
+
+async def get_json(url: str, key: str | None = None) -> tuple[int, Any]:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    async with aiohttp.ClientSession() as session, session.get(url, headers=headers) as reply:
+        return reply.status, await reply.json()
+
+
+def running_users(gateway: Gateway) -> list[str]:
+    return [run.user for run in gateway.services.admission.snapshot().running]
+
+
+class TestWhereAmI:
+    @pytest.mark.parametrize(
+        ("scheduling", "order"),
+        [("fifo", ["bob", "bob", "carol"]), ("fair", ["bob", "carol", "bob"])],
+    )
+    async def test_my_position_and_estimate_are_the_order_the_room_then_keeps(
+        self,
+        start_sim: StartSim,
+        start_gateway: StartGateway,
+        streams: list[Stream],
+        scheduling: str,
+        order: list[str],
+    ) -> None:
+        """Bob, bob, carol wait for alice's slot: /ui/me.json gives each their position and
+        estimate, and the slot then goes to them in exactly that order."""
+        _, sim_url = await start_sim(parallel=4)
+        gateway = await start_gateway(house(sim_url, slots=1, scheduling=scheduling))
+        admission = gateway.services.admission
+        await (await open_stream(streams, gateway, "alice-key")).started.wait()
+        bob_count = 0
+        for user in ("bob", "bob", "carol"):
+            await open_stream(streams, gateway, f"{user}-key")
+            bob_count += user == "bob"
+            count = bob_count if user == "bob" else 1
+            await until(admission, lambda s, u=user, n=count: s.users.get(u, (0, 0))[1] == n)
+
+        hold = admission.hold_timer.seconds
+        for user in ("bob", "carol"):
+            status, me = await get_json(gateway.url + "/ui/me.json", f"{user}-key")
+            assert status == 200
+            positions = [n + 1 for n, name in enumerate(order) if name == user]
+            assert [w["position"] for w in me["waiting"]] == positions
+            assert [w["ahead"] for w in me["waiting"]] == [p - 1 for p in positions]
+            estimates = [w["estimated_start_seconds"] for w in me["waiting"]]
+            assert estimates == [round(hold * p / 1, 3) for p in positions]  # one slot
+            ahead = positions[0] - 1
+            tail = f"{ahead} ahead of you" if ahead else "you are next"
+            assert me["summary"] == f"1 of 1 slot busy: alice; {tail}"
+            assert me["limits"]["max_queued"] == (5 if user == "carol" else 3)
+
+        await streams[0].end()  # alice's
+        for user in order:
+            await until(admission, lambda s, u=user: [r.user for r in s.running] == [u])
+            turn = next(s for s in streams if s.user == user and not s.ended)  # hers in order
+            await turn.started.wait()
+            await turn.end()
+
+    async def test_an_unknown_key_gets_401_from_where_am_i(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """/ui/me.json needs a key the policy knows, as any request does."""
+        _, sim_url = await start_sim()
+        gateway = await start_gateway(house(sim_url))
+        status, body = await get_json(gateway.url + "/ui/me.json", "nobody-key")
+        assert status == 401
+        assert body == {"error": "unknown API key"}
+
+    async def test_status_shows_limits_and_the_day_of_every_user(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """After one reply, /status lists every configured user with limits, and bob's day."""
+        _, sim_url = await start_sim()
+        gateway = await start_gateway(house(sim_url))
+        body = {"model": MODEL, "prompt": "hi", "stream": False}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                gateway.url + "/api/generate",
+                json=body,
+                headers={"Authorization": "Bearer bob-key"},
+            ) as reply,
+        ):
+            assert reply.status == 200
+            await reply.read()
+        await until(gateway.services.admission, lambda s: not s.running)
+        status, state = await get_json(gateway.url + "/status")
+        assert status == 200
+        assert set(state["users"]) == {"alice", "bob", "agent", "carol"}
+        bob = state["users"]["bob"]
+        assert (bob["max_concurrent"], bob["max_queued"], bob["weight"]) == (1, 3, 1.0)
+        assert bob["today"]["requests"] == 1
+        assert bob["today"]["completion_tokens"] > 0
+        assert state["users"]["carol"]["weight"] == 2.0
+        assert state["last_hour"][-1]["requests"] == 1
+        assert state["last_hour"][-1]["ttft_p50"] is not None
+
+
+# The browser -------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    """Debian's chromium, headless; playwright downloads no browser of its own."""
+    path = required_binary("chromium", "chromium")
+    async with async_playwright() as playwright:
+        engine = await playwright.chromium.launch(executable_path=path)
+        yield engine
+        await engine.close()
+
+
+class Watched:
+    """A page, with what its console said and each time its main frame loaded."""
+
+    def __init__(self, page: Page) -> None:
+        self.page = page
+        self.errors: list[str] = []
+        self.loads = 0
+        self.urls: list[str] = []
+        page.on("console", self._console)
+        page.on("pageerror", lambda error: self.errors.append(f"uncaught: {error}"))
+        page.on("request", lambda request: self.urls.append(request.url))
+        page.on("load", self._loaded)
+
+    def _console(self, message: ConsoleMessage) -> None:
+        if message.type == "error":
+            self.errors.append(message.text)
+
+    def _loaded(self, page: Page) -> None:
+        self.loads += 1
+
+    def script_errors(self) -> list[str]:
+        """Errors other than the browser's note of a refused fetch (401/403 are answers)."""
+        refused = ("status of 401", "status of 403")
+        return [e for e in self.errors if not any(words in e for words in refused)]
+
+
+@asynccontextmanager
+async def opened(browser: Browser, shots: Path, name: str) -> AsyncIterator[Watched]:
+    """A new page; if the block fails, a screenshot of it is saved in ``shots``."""
+    page = await browser.new_page(viewport={"width": 1000, "height": 900})
+    try:
+        yield Watched(page)
+    except BaseException:
+        shot = shots / f"{name}.png"
+        await page.screenshot(path=shot, full_page=True)
+        print(f"screenshot of the page at the failure: {shot}")  # shown with the failure
+        raise
+    finally:
+        await page.close()
+
+
+@web.middleware
+async def from_another_machine(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """As a laptop elsewhere in the house would reach the gateway: not from loopback."""
+    return await handler(request.clone(remote="192.0.2.7"))
+
+
+class TestHousePage:
+    async def test_the_page_shows_busy_slots_and_the_waiter_then_follows_a_stream_ending(
+        self,
+        start_sim: StartSim,
+        start_gateway: StartGateway,
+        streams: list[Stream],
+        browser: Browser,
+        tmp_path: Path,
+    ) -> None:
+        """Two streams run and carol waits: both slots and her position show; when agent's
+        stream ends, within 2 s and without a reload the page shows carol in the slot."""
+        _, sim_url = await start_sim(parallel=4)
+        gateway = await start_gateway(house(sim_url, slots=2))
+        admission = gateway.services.admission
+        for key in ("bob-key", "agent-key"):
+            await (await open_stream(streams, gateway, key)).started.wait()
+        agent = streams[1]
+        carol = await open_stream(streams, gateway, "carol-key")
+        await until(admission, lambda s: s.queue_depth == 1)
+
+        async with opened(browser, tmp_path, "house") as watched:
+            page = watched.page
+            await page.goto(gateway.url + "/ui")  # from loopback: no key needed
+            who = page.locator(".slot.busy .who")
+            await expect(who).to_have_text(["bob", "agent"])
+            await expect(page.locator(".slot.free")).to_have_count(0)
+            first = page.locator("#waiting tr").first.locator("td")
+            await expect(first.nth(0)).to_have_text("1")
+            await expect(first.nth(1)).to_have_text("carol")
+            await expect(first.nth(2)).to_have_text(MODEL)
+            await expect(page.locator("#summary")).to_contain_text("2 of 2 slots busy · 1 waiting")
+
+            await agent.end()
+            ended = time.monotonic()
+            await expect(who).to_have_text(["bob", "carol"], timeout=2000)
+            await expect(page.locator("#waiting")).to_have_text("nobody waiting", timeout=2000)
+            assert time.monotonic() - ended < 2.0
+            assert carol.started.is_set()
+            assert watched.loads == 1  # followed by polling, not by reloading
+            assert watched.errors == []
+
+    async def test_a_non_admin_key_cannot_open_the_house_page_but_can_open_its_own(
+        self,
+        start_sim: StartSim,
+        servers: AsyncExitStack,
+        streams: list[Stream],
+        browser: Browser,
+        tmp_path: Path,
+    ) -> None:
+        """From another machine, bob's key is refused the house and shown his own page; an
+        admin key opens the house. The key never appears in a URL."""
+        _, sim_url = await start_sim(parallel=4)
+        app = create_app(Settings(), parse_policy(house(sim_url, slots=2)))
+        app.middlewares.insert(0, from_another_machine)
+        url = await serve(servers, app)
+        gateway = Gateway(url, app)
+        await (await open_stream(streams, gateway, "bob-key")).started.wait()
+
+        async with opened(browser, tmp_path, "not-admin") as watched:
+            page = watched.page
+            await page.goto(url + "/ui")
+            form = page.locator("#key-form")
+            await expect(form).to_be_visible()
+            await form.locator("input").fill("bob-key")
+            await form.locator("button").click()
+            await expect(form.locator(".reason")).to_contain_text("not an admin key")
+            await expect(form).to_be_visible()
+            await expect(page.locator("#house")).to_be_hidden()
+            await expect(page.locator(".slot")).to_have_count(0)
+
+            await page.goto(url + "/ui/me")  # the key typed once is kept for the tab
+            await expect(page.locator("#who")).to_have_text("bob")
+            await expect(page.locator("#summary")).to_have_text(
+                "1 of 2 slots busy: bob; yours is running"
+            )
+            await expect(page.locator("#running tr td").first).to_have_text(MODEL)
+            await expect(page.locator("#house-link")).to_be_hidden()
+
+            await page.goto(url + "/ui")
+            await expect(form).to_be_visible()
+            await form.locator("input").fill("alice-key")
+            await form.locator("button").click()
+            await expect(page.locator(".slot.busy .who")).to_have_text(["bob"])
+            assert not any("-key" in seen for seen in watched.urls)
+            assert watched.script_errors() == []

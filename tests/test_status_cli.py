@@ -1,0 +1,93 @@
+"""``fairgate status``, run as a command against a running gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from contextlib import AsyncExitStack
+
+from gateway.app import create_app
+from gateway.policy import parse_policy
+from gateway.settings import Settings
+from tests.conftest import Gateway, StartGateway, StartSim, serve
+from tests.test_admission import MODEL, until
+from tests.test_house import Stream, from_another_machine, house, open_stream
+from tests.test_house import streams as streams  # the fixture
+
+
+async def fairgate_status(*args: str) -> tuple[int, str, str]:
+    """Run ``fairgate status ARGS`` to its end: exit code, stdout, stderr."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway", "status", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(process.communicate(), timeout=30)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+def row_of(text: str, table: str, first: str) -> list[str]:
+    """The cells of the row that starts with ``first`` in the table headed ``table ...``."""
+    block = next(b for b in text.split("\n\n") if b.startswith(table + " "))
+    return next(line.split() for line in block.splitlines() if line.split()[:1] == [first])
+
+
+class TestStatusCommand:
+    async def test_it_prints_the_slots_who_runs_and_who_waits(
+        self, start_sim: StartSim, start_gateway: StartGateway, streams: list[Stream]
+    ) -> None:
+        """Bob runs and carol waits for the one slot: the table says so, like ollama ps."""
+        _, sim_url = await start_sim(parallel=4)
+        gateway = await start_gateway(house(sim_url, slots=1))
+        await (await open_stream(streams, gateway, "bob-key")).started.wait()
+        await open_stream(streams, gateway, "carol-key")
+        await until(gateway.services.admission, lambda s: s.queue_depth == 1)
+
+        code, out, err = await fairgate_status("--url", gateway.url)
+        assert (code, err) == (0, "")
+        assert out.startswith("1 of 1 slots busy, 1 waiting (oldest ")
+        assert row_of(out, "BACKEND", "gpu")[:5] == ["gpu", "ollama", "up", "1/1", "0/1"]
+        assert row_of(out, "RUNNING", "bob")[:4] == ["bob", MODEL, "gpu", "light"]  # running
+        assert row_of(out, "#", "1")[:4] == ["1", "carol", MODEL, "light"]  # waiting, first
+        assert row_of(out, "USER", "carol")[:3] == ["carol", "0/1", "1/5"]  # against her limits
+
+    async def test_watch_redraws_until_interrupted(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """--watch clears the screen and redraws each interval; Ctrl-C ends it cleanly."""
+        _, sim_url = await start_sim()
+        gateway = await start_gateway(house(sim_url))
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gateway", "status", "--watch", "--interval", "0.1",
+            "--url", gateway.url, stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        assert process.stdout is not None
+        seen = b""
+        async with asyncio.timeout(20):
+            while seen.count(b"\x1b[H\x1b[2J") < 3:
+                seen += await process.stdout.read(4096)
+            process.send_signal(signal.SIGINT)
+            await process.communicate()
+        assert process.returncode == 0
+        assert b"0 of 2 slots busy, 0 waiting" in seen
+
+    async def test_a_key_is_needed_from_another_machine_and_must_be_an_admins(
+        self, start_sim: StartSim, servers: AsyncExitStack
+    ) -> None:
+        """Off loopback, no key or bob's key is refused with the gateway's words; alice's
+        admin key reads the table."""
+        _, sim_url = await start_sim()
+        app = create_app(Settings(), parse_policy(house(sim_url)))
+        app.middlewares.insert(0, from_another_machine)
+        gateway = Gateway(await serve(servers, app), app)
+
+        code, out, err = await fairgate_status("--url", gateway.url)
+        assert (code, out) == (1, "")
+        assert "answered 401" in err
+        code, out, err = await fairgate_status("--url", gateway.url, "--key", "bob-key")
+        assert (code, out) == (1, "")
+        assert "answered 403: /status needs an admin key or a loopback client" in err
+        code, out, err = await fairgate_status("--url", gateway.url, "--key", "alice-key")
+        assert (code, err) == (0, "")
+        assert out.startswith("0 of 2 slots busy")
