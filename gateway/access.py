@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import secrets
 import time
 from collections.abc import Callable
@@ -12,6 +13,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from gateway.errors import GatewayError, error_body, retry_after_header
+from gateway.logs import printable
 from gateway.relay import Progress
 from gateway.vocabulary import Api, Reason, RequestClass, api_of
 
@@ -46,6 +48,7 @@ class RequestRecord:
     load_seconds: float | None = None
     client_gone: bool = False
     retried: bool = False  # sent to a second backend after the first failed
+    client_request_id: str | None = None  # a client's X-Request-Id not used as ours
 
     def add(self, progress: Progress) -> None:
         """Take in what the relay reported of the reply."""
@@ -65,7 +68,7 @@ class RequestRecord:
         done = self.finished or time.monotonic()
         ttft = None if self.first_byte_at is None else round(self.first_byte_at - self.arrived, 4)
         wait = None if self.queue_wait is None else round(self.queue_wait, 4)
-        return {
+        fields: dict[str, object] = {
             "request_id": self.request_id,
             "method": self.method,
             "path": self.path,
@@ -86,6 +89,9 @@ class RequestRecord:
             "client_gone": self.client_gone,
             "retried": self.retried,
         }
+        if self.client_request_id is not None:
+            fields["client_request_id"] = self.client_request_id
+        return fields
 
 
 RECORD = web.RequestKey("record", RequestRecord)
@@ -105,9 +111,17 @@ def error_response(api: Api, error: GatewayError) -> web.Response:
     )
 
 
-def _request_id(request: web.Request) -> str:
-    given = request.headers.get("X-Request-Id", "")
-    return given[:64] if given.isprintable() and given else secrets.token_hex(8)
+# A client's request id is used as ours (so both sides' logs join up) only in a form that
+# cannot forge a log field or a header: letters, digits and . _ : - , at most 64.
+_SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+
+
+def _request_id(request: web.Request, record: RequestRecord) -> None:
+    given = request.headers.get("X-Request-Id")
+    if given is not None and _SAFE_REQUEST_ID.fullmatch(given):
+        record.request_id = given
+    elif given is not None:
+        record.client_request_id = printable(given[:64])
 
 
 def access_log(listeners: list[Listener]) -> Middleware:
@@ -116,7 +130,8 @@ def access_log(listeners: list[Listener]) -> Middleware:
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        record = RequestRecord(_request_id(request), request.method, request.path)
+        record = RequestRecord(secrets.token_hex(8), request.method, request.path)
+        _request_id(request, record)
         request[RECORD] = record
         structlog.contextvars.bind_contextvars(request_id=record.request_id)
         try:
@@ -148,7 +163,7 @@ async def _answer(
     except GatewayError as error:
         record.status, record.reason = error.status, error.reason
         response = error_response(api_of(request.path), error)
-        if _body_withheld(request):
+        if error.close or _body_withheld(request):
             # Refused before 100 Continue: the client may never send the body, so the
             # connection cannot be read to its next request; close it. (A body that is
             # being sent is read to its end and dropped by aiohttp, in bounded pieces.)

@@ -33,8 +33,12 @@ __all__ = ["Admission", "Permit", "Refusal", "Ticket"]
 _SHARED_RETRY_SECONDS = 0.5
 
 
-class _Revoked(Exception):
-    """The request's key or user left the policy while it waited."""
+class _TurnedAway(Exception):
+    """The request was refused while it waited (its key was revoked, or a shutdown)."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(refusal.message)
+        self.refusal = refusal
 
 
 _REVOKED = Refusal(
@@ -179,8 +183,8 @@ class Admission:
                 return Permit(self, waiter, waiter.turn.result())
             room.leave(waiter)
             return self._refusal(Reason.WAIT_TIMEOUT, ticket.user)
-        except _Revoked:
-            return _REVOKED
+        except _TurnedAway as away:
+            return away.refusal
         except BaseException:
             self._abandon(waiter)
             raise
@@ -264,12 +268,18 @@ class Admission:
     def revoke(self, admits: Callable[[str, str], bool]) -> None:
         """Refuse at once the waiting requests whose credential the policy no longer admits
         (``admits(user, credential)``); running ones finish, as a reload promises."""
+        self._turn_away(lambda ticket: not admits(ticket.user, ticket.credential), _REVOKED)
+
+    def turn_away_all(self, refusal: Refusal) -> None:
+        """Refuse every waiting request now (the gateway is shutting down)."""
+        self._turn_away(lambda ticket: True, refusal)
+
+    def _turn_away(self, refused: Callable[[Ticket], bool], refusal: Refusal) -> None:
         for queue in list(self.room.waiting.values()):
             for waiter in list(queue):
-                ticket = waiter.ticket
-                if not waiter.turn.done() and not admits(ticket.user, ticket.credential):
+                if not waiter.turn.done() and refused(waiter.ticket):
                     self.room.leave(waiter)
-                    waiter.turn.set_exception(_Revoked())
+                    waiter.turn.set_exception(_TurnedAway(refusal))
         self.room.dispatch()
 
     def wake(self) -> None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -12,18 +14,27 @@ import structlog
 from aiohttp import web
 
 from gateway.access import access_log, add_request_id
+from gateway.connections import Listener
 from gateway.house import House
 from gateway.listings import Reads
 from gateway.metrics import Metrics
 from gateway.policy import Policy
 from gateway.proxy import Generation
+from gateway.refusals import Refusal
 from gateway.services import Services
 from gateway.settings import Settings
 from gateway.status import Status
+from gateway.vocabulary import Reason
 
-__all__ = ["SERVICES", "bound_url", "create_app", "run_app", "start_server"]
+__all__ = ["SERVICES", "bound_url", "create_app", "drain", "run_app", "serve", "start_server"]
 
 log = structlog.get_logger("fairgate")
+
+# After the drain, how long interrupted streams have to write their last line.
+_LAST_WORDS_SECONDS = 2.0
+SHUTTING_DOWN = Refusal(
+    Reason.SHUTTING_DOWN, "the gateway is shutting down; retry in a moment", retry_after=5.0
+)
 
 SERVICES = web.AppKey("services", Services)
 """The app's services, for tools and tests that hold only the app; the gateway's own code
@@ -38,7 +49,8 @@ def create_app(
     metrics = Metrics(services.policy, services.snapshot)
     services.on_finished += [metrics.observe, services.history.observe]
     app = web.Application(
-        middlewares=[access_log(services.on_finished)], client_max_size=settings.max_body_bytes
+        middlewares=[access_log(services.on_finished), services.connections.middleware()],
+        client_max_size=settings.max_body_bytes,
     )
     app[SERVICES] = services
     app.on_response_prepare.append(add_request_id)
@@ -81,11 +93,68 @@ def _unwatch_policy() -> None:
 
 
 def run_app(settings: Settings, policy: Policy) -> None:
-    """Serve until interrupted; handlers are cancelled when their client disconnects."""
+    """Serve until SIGTERM or SIGINT, then drain; OSError if the address cannot be bound."""
     loop = new_event_loop(settings.event_loop)
+    try:
+        loop.run_until_complete(serve(settings, policy))
+    finally:
+        loop.close()
+
+
+async def serve(settings: Settings, policy: Policy) -> None:
+    """The gateway's life: listen, say so, wait for a stop signal, drain, close."""
+    loop = asyncio.get_running_loop()
+    stop, early_reload = asyncio.Event(), asyncio.Event()
+    # From the first instant: a SIGHUP before the policy watch is up (the first backend
+    # probe can take seconds) is noted and applied once ready, instead of killing the
+    # process (SIGHUP's default action), which systemd would not restart.
+    loop.add_signal_handler(signal.SIGHUP, early_reload.set)
+    for stopping in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(stopping, stop.set)
+    app = create_app(settings, policy, settings.config)
+    services = app[SERVICES]
+    listener = Listener(app, settings, services.connections)
+    try:
+        await listener.start()
+        if early_reload.is_set():
+            services.policy.reload()
+        _log_serving(listener.url, settings, policy, loop)
+        notify_systemd("READY=1")
+        await stop.wait()
+        notify_systemd("STOPPING=1")
+        await drain(services, settings.drain_timeout)
+    finally:
+        await listener.close()
+        for handled in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(handled)
+    log.info("stopped")
+
+
+async def drain(services: Services, within: float) -> None:
+    """Let running requests finish for up to ``within`` seconds while new ones get 503
+    shutting_down; then end the streams still running with an in-band error."""
+    connections = services.connections
+    connections.draining = True
+    running = connections.in_request
+    log.info("draining", running=running, drain_timeout=within)
+    services.admission.turn_away_all(SHUTTING_DOWN)
+    if await connections.until_idle(within):
+        log.info("drained")
+        return
+    cut = list(services.streams)
+    for relay in cut:
+        relay.interrupt(Reason.SHUTTING_DOWN, "the gateway is shutting down")
+    # The interrupted streams write their last line; whatever is left is closed after.
+    await connections.until_idle(_LAST_WORDS_SECONDS)
+    log.info("drained", streams_cut=len(cut), left=connections.in_request)
+
+
+def _log_serving(
+    url: str, settings: Settings, policy: Policy, loop: asyncio.AbstractEventLoop
+) -> None:
     log.info(
         "serving",
-        listen=f"http://{settings.listen}",
+        listen=url,
         policy=str(settings.config),
         backends=[f"{b.name}={b.url}" for b in policy.backends],
         users=len(policy.users),
@@ -96,15 +165,19 @@ def run_app(settings: Settings, policy: Policy) -> None:
         log.warning(
             "open_gateway", hint="no users in the policy: anyone who can reach it may use it"
         )
-    web.run_app(
-        create_app(settings, policy, settings.config),
-        host=settings.host,
-        port=settings.port,
-        access_log=None,
-        handler_cancellation=True,
-        print=None,
-        loop=loop,
-    )
+
+
+def notify_systemd(state: str) -> None:
+    """Tell systemd (Type=notify) that the gateway is ready or stopping; a no-op elsewhere.
+    With it, `systemctl start` returns once the gateway listens, and a reload is not sent
+    before then."""
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return
+    if address.startswith("@"):  # an abstract socket
+        address = "\0" + address[1:]
+    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.sendto(state.encode(), address)
 
 
 def new_event_loop(choice: str) -> asyncio.AbstractEventLoop:

@@ -32,6 +32,7 @@ class GatewayError(Exception):
     reason: Reason
     message: str
     retry_after: float | None = None
+    close: bool = False  # the connection cannot serve another request after this answer
 
     def __str__(self) -> str:
         return self.message

@@ -116,9 +116,12 @@ class Generation:
         record = request[RECORD]
         record.backend = permit.backend.name
         relay = Relay(self._services.upstream.session, target, meter=permit.add_output)
+        streams = self._services.streams
+        streams.add(relay)  # so that a shutdown can end it with an in-band error
         try:
             return await relay.run(request, body)
         finally:
+            streams.discard(relay)
             record.add(relay.progress)
 
 

@@ -9,6 +9,7 @@ frees its slot, and the caller's permit is released by its ``async with``.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -19,13 +20,13 @@ import structlog
 from aiohttp import web
 from multidict import CIMultiDict
 
-from gateway.errors import BackendFailure, GatewayError, inband_error
+from gateway.errors import BackendFailure, GatewayError, error_body, inband_error
 from gateway.headers import forwarded_headers, returned_headers
 from gateway.policy import Timeouts
 from gateway.tallies import TALLY_WINDOW, FinalCounts, final_counts
-from gateway.vocabulary import Reason
+from gateway.vocabulary import Reason, api_of
 
-__all__ = ["Progress", "Relay", "Target"]
+__all__ = ["Interrupted", "Progress", "Relay", "Target"]
 
 log = structlog.get_logger("fairgate.relay")
 
@@ -60,6 +61,14 @@ class Progress:
     client_gone: bool = False
 
 
+class Interrupted(Exception):
+    """The gateway itself ends a running reply (it is shutting down)."""
+
+    def __init__(self, reason: Reason, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class Relay:
     """One upstream request and its reply, streamed to the client; ``progress`` says how
     far it got, whatever the outcome (also when the handler is cancelled)."""
@@ -71,6 +80,7 @@ class Relay:
         meter: Callable[[int], None] | None = None,
     ) -> None:
         self.progress = Progress()
+        self._reader: aiohttp.StreamReader | None = None  # the reply, once it has started
         self._session = session
         self._target = target
         # Told, every few tokens, how many more have streamed (one NDJSON line or one SSE
@@ -84,7 +94,10 @@ class Relay:
             headers["Connection"] = "close"
         upstream, first = await _open(request, self._session, self._target, body, headers)
         self.progress.first_byte_at = time.monotonic()
+        self._reader = upstream.content
         async with upstream:
+            if upstream.status >= 400 and not _speaks_json(upstream):
+                return await _wrapped_error(request, upstream, first)
             return await self._pump(request, upstream, first)
 
     async def _pump(
@@ -124,7 +137,7 @@ class Relay:
         except ConnectionResetError:
             progress.client_gone = True
             return response
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except (aiohttp.ClientError, TimeoutError, Interrupted) as exc:
             await self._failed(request, response, content_type, exc)
             return response
         finally:
@@ -139,14 +152,22 @@ class Relay:
         content_type: str,
         exc: BaseException,
     ) -> None:
-        reason = (
-            f"the backend sent nothing for {self._target.timeouts.idle:g}s"
-            if isinstance(exc, TimeoutError)
-            else f"the backend failed mid-stream: {exc!r}"
-        )
         self.progress.failure = Reason.BACKEND_FAILED_MID_STREAM
+        if isinstance(exc, Interrupted):
+            self.progress.failure, reason = exc.reason, str(exc)
+        elif isinstance(exc, TimeoutError):
+            reason = f"the backend sent nothing for {self._target.timeouts.idle:g}s"
+        else:
+            log.warning("backend_failed_mid_stream", url=self._target.url, error=repr(exc))
+            reason = f"the backend failed mid-stream ({type(exc).__name__})"
         if not await _fail_inband(request, response, content_type, reason):
             self.progress.client_gone = True
+
+    def interrupt(self, reason: Reason, message: str) -> None:
+        """End a started reply now, with an in-band error saying ``message``; a reply not
+        started yet is left to its handler's cancellation."""
+        if self._reader is not None:
+            self._reader.set_exception(Interrupted(reason, message))
 
     def _counted(self, counts: FinalCounts) -> None:
         progress = self.progress
@@ -185,6 +206,9 @@ async def _open(
     except BaseException as exc:
         if upstream is not None:
             upstream.close()
+        if isinstance(exc, aiohttp.ClientError):
+            # The backend's address and our request's headers are for the log only.
+            log.warning("backend_request_failed", url=target.url, error=repr(exc))
         raise _open_error(exc, timeouts) from exc
 
 
@@ -192,7 +216,11 @@ def _open_error(exc: BaseException, timeouts: Timeouts) -> BaseException:
     if isinstance(exc, GatewayError):
         return exc
     if isinstance(exc, aiohttp.ClientConnectorError):
-        return BackendFailure(502, Reason.BACKEND_UNREACHABLE, f"cannot reach the backend: {exc}")
+        number = exc.os_error.errno
+        why = os.strerror(number) if number else type(exc.os_error).__name__
+        return BackendFailure(
+            502, Reason.BACKEND_UNREACHABLE, f"cannot reach the backend: {why.lower()}"
+        )
     if isinstance(exc, aiohttp.ServerTimeoutError):
         return GatewayError(
             504,
@@ -207,9 +235,39 @@ def _open_error(exc: BaseException, timeouts: Timeouts) -> BaseException:
         )
     if isinstance(exc, aiohttp.ClientError):
         return GatewayError(
-            502, Reason.BACKEND_FAILED, f"the backend failed before replying: {exc!r}"
+            502,
+            Reason.BACKEND_FAILED,
+            f"the backend failed before replying ({type(exc).__name__})",
         )
     return exc
+
+
+_ERROR_EXCERPT = 2048  # bytes of a backend's non-JSON error page kept for the log
+
+
+def _speaks_json(upstream: aiohttp.ClientResponse) -> bool:
+    kind = upstream.headers.get("Content-Type", "")
+    return "json" in kind or kind.startswith("text/event-stream")
+
+
+async def _wrapped_error(
+    request: web.Request, upstream: aiohttp.ClientResponse, first: bytes
+) -> web.Response:
+    """A backend's error page (HTML, plain text) in the API's error shape, status kept: a
+    client library shows its user a JSON error, and only garbles a page."""
+    excerpt = first[:_ERROR_EXCERPT]
+    log.warning(
+        "backend_error_page",
+        status=upstream.status,
+        content_type=upstream.headers.get("Content-Type"),
+        excerpt=excerpt.decode("utf-8", "replace"),
+    )
+    message = f"the backend answered {upstream.status} {upstream.reason or ''}".rstrip()
+    return web.Response(
+        status=upstream.status,
+        body=error_body(api_of(request.path), upstream.status, Reason.BACKEND_FAILED, message),
+        content_type="application/json",
+    )
 
 
 class _Tail:

@@ -16,11 +16,13 @@ from gateway.access import RECORD, Listener
 from gateway.admission import Admission
 from gateway.backends import BackendStates
 from gateway.backends.monitor import BackendMonitor
+from gateway.connections import Connections
 from gateway.history import History
 from gateway.holds import HoldStore
 from gateway.holds.redis import RedisHolds
 from gateway.identity import Caller, is_loopback
 from gateway.policy import Policy
+from gateway.relay import Relay
 from gateway.reload import LivePolicy, PolicyView
 from gateway.settings import Settings
 from gateway.snapshot import GatewaySnapshot, take
@@ -45,6 +47,8 @@ class Services:
     monitor: BackendMonitor
     warmth: KeepWarm
     on_finished: list[Listener] = field(default_factory=list)  # told of each request's end
+    connections: Connections = field(default_factory=Connections)
+    streams: set[Relay] = field(default_factory=set)  # generation replies under way
     history: History = field(default_factory=History)  # the last hour, for the house page
     loops: Background = field(default_factory=lambda: Background("gateway"))
 

@@ -56,6 +56,7 @@ class Reason(StrEnum):
     WAIT_TIMEOUT = "wait_timeout"
     STATE_UNAVAILABLE = "state_unavailable"
     NO_BACKEND = "no_backend"
+    SHUTTING_DOWN = "shutting_down"
     # The backend failed it.
     BACKEND_UNREACHABLE = "backend_unreachable"
     BACKEND_TIMEOUT = "backend_timeout"

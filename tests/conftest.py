@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -13,9 +14,11 @@ from aiohttp import web
 
 from fairsim import SimConfig, Simulator
 from gateway.app import SERVICES, bound_url, create_app, start_server
+from gateway.connections import Listener
 from gateway.policy import Policy, load_policy, parse_policy
 from gateway.services import Services
 from gateway.settings import Settings
+from tests.processes import stop
 
 StartSim = Callable[..., Awaitable[tuple[Simulator, str]]]
 StartGateway = Callable[..., Awaitable["Gateway"]]
@@ -44,6 +47,15 @@ async def serve(stack: AsyncExitStack, app: web.Application) -> str:
 
 
 @pytest.fixture
+async def processes() -> AsyncIterator[list[asyncio.subprocess.Process]]:
+    """Child processes that the test leaves running; stopped (SIGTERM, then KILL) after it."""
+    started: list[asyncio.subprocess.Process] = []
+    yield started
+    for process in started:
+        await stop(process)
+
+
+@pytest.fixture
 def start_sim(servers: AsyncExitStack) -> StartSim:
     """Start a simulator with fast defaults; keyword arguments override SimConfig fields."""
 
@@ -67,7 +79,11 @@ def start_gateway(servers: AsyncExitStack) -> StartGateway:
         elif isinstance(policy, str):
             policy = parse_policy(policy)
         app = create_app(Settings(**settings), policy, path)
-        return Gateway(await serve(servers, app), app)
+        services = app[SERVICES]
+        listener = Listener(app, services.settings, services.connections)
+        await listener.start(port=0)
+        servers.push_async_callback(listener.close)
+        return Gateway(listener.url, app)
 
     return start
 

@@ -4,15 +4,19 @@ connection. Raw sockets play the client, as an attacker's toolkit would."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import socket
 import time
+from contextlib import AsyncExitStack
 from typing import Any
 
 import aiohttp
 import structlog
+from aiohttp import web
 
-from tests.conftest import Gateway, StartGateway, StartSim
+from gateway.logs import console_rendering
+from tests.conftest import Gateway, StartGateway, StartSim, one_backend, serve
 from tests.test_admission import MODEL, held, idle, until
 from tests.test_metrics import scrape
 
@@ -182,3 +186,156 @@ class TestRefusedBeforeTheBody:
         writer.write(request_head("/api/generate", len(CHAT)) + CHAT[:5])
         assert (await head_of(reader)).startswith(b"HTTP/1.1 408")
         writer.close()
+
+
+def html_error_backend() -> web.Application:
+    """An Ollama behind a web server that fails with its own HTML page."""
+
+    async def listing(request: web.Request) -> web.Response:
+        return web.json_response({"models": [{"name": MODEL, "model": MODEL}], "version": "0"})
+
+    async def broken(request: web.Request) -> web.Response:
+        page = "<html><body><h1>500 Internal Server Error</h1>nginx</body></html>"
+        return web.Response(status=500, text=page, content_type="text/html")
+
+    app = web.Application()
+    for path in ("/api/version", "/api/tags", "/api/ps"):
+        app.router.add_get(path, listing)
+    app.router.add_post("/api/chat", broken)
+    app.router.add_post("/v1/chat/completions", broken)
+    return app
+
+
+class TestHttpHygiene:
+    async def test_headers_named_in_connection_are_not_forwarded(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """A header the client marked hop-by-hop (Connection: X-Hop) stops at the gateway."""
+        sim, url = await start_sim(record_replies=True)
+        gateway = await start_gateway(POLICY + one_backend(url, slots=2))
+        headers = {"Authorization": "Bearer alice-key", "Connection": "keep-alive, X-Hop"}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                gateway.url + "/api/generate", data=CHAT, headers={**headers, "X-Hop": "1"}
+            ) as reply,
+        ):
+            assert reply.status == 200
+        assert "x-hop" not in {name.lower() for name in sim.request_headers[-1]}
+
+    async def test_a_gzip_body_is_forwarded_decoded_and_without_its_encoding(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """The gateway reads a compressed body decoded; the backend gets those bytes, and no
+        Content-Encoding that would claim they are still compressed."""
+        sim, url = await start_sim(record_replies=True)
+        gateway = await start_gateway(POLICY + one_backend(url, slots=2))
+        headers = {"Authorization": "Bearer alice-key", "Content-Encoding": "gzip"}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                gateway.url + "/api/generate", data=gzip.compress(CHAT), headers=headers
+            ) as reply,
+        ):
+            assert reply.status == 200, await reply.text()
+        assert "content-encoding" not in {name.lower() for name in sim.request_headers[-1]}
+
+    async def test_only_a_safe_client_request_id_becomes_ours(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """A plain X-Request-Id is used as the log's id; one with other characters is
+        replaced by our own and logged beside it, escaped."""
+        _, url = await start_sim()
+        gateway = await start_gateway(POLICY + one_backend(url, slots=2))
+        with structlog.testing.capture_logs() as logs:
+            reader, writer = await open_raw(gateway)
+            writer.write(request_bytes("/api/generate", CHAT, extra="X-Request-Id: trace-7\r\n"))
+            head = await head_of(reader)
+            assert b"X-Request-Id: trace-7\r\n" in head
+            await reader.readexactly(length_of(head))
+            forged = 'X-Request-Id: a b"\r\n'
+            writer.write(request_bytes("/api/generate", CHAT, extra=forged))
+            head = await head_of(reader)
+            writer.close()
+        assert b'a b"' not in head
+        request = [entry for entry in logs if entry["event"] == "request"][-1]
+        assert request["client_request_id"] == 'a b"'
+        assert request["request_id"] != request["client_request_id"]
+
+    async def test_a_backend_error_page_reaches_the_client_as_json_with_its_status(
+        self, start_gateway: StartGateway, servers: AsyncExitStack
+    ) -> None:
+        """An HTML 500 from the backend becomes a JSON error in each API's shape, still 500."""
+        url = await serve(servers, html_error_backend())
+        gateway = await start_gateway(POLICY + one_backend(url, slots=2))
+        headers = {"Authorization": "Bearer alice-key"}
+        chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+        async with aiohttp.ClientSession() as session:
+            async with session.post(gateway.url + "/api/chat", json=chat, headers=headers) as r:
+                assert (r.status, r.content_type) == (500, "application/json")
+                assert (await r.json())["error"] == "the backend answered 500 Internal Server Error"
+            path = gateway.url + "/v1/chat/completions"
+            async with session.post(path, json=chat, headers=headers) as r:
+                assert r.status == 500
+                assert (await r.json())["error"]["code"] == "backend_failed"
+
+    async def test_an_unreachable_backend_is_not_named_to_the_client(
+        self, start_gateway: StartGateway, unused_tcp_port: int
+    ) -> None:
+        """The 502 says what failed, not the backend's internal address."""
+        gateway = await start_gateway(
+            POLICY + one_backend(f"http://127.0.0.1:{unused_tcp_port}", slots=2)
+        )
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                gateway.url + "/api/generate",
+                data=CHAT,
+                headers={"Authorization": "Bearer alice-key"},
+            ) as reply,
+        ):
+            body = await reply.text()
+        assert reply.status == 502 and str(unused_tcp_port) not in body
+        assert json.loads(body)["error"] == "cannot reach the backend: connection refused"
+
+    async def test_a_malformed_request_line_gets_a_400_that_echoes_nothing(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """The HTTP parser's refusal is short JSON, without the client's bytes, and closes."""
+        _, url = await start_sim()
+        gateway = await start_gateway(POLICY + one_backend(url, slots=2))
+        reader, writer = await open_raw(gateway)
+        garbage = b"GET /" + b"\x01SECRET" * 2000 + b" HTTP/1.1\r\n\r\n"
+        writer.write(garbage)
+        reply = await asyncio.wait_for(reader.read(), timeout=5)
+        assert reply.split(b"\r\n")[0].endswith(b" 400 Bad Request") and b"SECRET" not in reply
+        assert reply.endswith(b'{"error": "malformed HTTP request"}')
+        writer.close()
+
+
+def length_of(head: bytes) -> int:
+    """The Content-Length a response head declares."""
+    for line in head.decode().split("\r\n"):
+        name, _, value = line.partition(":")
+        if name.lower() == "content-length":
+            return int(value)
+    raise AssertionError(f"no Content-Length in {head!r}")
+
+
+async def test_control_characters_from_a_client_are_escaped_in_the_console_log(
+    start_sim: StartSim, start_gateway: StartGateway
+) -> None:
+    """A model name carrying a terminal escape is written as \\x1b in the console format."""
+    _, url = await start_sim()
+    gateway = await start_gateway(POLICY + one_backend(url, slots=2))
+    body = json.dumps({"model": "x\x1b[2Jy", "prompt": "hi"}).encode()
+    with structlog.testing.capture_logs() as logs:
+        reader, writer = await open_raw(gateway)
+        writer.write(request_bytes("/api/generate", body))
+        assert (await head_of(reader)).startswith(b"HTTP/1.1 404")
+        writer.close()
+    event = next(entry for entry in logs if entry["event"] == "request")
+    line = event
+    for step in console_rendering():
+        line = step(None, "info", line)
+    assert "\x1b" not in str(line) and "model=x\\x1b[2Jy" in str(line)

@@ -13,7 +13,7 @@ import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from gateway.app import create_app
+from gateway.app import create_app, drain
 from gateway.policy import parse_policy
 from gateway.settings import Settings
 from gateway.vocabulary import REFUSALS, Reason
@@ -163,6 +163,14 @@ async def test_every_refusal_reason_is_counted_in_fairgate_rejections_total(
         chat = {"model": MODEL, "prompt": "hi", "stream": False}
         path = shared.url + "/api/generate"
         assert await status_of(session, "POST", path, "bob-key", json=chat) == 503
+
+    await drain(gateway.services, within=0)  # what SIGTERM starts
+    async with aiohttp.ClientSession() as session:
+        chat = {"model": MODEL, "prompt": "hi", "stream": False}
+        assert (
+            await status_of(session, "POST", gateway.url + "/api/generate", "bob-key", json=chat)
+            == 503
+        )
 
     counted = await rejection_reasons(gateway) | await rejection_reasons(shared)
     assert counted == {str(reason) for reason in REFUSALS}

@@ -1,0 +1,247 @@
+"""Client connections: how many may be open, how long one may idle, and what a client that
+does not speak HTTP gets.
+
+aiohttp alone keeps every connection it accepts, for 75 s after its last request, and a
+process under systemd has 1,024 descriptors: 1,015 idle connections that never sent a key
+made a real request fail with a reset, and nothing was logged. Here:
+
+- at most ``FAIRGATE_MAX_CONNECTIONS`` client connections are open (fewer if the process
+  cannot have that many descriptors); at the cap the oldest connection that is not
+  handling a request is closed for the new one (as nginx reuses idle keep-alive
+  connections), and when every one is busy the new one gets a 503 and is closed, logged;
+- a connection that has not completed a request head ``FAIRGATE_IDLE_TIMEOUT`` seconds
+  after it opened, or after its last reply, is closed (aiohttp's keep-alive timer, which
+  also covers a head sent byte by byte);
+- a request line or header the HTTP parser refuses gets a short JSON 400 that echoes
+  nothing the client sent, and one log line without a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import resource
+import time
+from collections.abc import Iterable
+
+import structlog
+from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
+from aiohttp.web_protocol import RequestHandler
+
+from gateway.errors import GatewayError
+from gateway.settings import Settings
+from gateway.vocabulary import Reason
+
+__all__ = ["Connections", "Listener", "descriptor_cap"]
+
+log = structlog.get_logger("fairgate.connections")
+
+# Descriptors kept for what is not a client connection: backend connections are pooled
+# separately (FAIRGATE_UPSTREAM_POOL_SIZE), plus Redis, the policy file and the logs.
+_RESERVED_DESCRIPTORS = 64
+_REFUSAL_LOG_EVERY = 5.0  # seconds: a flood of refusals is one line per period, with a count
+# Watching a drain must stay possible; everything else is refused while it lasts.
+_SERVED_WHILE_DRAINING = frozenset({"/metrics", "/status"})
+_FULL_BODY = b'{"error": "the gateway has too many connections open; retry"}'
+_FULL = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+    b"Retry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
+    % (len(_FULL_BODY), _FULL_BODY)
+)
+
+
+class Connections:
+    """Which client connections are handling a request now, and whether the gateway is
+    draining (shutting down: requests still arriving get 503 and a closed connection)."""
+
+    def __init__(self) -> None:
+        self.busy: set[object] = set()
+        self.draining = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def middleware(self) -> Middleware:
+        @web.middleware
+        async def track(request: web.Request, handler: Handler) -> web.StreamResponse:
+            if self.draining and request.path not in _SERVED_WHILE_DRAINING:
+                raise GatewayError(
+                    503,
+                    Reason.SHUTTING_DOWN,
+                    "the gateway is shutting down; retry in a moment",
+                    retry_after=5.0,
+                    close=True,
+                )
+            protocol = request.protocol
+            self.busy.add(protocol)
+            self._idle.clear()
+            try:
+                return await handler(request)
+            finally:
+                self.busy.discard(protocol)
+                if not self.busy:
+                    self._idle.set()
+
+        return track
+
+    @property
+    def in_request(self) -> int:
+        return len(self.busy)
+
+    async def until_idle(self, within: float) -> bool:
+        """Wait until no connection is handling a request; False if ``within`` ran out."""
+        try:
+            async with asyncio.timeout(within):
+                await self._idle.wait()
+        except TimeoutError:
+            return False
+        return True
+
+
+class Listener:
+    """The gateway's listening socket, with the cap and deadlines above."""
+
+    def __init__(self, app: web.Application, settings: Settings, connections: Connections):
+        self._settings = settings
+        self._connections = connections
+        self._cap = descriptor_cap(settings.max_connections)
+        # The drain is ours (app.py); aiohttp's own wait at cleanup only closes what is left.
+        self._runner = web.AppRunner(
+            app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0
+        )
+        self._server: asyncio.Server | None = None
+        self._refused = 0
+        self._refusals_logged_at = 0.0
+
+    async def start(self, port: int | None = None) -> None:
+        """Start the app (probes, policy watch), then listen on the settings' address (or
+        on ``port``: 0 picks a free one); OSError if the address cannot be bound."""
+        await self._runner.setup()
+        loop = asyncio.get_running_loop()
+        settings = self._settings
+        try:
+            self._server = await loop.create_server(
+                self._accept,
+                settings.host,
+                settings.port if port is None else port,
+                reuse_address=True,
+                backlog=1024,
+            )
+        except BaseException:
+            await self._runner.cleanup()
+            raise
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        host, port = self._server.sockets[0].getsockname()[:2]
+        return f"http://{host}:{port}"
+
+    @property
+    def open_connections(self) -> int:
+        return _count_open(self._runner.server.connections if self._runner.server else ())
+
+    async def close(self) -> None:
+        """Stop listening, close every connection, stop the app."""
+        if self._server is not None:
+            self._server.close()
+        await self._runner.cleanup()
+
+    def _accept(self) -> asyncio.BaseProtocol:
+        server = self._runner.server
+        assert server is not None
+        handlers = server.connections
+        if _count_open(handlers) >= self._cap and not self._close_idle(handlers):
+            self._note_refusal()
+            return _Refuse()
+        return _Handler(
+            server,
+            loop=asyncio.get_running_loop(),
+            keepalive_timeout=self._settings.idle_timeout,
+            access_log=None,  # type: ignore[arg-type]  # None: aiohttp's own line is off
+        )
+
+    def _close_idle(self, handlers: Iterable[RequestHandler]) -> bool:
+        """Close the oldest connection not handling a request; False if there is none."""
+        for handler in handlers:  # in the order they were opened
+            if handler.transport is not None and handler not in self._connections.busy:
+                handler.force_close()
+                return True
+        return False
+
+    def _note_refusal(self) -> None:
+        self._refused += 1
+        now = time.monotonic()
+        if now - self._refusals_logged_at >= _REFUSAL_LOG_EVERY:
+            log.warning(
+                "connection_refused",
+                reason="every connection is handling a request",
+                max_connections=self._cap,
+                refused_since_last=self._refused,
+            )
+            self._refused, self._refusals_logged_at = 0, now
+
+
+def descriptor_cap(wanted: int) -> int:
+    """``wanted`` client connections, or fewer if the process cannot have that many open
+    descriptors even after raising its soft limit to the hard one (as Go does at start)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = wanted + _RESERVED_DESCRIPTORS
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        raised = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+            soft = raised
+        except (ValueError, OSError):
+            pass
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return wanted
+    cap = max(1, soft - _RESERVED_DESCRIPTORS)
+    log.warning(
+        "connections_limited",
+        max_connections=wanted,
+        allowed=cap,
+        descriptors=soft,
+        hint="raise the descriptor limit (LimitNOFILE= in the systemd unit, ulimit -n)",
+    )
+    return cap
+
+
+def _count_open(handlers: Iterable[RequestHandler]) -> int:
+    # A connection closed for a newcomer stays listed until its close completes.
+    return sum(1 for handler in handlers if handler.transport is not None)
+
+
+class _Handler(RequestHandler):
+    """aiohttp's connection handler, with errors that echo nothing and log no traceback."""
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if status >= 500:
+            # A bug of ours reached the top: the traceback is for the admin, not the client.
+            log.error("unhandled_error", status=status, exc_info=exc)
+            text = "the gateway failed to handle this request"
+        else:
+            log.warning("bad_http", status=status, error=type(exc).__name__ if exc else None)
+            text = "malformed HTTP request"
+        if request.writer.output_size > 0:
+            raise ConnectionError("the reply had started; the connection is closed instead")
+        response = web.Response(
+            status=status, body=json.dumps({"error": text}), content_type="application/json"
+        )
+        response.force_close()
+        return response
+
+
+class _Refuse(asyncio.Protocol):
+    """A connection over the cap: one 503, then closed."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.WriteTransport)
+        transport.write(_FULL)
+        transport.close()

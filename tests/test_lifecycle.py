@@ -1,0 +1,180 @@
+"""The gateway process from start to stop: a SIGHUP at once, a bounded drain on SIGTERM,
+and connections that cannot exhaust its descriptors. Real `fairgate serve` processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import resource
+import signal
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+import structlog
+
+from gateway.connections import descriptor_cap
+from tests.conftest import StartSim
+from tests.processes import free_port
+from tests.test_admission import MODEL
+from tests.test_process import fairgate, gpu_backend, logged
+
+pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="POSIX signals")
+
+
+async def serving(process: asyncio.subprocess.Process) -> str:
+    """The URL the process logs once it listens."""
+    url: str = (await logged(process, "serving"))["listen"]
+    return url
+
+
+async def raw_get(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
+    """A keep-alive connection that has had one reply (GET /), left open."""
+    host, _, port = url.removeprefix("http://").rpartition(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"GET / HTTP/1.1\r\nHost: g\r\n\r\n")
+    head = await reader.readuntil(b"\r\n\r\n")
+    await reader.readexactly(len(b"Ollama is running"))
+    return reader, writer, head
+
+
+class TestShutdown:
+    async def test_sigterm_refuses_newcomers_then_ends_running_streams_in_band(
+        self, tmp_path: Path, start_sim: StartSim, processes: list[asyncio.subprocess.Process]
+    ) -> None:
+        """During the drain a request on an open connection gets 503 shutting_down and a
+        closed connection; a stream still running at the deadline ends with an error line,
+        and the process exits by itself."""
+        _, url = await start_sim(decode_tokens_per_s=20.0)
+        policy = tmp_path / "fairgate.yaml"
+        policy.write_text(gpu_backend(url))
+        listen = f"127.0.0.1:{free_port()}"
+        env = {"FAIRGATE_DRAIN_TIMEOUT": "1"}
+        process = await fairgate(
+            "serve", "--config", str(policy), "--listen", listen, cwd=tmp_path, env=env
+        )
+        processes.append(process)
+        base = await serving(process)
+        reader, writer, _ = await raw_get(base)
+        body = {"model": MODEL, "prompt": "talk", "options": {"num_predict": 100000}}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(base + "/api/generate", json=body) as stream,
+        ):
+            await stream.content.readline()  # the stream runs
+            process.send_signal(signal.SIGTERM)
+            await logged(process, "draining")
+            writer.write(b"GET / HTTP/1.1\r\nHost: g\r\n\r\n")
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 503") and b"Connection: close" in head
+            lines = [line async for line in stream.content]
+        assert json.loads(lines[-1]) == {"error": "the gateway is shutting down"}
+        drained = await logged(process, "drained")
+        assert drained["streams_cut"] == 1
+        await logged(process, "stopped")
+        assert await asyncio.wait_for(process.wait(), timeout=10) == 0
+        writer.close()
+
+
+class TestEarlySighup:
+    async def test_a_sighup_while_starting_is_applied_once_ready(
+        self, tmp_path: Path, processes: list[asyncio.subprocess.Process]
+    ) -> None:
+        """SIGHUP during the first backend probe (here a backend that never answers) does
+        not kill the gateway; the policy re-read once it listens has the new key."""
+        probed = asyncio.Event()
+
+        async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            probed.set()
+            await reader.read()  # never answers; the probe times out
+            writer.close()
+
+        backend = await asyncio.start_server(silent, "127.0.0.1", 0)
+        port = backend.sockets[0].getsockname()[1]
+        policy = tmp_path / "fairgate.yaml"
+        monitoring = "monitoring: {timeout: 1s}\n"
+        users = "users:\n  alice: {keys: [alice-key]}\n"
+        policy.write_text(monitoring + users + gpu_backend(f"http://127.0.0.1:{port}"))
+        env = {"FAIRGATE_RELOAD_INTERVAL": "3600"}  # only the signal may re-read the file
+        listen = f"127.0.0.1:{free_port()}"
+        process = await fairgate(
+            "serve", "--config", str(policy), "--listen", listen, cwd=tmp_path, env=env
+        )
+        processes.append(process)
+        async with backend:
+            await asyncio.wait_for(probed.wait(), timeout=20)
+            policy.write_text(
+                monitoring
+                + users
+                + "  bob: {keys: [bob-key]}\n"
+                + gpu_backend(f"http://127.0.0.1:{port}")
+            )
+            process.send_signal(signal.SIGHUP)
+            reloaded = await logged(process, "policy_reloaded")  # once ready, before serving
+            assert reloaded["users_added"] == ["bob"]
+            base = await serving(process)
+            async with aiohttp.ClientSession() as session:
+                headers = {"Authorization": "Bearer bob-key"}
+                async with session.get(base + "/api/tags", headers=headers) as reply:
+                    assert reply.status == 200
+            assert process.returncode is None
+            backend.close()
+
+
+class TestConnections:
+    async def test_two_thousand_idle_connections_leave_room_for_a_real_request(
+        self, tmp_path: Path, start_sim: StartSim, processes: list[asyncio.subprocess.Process]
+    ) -> None:
+        """With 2,000 idle connections open against a cap of 500, the oldest idle ones are
+        closed for newcomers, a real request succeeds, and afterwards the process holds as
+        many descriptors as before."""
+        _, url = await start_sim()
+        policy = tmp_path / "fairgate.yaml"
+        policy.write_text("users:\n  alice: {keys: [alice-key]}\n" + gpu_backend(url))
+        listen = f"127.0.0.1:{free_port()}"
+        env = {"FAIRGATE_MAX_CONNECTIONS": "500"}
+        process = await fairgate(
+            "serve", "--config", str(policy), "--listen", listen, cwd=tmp_path, env=env
+        )
+        processes.append(process)
+        base = await serving(process)
+        baseline = len(os.listdir(f"/proc/{process.pid}/fd"))
+        host, _, port = base.removeprefix("http://").rpartition(":")
+        idle = [await asyncio.open_connection(host, int(port)) for _ in range(2000)]
+        headers = {"Authorization": "Bearer alice-key"}
+        chat = {"model": MODEL, "prompt": "hi", "stream": False}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(base + "/api/generate", json=chat, headers=headers) as reply,
+        ):
+            assert reply.status == 200
+        assert len(os.listdir(f"/proc/{process.pid}/fd")) <= baseline + 500 + 2
+        for _, writer in idle:
+            writer.close()
+        await until_descriptors(process.pid, baseline)
+
+
+def test_the_connection_cap_fits_the_descriptors_the_process_may_have() -> None:
+    """Asked for more connections than the hard descriptor limit allows, the cap is what
+    fits, and the soft limit has been raised to the hard one (as systemd's 1,024 needs)."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard == resource.RLIM_INFINITY:
+        pytest.skip("no hard descriptor limit to fit under")
+    with structlog.testing.capture_logs() as logs:
+        cap = descriptor_cap(hard + 10_000)
+    assert cap < hard and resource.getrlimit(resource.RLIMIT_NOFILE)[0] == hard
+    assert [entry["allowed"] for entry in logs if entry["event"] == "connections_limited"] == [cap]
+    assert descriptor_cap(10) == 10
+
+
+async def until_descriptors(pid: int, count: int, within: float = 20.0) -> None:
+    """Poll the process's descriptor table (another process: no event to wait on) until it
+    is back to ``count``."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if len(os.listdir(f"/proc/{pid}/fd")) <= count:
+            return
+        await asyncio.sleep(0.1)
+    raise TimeoutError(f"process {pid} still holds more than {count} descriptors")
