@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import os
 import socket
 from collections.abc import Iterator
 
@@ -32,7 +31,7 @@ _BY_DIGEST = {hashlib.sha256(key.encode()).hexdigest(): key for key in EXAMPLE_K
 
 def example_keys_in(policy: Policy) -> Iterator[tuple[str, str]]:
     """(user, example key) for each key of the policy that is one of the shipped examples,
-    however it is written: plain, ``sha256:`` or ``env:``."""
+    plain or ``sha256:`` (the policy holds an ``env:`` key as the digest of its value)."""
     for name, user in policy.users.items():
         for key in user.keys:
             example = _example(key)
@@ -43,8 +42,6 @@ def example_keys_in(policy: Policy) -> Iterator[tuple[str, str]]:
 def _example(key: str) -> str | None:
     if key.startswith("sha256:"):
         return _BY_DIGEST.get(key.removeprefix("sha256:"))
-    if key.startswith("env:"):
-        key = os.environ.get(key.removeprefix("env:"), "")
     return key if key in EXAMPLE_KEYS else None
 
 
