@@ -68,6 +68,7 @@ export function fill(id, ...nodes) {
 
 export function duration(seconds) {
   if (seconds === null || seconds === undefined) return "–";
+  if (seconds < 1) return `${Math.round(seconds * 1000)} ms`;
   if (seconds < 10) return `${seconds.toFixed(1)} s`;
   if (seconds < 60) return `${Math.round(seconds)} s`;
   const minutes = Math.floor(seconds / 60);
