@@ -294,3 +294,23 @@ def test_the_compose_health_check_asks_the_gateway_whether_it_is_ready() -> None
         (route.method, route.resource.canonical) for route in app.router.routes() if route.resource
     }
     assert ("GET", "/readyz") in routes
+
+
+def test_the_systemd_unit_waits_for_ready_gives_the_drain_time_and_descriptors() -> None:
+    """Type=notify (the gateway says READY=1), a stop timeout longer than the drain, and a
+    descriptor limit above the default connection cap plus the backend pool."""
+    unit = unit_settings(DEPLOY / "systemd" / "fairgate.service")
+    defaults = Settings.model_fields
+    assert unit["Type"] == ["notify"]
+    assert float(unit["TimeoutStopSec"][0]) > defaults["drain_timeout"].default
+    needed = defaults["max_connections"].default + defaults["upstream_pool_size"].default
+    assert int(unit["LimitNOFILE"][0]) > needed
+
+
+def test_compose_gives_the_gateway_descriptors_and_the_drain_time() -> None:
+    """The compose service raises the descriptor limit and waits out the drain on stop."""
+    service = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]["fairgate"]
+    defaults = Settings.model_fields
+    needed = defaults["max_connections"].default + defaults["upstream_pool_size"].default
+    assert service["ulimits"]["nofile"]["soft"] > needed
+    assert float(service["stop_grace_period"].removesuffix("s")) > defaults["drain_timeout"].default

@@ -8,6 +8,7 @@ import json
 import os
 import resource
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -178,3 +179,31 @@ async def until_descriptors(pid: int, count: int, within: float = 20.0) -> None:
             return
         await asyncio.sleep(0.1)
     raise TimeoutError(f"process {pid} still holds more than {count} descriptors")
+
+
+class TestSystemdNotify:
+    async def test_the_gateway_tells_systemd_it_is_ready_then_stopping(
+        self, tmp_path: Path, start_sim: StartSim, processes: list[asyncio.subprocess.Process]
+    ) -> None:
+        """With NOTIFY_SOCKET set (Type=notify), READY=1 arrives once the gateway listens,
+        and STOPPING=1 when SIGTERM starts the drain."""
+        _, url = await start_sim()
+        policy = tmp_path / "fairgate.yaml"
+        policy.write_text(gpu_backend(url))
+        notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        notify.bind(str(tmp_path / "notify.sock"))
+        notify.setblocking(False)
+        loop = asyncio.get_running_loop()
+        env = {"NOTIFY_SOCKET": str(tmp_path / "notify.sock")}
+        listen = f"127.0.0.1:{free_port()}"
+        process = await fairgate(
+            "serve", "--config", str(policy), "--listen", listen, cwd=tmp_path, env=env
+        )
+        processes.append(process)
+        with notify:
+            assert await asyncio.wait_for(loop.sock_recv(notify, 64), timeout=20) == b"READY=1"
+            async with aiohttp.ClientSession() as session, session.get(f"http://{listen}/") as r:
+                assert r.status == 200  # ready means listening
+            process.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(loop.sock_recv(notify, 64), timeout=10) == b"STOPPING=1"
+        assert await asyncio.wait_for(process.wait(), timeout=10) == 0

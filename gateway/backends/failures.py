@@ -62,8 +62,9 @@ def sentence(name: str, url: str, cause: str) -> str:
 
 
 def unavailable(backends: Iterable[Backend]) -> str:
-    """Each backend out of rotation with its last error, for a 503 that says what to check."""
+    """Each backend out of rotation with its last error, for a 503 that says what to check.
+    By name only: any key holder reads this, and backend addresses stay in the log."""
     return "; ".join(
-        sentence(b.name, b.url, b.state.last_error or "out of rotation until its probes pass")
+        f"backend {b.name}: {b.state.last_error or 'out of rotation until its probes pass'}"
         for b in backends
     )
