@@ -215,7 +215,7 @@ class Admission:
             id=uuid.uuid4().hex,
             user=ticket.user,
             user_cap=policy.limits_of(ticket.user).max_concurrent,
-            backend=backend.name,
+            backend=backend.key,
             slots=backend.slots,
             heavy=ticket.heavy,
             heavy_slots=policy.classes.heavy.slots_on(backend.slots),

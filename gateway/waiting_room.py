@@ -115,8 +115,9 @@ class WaitingRoom:
         self.depth = 0
         self.waiting: dict[str, deque[Waiter]] = {}
         self.running: Counter[str] = Counter()  # by user
-        self.busy: Counter[str] = Counter()  # by backend name
-        self._heavy: Counter[str] = Counter()  # heavy requests, by backend name
+        # By backend key (its URL): a reload that renames a backend keeps what runs there.
+        self.busy: Counter[str] = Counter()
+        self._heavy: Counter[str] = Counter()  # heavy requests, by backend key
         self._seq = itertools.count()
         self._on_change = on_change
         self._clock = clock
@@ -181,13 +182,13 @@ class WaitingRoom:
             return None
         if self.running[user] >= self.policy.limits_of(user).max_concurrent:
             return reason
-        if all(self.busy[b.name] >= b.slots for b in self.pool.backends):
+        if all(self.busy[b.key] >= b.slots for b in self.pool.backends):
             return reason
         return None
 
     def dispatch(self) -> None:
         """Give every free slot that a waiting request can use to the one the ordering picks."""
-        if not any(self.busy[b.name] < b.slots for b in self.pool.backends):
+        if not any(self.busy[b.key] < b.slots for b in self.pool.backends):
             return  # every slot is taken: nobody waiting can start (the common overload case)
         while self.waiting:
             choice = self._next_turn()
@@ -205,20 +206,20 @@ class WaitingRoom:
         return [
             backend
             for backend in self.pool.serving(ticket.api, ticket.model)
-            if self.busy[backend.name] < backend.slots
-            and not (ticket.heavy and self._heavy[backend.name] >= heavy_slots(backend.slots))
+            if self.busy[backend.key] < backend.slots
+            and not (ticket.heavy and self._heavy[backend.key] >= heavy_slots(backend.slots))
         ]
 
     def take(self, ticket: Ticket, backend: Backend) -> None:
-        self.busy[backend.name] += 1
+        self.busy[backend.key] += 1
         if ticket.heavy:
-            self._heavy[backend.name] += 1
+            self._heavy[backend.key] += 1
         self._hold(ticket, backend)
 
     def give_back(self, ticket: Ticket, backend: Backend) -> None:
-        _decrement(self.busy, backend.name)
+        _decrement(self.busy, backend.key)
         if ticket.heavy:
-            _decrement(self._heavy, backend.name)
+            _decrement(self._heavy, backend.key)
         held = self._holders.get(id(ticket))
         if held is not None and held[1] == backend.name:
             del self._holders[id(ticket)]
@@ -241,11 +242,11 @@ class WaitingRoom:
             for waiter in queue:
                 by_class[user, waiter.ticket.request_class] += 1
         return RoomSnapshot(
-            backends={b.name: (self.busy[b.name], b.slots) for b in self.pool.backends},
+            backends={b.name: (self.busy[b.key], b.slots) for b in self.pool.backends},
             users=users,
             queue_depth=self.depth,
             oldest_wait=now - oldest,
-            heavy_running=dict(self._heavy),
+            heavy_running={b.name: self._heavy[b.key] for b in self.pool.backends},
             queued_by_class=dict(by_class),
             fair_counters=dict(self.ordering.counters()),
             running=self._running(),

@@ -174,3 +174,77 @@ class TestReloadLog:
         [event] = self.reload_events(tmp_path / "fairgate.yaml", HOUSE, "# hello\n" + HOUSE)
         assert event["unchanged"] is True
         assert not any(key.endswith(("_added", "_removed", "_changed")) for key in event)
+
+
+def backends_text(*backends: tuple[str, str, int]) -> str:
+    """Policy YAML for alice (max_concurrent 4) and the given (name, url, slots)."""
+    lines = "".join(
+        f"  - {{name: {name}, url: {url}, kind: ollama, slots: {slots}}}\n"
+        for name, url, slots in backends
+    )
+    return (
+        "defaults: {max_concurrent: 4, max_queued: 4}\n"
+        "users:\n  alice: {keys: [alice-key]}\n"
+        f"backends:\n{lines}"
+    )
+
+
+class TestBackendsChangedUnderLoad:
+    async def test_a_renamed_backend_keeps_counting_what_runs_on_it(
+        self, start_sim: StartSim, start_gateway: StartGateway, tmp_path: Path
+    ) -> None:
+        """Renaming a busy backend does not free its slots: the server never runs more than
+        its slots (the simulator's own count), and newcomers wait for a real release."""
+        sim, url = await start_sim(parallel=2)
+        path = tmp_path / "fairgate.yaml"
+        path.write_text(backends_text(("gpu", url, 2)))
+        gateway = await start_gateway(path, reload_interval=0.05)
+        admission = gateway.services.admission
+        async with held(gateway, "alice-key", "one"), held(gateway, "alice-key", "two"):
+            await rewrite(gateway, path, backends_text(("renamed", url, 2)))
+            third = asyncio.create_task(generate_status(gateway, "alice-key"))
+            await until(admission, queued("alice", 1))
+            assert admission.snapshot().backends == {"renamed": (2, 2)}
+            assert (sim.engine.stats.running, sim.engine.stats.queued) == (2, 0)
+        assert await asyncio.wait_for(third, timeout=5) == 200
+        assert sim.engine.stats.max_running == 2
+        await until(admission, idle)
+
+    async def test_a_shrunk_backend_takes_no_one_until_below_its_new_slots(
+        self, start_sim: StartSim, start_gateway: StartGateway, tmp_path: Path
+    ) -> None:
+        """Resizing a busy backend from 2 slots to 1: a newcomer waits until both running
+        requests have finished, not just one."""
+        sim, url = await start_sim(parallel=2)
+        path = tmp_path / "fairgate.yaml"
+        path.write_text(backends_text(("gpu", url, 2)))
+        gateway = await start_gateway(path, reload_interval=0.05)
+        admission = gateway.services.admission
+        async with held(gateway, "alice-key", "one"):
+            async with held(gateway, "alice-key", "two"):
+                await rewrite(gateway, path, backends_text(("gpu", url, 1)))
+                third = asyncio.create_task(generate_status(gateway, "alice-key"))
+                await until(admission, queued("alice", 1))
+            await until(admission, lambda snap: snap.users["alice"] == (1, 1))
+            assert admission.snapshot().backends == {"gpu": (1, 1)}
+        assert await asyncio.wait_for(third, timeout=5) == 200
+        assert sim.engine.stats.max_running == 2 and sim.engine.stats.queued == 0
+        await until(admission, idle)
+
+    async def test_a_repointed_backend_starts_empty_and_the_old_server_drains(
+        self, start_sim: StartSim, start_gateway: StartGateway, tmp_path: Path
+    ) -> None:
+        """Pointing a busy backend at another server: the new server is free at once, and
+        the requests still running on the old one finish there."""
+        old, old_url = await start_sim(parallel=1)
+        new, new_url = await start_sim(parallel=1)
+        path = tmp_path / "fairgate.yaml"
+        path.write_text(backends_text(("gpu", old_url, 1)))
+        gateway = await start_gateway(path, reload_interval=0.05)
+        admission = gateway.services.admission
+        async with held(gateway, "alice-key", "one"):
+            await rewrite(gateway, path, backends_text(("gpu", new_url, 1)))
+            assert await asyncio.wait_for(generate_status(gateway, "alice-key"), 5) == 200
+            assert (old.engine.stats.running, new.engine.stats.completed) == (1, 1)
+        await until(admission, idle)
+        assert old.engine.stats.max_running == 1 and new.engine.stats.max_running == 1

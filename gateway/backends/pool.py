@@ -62,6 +62,12 @@ class Backend:
     state: BackendState
 
     @property
+    def key(self) -> str:
+        """What its running requests are counted under: the server (its URL), not the name,
+        so that a reload renaming a backend cannot forget what runs on it."""
+        return self.url.rstrip("/")
+
+    @property
     def slots(self) -> int:
         """How many requests it runs at once: configured, else reported, else one."""
         return self.configured_slots or self.state.slots or 1
@@ -101,7 +107,7 @@ class BackendPool:
         The one rule for choosing among backends, for requests and for reads alike."""
         return max(
             free,
-            key=lambda b: (b.has_loaded(model), b.slots - busy.get(b.name, 0)),
+            key=lambda b: (b.has_loaded(model), b.slots - busy.get(b.key, 0)),
         )
 
     def known_nowhere(self, api: Api, model: str) -> bool:
