@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import io
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dotenv import dotenv_values
 from pydantic import ValidationError
 
 from gateway import __version__
@@ -50,6 +53,13 @@ def _parser() -> argparse.ArgumentParser:
 
     check = commands.add_parser("check-config", help="validate a policy YAML file")
     check.add_argument("file", type=Path, help="the YAML file to check")
+    check.add_argument(
+        "--env-file",
+        type=Path,
+        metavar="FILE",
+        help="variables for env:NAME keys, as systemd's EnvironmentFile= passes them "
+        "(the environment wins)",
+    )
     check.set_defaults(run=_check_config)
 
     status = commands.add_parser("status", help="who runs and who waits, as a table")
@@ -113,6 +123,18 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _check_config(args: argparse.Namespace) -> int:
+    if args.env_file is not None:
+        # Under systemd the gateway gets these from EnvironmentFile=; a check run by hand
+        # must see them too, or every env: key reads as missing.
+        try:
+            text = args.env_file.read_text(encoding="utf-8")
+        except OSError as exc:
+            print(f"{args.env_file}: cannot read: {exc.strerror or exc}", file=sys.stderr)
+            return 1
+        values = dotenv_values(stream=io.StringIO(text))
+        os.environ.update(
+            {k: v for k, v in values.items() if v is not None and k not in os.environ}
+        )
     try:
         policy = load_policy(args.file)
     except PolicyError as exc:

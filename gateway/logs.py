@@ -39,7 +39,7 @@ def configure_logging(log_format: str = "auto", level: str = "INFO") -> None:
 
 def console_rendering() -> list[structlog.typing.Processor]:
     """The last steps of a console line: escaped, without Nones, then laid out."""
-    return [_for_terminal, structlog.dev.ConsoleRenderer(colors=False)]
+    return [_for_terminal, structlog.dev.ConsoleRenderer(colors=False, sort_keys=False)]
 
 
 def printable(text: str) -> str:

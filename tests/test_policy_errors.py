@@ -282,3 +282,21 @@ class TestKeysFromTheEnvironment:
             parse_policy("users:\n  alice:\n    keys: ['env:ALICE_KEY']\n" + GPU, "f.yaml")
         message = "f.yaml:3: users.alice.keys[0]: 'env:ALICE_KEY' needs ALICE_KEY, which is empty"
         assert str(caught.value) == message
+
+    def test_check_config_reads_systemds_environment_file_when_told(
+        self, workdir: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """An env: key whose variable lives in systemd's EnvironmentFile fails a plain
+        check-config and passes with --env-file naming that file."""
+        monkeypatch.delenv("ALICE_KEY", raising=False)
+        (workdir / "fairgate.yaml").write_text(
+            "users:\n  alice:\n    keys: ['env:ALICE_KEY']\n" + GPU
+        )
+        (workdir / "fairgate.env").write_text("# as under /etc/fairgate\nALICE_KEY=s3cret\n")
+        command = [sys.executable, "-m", "gateway", "check-config", "fairgate.yaml"]
+        plain = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        assert plain.returncode == 1 and "ALICE_KEY" in plain.stderr
+        told = subprocess.run(
+            [*command, "--env-file", "fairgate.env"], capture_output=True, text=True, timeout=60
+        )
+        assert (told.returncode, told.stdout) == (0, "fairgate.yaml: ok (1 backend(s))\n")
