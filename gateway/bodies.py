@@ -15,6 +15,8 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
 from gateway.ambiguity import AmbiguousField, NotAnObject, canonical_keys, load_checked
 from gateway.errors import GatewayError
@@ -47,6 +49,15 @@ async def read_body(request: web.Request, limit: int, deadline: float) -> bytes:
     try:
         async with asyncio.timeout(deadline):
             return await request.read()
+    except (HttpProcessingError, RequestPayloadError) as exc:
+        # e.g. a Content-Encoding the bytes are not in: the rest of the connection's bytes
+        # cannot be trusted to start the next request, so it is closed.
+        raise GatewayError(
+            400,
+            Reason.BAD_REQUEST,
+            "the body cannot be read as its headers describe it",
+            close=True,
+        ) from exc
     except TimeoutError:
         raise GatewayError(
             408, Reason.BODY_TIMEOUT, f"the request body did not arrive within {deadline:g}s"

@@ -23,11 +23,13 @@ import json
 import resource
 import time
 from collections.abc import Iterable
+from typing import Any
 
 import structlog
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler, Middleware
-from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
 from gateway.errors import GatewayError
 from gateway.settings import Settings
@@ -236,6 +238,15 @@ class _Handler(RequestHandler):
         )
         response.force_close()
         return response
+
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        """aiohttp's own failures around a request (a body that breaks while aiohttp reads
+        it on to reach the next request): one line; a traceback only for the unexpected."""
+        exc = kw.get("exc_info")
+        if isinstance(exc, RequestPayloadError | HttpProcessingError | ConnectionError):
+            log.warning("connection_failed", error=type(exc).__name__)
+        else:
+            log.error("connection_failed", exc_info=exc)
 
 
 class _Refuse(asyncio.Protocol):
