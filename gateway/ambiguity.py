@@ -132,7 +132,11 @@ def load_checked(body: bytes | str) -> dict[str, Any]:
         value = json.loads(body, object_pairs_hook=_checked_object)
     except _Ambiguous:
         found = _first_ambiguity(parse_object_pairs(body))
-        raise (AmbiguousField(*found) if found else AmbiguousField("(unknown)")) from None
+        if found is not None:
+            raise AmbiguousField(*found) from None
+        # Only inside what Ollama reads as a map or as raw JSON (options, a format's schema,
+        # tool arguments), where keys are matched exactly, as Python reads them too.
+        value = json.loads(body)
     except RecursionError:
         raise NestedTooDeeply from None
     if not isinstance(value, dict):
@@ -163,6 +167,15 @@ def ambiguous_field(fields: object) -> str | None:
 
 
 _PLAIN_KEY = re.compile(r"[A-Za-z_$][A-Za-z0-9_$-]*")
+# Where Ollama's request structs hold a map or raw JSON rather than a struct: there Go
+# matches keys exactly (``Options.FromMap``, a ``json.RawMessage`` schema, ``map[string]any``
+# tool arguments and schema properties), so keys differing in case are different keys for
+# Ollama as for Python, and a schema may rightly have both "ID" and "id".
+_EXACT_KEYS = re.compile(
+    r"options|format|response_format\.json_schema\.schema"
+    r"|messages\[\d+\]\.tool_calls\[\d+\]\.function\.arguments"
+    r"|tools\[\d+\]\.function\.parameters\.properties"
+)
 
 
 def _child(path: str, key: str) -> str:
@@ -176,6 +189,8 @@ def _first_ambiguity(fields: object) -> tuple[str, tuple[str, ...]] | None:
     stack: list[tuple[object, str]] = [(fields, "")]
     while stack:
         value, path = stack.pop()
+        if path and _EXACT_KEYS.fullmatch(go_fold(path)):
+            continue
         if isinstance(value, Pairs | dict):
             items = list(value) if isinstance(value, Pairs) else list(value.items())
             seen: set[str] = set()

@@ -103,10 +103,14 @@ def test_kelvin_sign_variant_is_ambiguous() -> None:
     )
 
 
-def test_duplicates_inside_options_are_ambiguous() -> None:
-    """Exact and case-variant duplicates inside options are refused with a dotted path."""
-    assert ambiguity_in('{"options": {"num_ctx": 2048, "num_ctx": 1}}').path == "options.num_ctx"
-    assert ambiguity_in('{"options": {"num_ctx": 2048, "Num_Ctx": 1}}').path == "options.num_ctx"
+def test_duplicates_inside_options_read_as_ollama_reads_them() -> None:
+    """Options is a map for Ollama (exact keys, the last duplicate wins), as for Python: an
+    exact duplicate gives the last value, a case variant is another (unknown) option."""
+    assert load_checked('{"options": {"num_ctx": 2048, "num_ctx": 1}}') == {
+        "options": {"num_ctx": 1}
+    }
+    both = {"options": {"num_ctx": 2048, "Num_Ctx": 1}}
+    assert load_checked(json.dumps(both)) == both
 
 
 def test_duplicates_inside_a_message_are_ambiguous() -> None:
@@ -284,3 +288,37 @@ async def test_llamacpp_sim_still_reads_keys_exactly(start_sim: StartSim) -> Non
     )
     assert status == 200
     assert reply["tokens_predicted"] == 2
+
+
+def test_keys_ollama_reads_exactly_may_differ_only_in_case() -> None:
+    """Inside options, a format schema, tool arguments and schema properties Ollama matches
+    keys exactly, so "ID" beside "id" there is two keys, not an ambiguity."""
+    schema = {"type": "object", "properties": {"ID": {"type": "string"}, "id": {"type": "string"}}}
+    body = {
+        "model": "m",
+        "format": schema,
+        "options": {"num_ctx": 2048, "NUM_CTX": 8192},
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": schema}}],
+        "messages": [
+            {
+                "role": "assistant",
+                "tool_calls": [{"function": {"name": "f", "arguments": {"A": 1, "a": 2}}}],
+            }
+        ],
+    }
+    assert load_checked(json.dumps(body)) == body
+    assert load_checked(json.dumps({"model": "m", "Format": schema})) == {
+        "model": "m",
+        "Format": schema,
+    }
+
+
+def test_the_fields_around_those_maps_are_still_checked() -> None:
+    """A case variant of options itself, or of a struct field beside the maps, is refused."""
+    with pytest.raises(AmbiguousField) as caught:
+        load_checked(b'{"model": "m", "options": {}, "OPTIONS": {"num_ctx": 1}}')
+    assert caught.value.path == "options"
+    tool = b'{"model": "m", "tools": [{"function": {"name": "f", "NAME": "g"}}]}'
+    with pytest.raises(AmbiguousField) as caught:
+        load_checked(tool)
+    assert caught.value.path == "tools[0].function.name"
