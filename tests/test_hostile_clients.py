@@ -4,6 +4,7 @@ connection. Raw sockets play the client, as an attacker's toolkit would."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import json
 import socket
@@ -339,3 +340,42 @@ async def test_control_characters_from_a_client_are_escaped_in_the_console_log(
     for step in console_rendering():
         line = step(None, "info", line)
     assert "\x1b" not in str(line) and "model=x\\x1b[2Jy" in str(line)
+
+
+class TestIdleConnections:
+    async def test_a_head_sent_byte_by_byte_is_cut_at_the_idle_timeout(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """A client that never completes its request head loses the connection after
+        idle_timeout, however it trickles bytes; a silent one too."""
+        _, url = await start_sim()
+        gateway = await start_gateway(POLICY + one_backend(url, slots=2), idle_timeout=0.5)
+        trickler, trickle = await open_raw(gateway)
+        silent, quiet = await open_raw(gateway)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        for byte in b"POST /api/generate HTTP/1.1\r\nHost: g\r\nX-Slow: ":
+            trickle.write(bytes([byte]))
+            if trickler.at_eof():
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(trickler.read(1), timeout=0.05)  # closed, or a tick
+        assert await asyncio.wait_for(trickler.read(), timeout=5) == b""
+        assert await asyncio.wait_for(silent.read(), timeout=5) == b""
+        assert loop.time() - started < 3
+        trickle.close()
+        quiet.close()
+
+
+async def test_clients_probe_the_version_without_a_key(
+    start_sim: StartSim, start_gateway: StartGateway
+) -> None:
+    """With users defined, /api/version and GET / still answer a client without a key."""
+    _, url = await start_sim()
+    gateway = await start_gateway(POLICY + one_backend(url, slots=2))
+    async with aiohttp.ClientSession() as session:
+        for path in ("/api/version", "/"):
+            async with session.get(gateway.url + path) as reply:
+                assert reply.status == 200, path
+        async with session.get(gateway.url + "/api/tags") as reply:
+            assert reply.status == 401
