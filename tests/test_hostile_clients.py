@@ -13,6 +13,7 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 import aiohttp
+import pytest
 import structlog
 from aiohttp import web
 
@@ -134,27 +135,22 @@ class TestRefusedBeforeTheBody:
             assert (await head_of(reader)).startswith(b"HTTP/1.1 503")
             writer.close()
 
-    async def test_a_wrong_key_gets_401_without_100_continue(
-        self, start_sim: StartSim, start_gateway: StartGateway
+    @pytest.mark.parametrize(
+        ("key", "length", "status"),
+        [("wrong", len(CHAT), b"401"), ("alice-key", HUGE * 2, b"413")],
+        ids=["unknown key", "declared length over the limit"],
+    )
+    async def test_a_refusal_from_the_headers_comes_without_100_continue(
+        self, start_sim: StartSim, start_gateway: StartGateway, key: str, length: int, status: bytes
     ) -> None:
-        """An unknown key is refused at once; the client is never invited to send its body."""
+        """An unknown key or an oversize body is refused at once, and the connection closed:
+        the client is never invited to send its body."""
         gateway = await capped_gateway(start_sim, start_gateway)
         reader, writer = await open_raw(gateway)
         expect = "Expect: 100-continue\r\n"
-        writer.write(request_head("/api/generate", len(CHAT), key="wrong", extra=expect))
+        writer.write(request_head("/api/generate", length, key=key, extra=expect))
         head = await head_of(reader)
-        assert head.startswith(b"HTTP/1.1 401") and b"Connection: close" in head
-        writer.close()
-
-    async def test_an_oversize_body_gets_413_without_100_continue(
-        self, start_sim: StartSim, start_gateway: StartGateway
-    ) -> None:
-        """A declared length over the limit is refused from the headers."""
-        gateway = await capped_gateway(start_sim, start_gateway)
-        reader, writer = await open_raw(gateway)
-        expect = "Expect: 100-continue\r\n"
-        writer.write(request_head("/api/generate", HUGE * 2, extra=expect))
-        assert (await head_of(reader)).startswith(b"HTTP/1.1 413")
+        assert head.startswith(b"HTTP/1.1 " + status) and b"Connection: close" in head
         writer.close()
 
     async def test_an_accepted_request_is_invited_and_expect_is_not_forwarded(

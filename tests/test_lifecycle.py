@@ -31,6 +31,23 @@ async def serving(process: asyncio.subprocess.Process) -> str:
     return url
 
 
+async def serve_policy(
+    tmp_path: Path,
+    processes: list[asyncio.subprocess.Process],
+    policy: str,
+    env: dict[str, str] | None = None,
+) -> asyncio.subprocess.Process:
+    """`fairgate serve` on a free port with ``policy`` written to a file in ``tmp_path``."""
+    path = tmp_path / "fairgate.yaml"
+    path.write_text(policy)
+    listen = f"127.0.0.1:{free_port()}"
+    process = await fairgate(
+        "serve", "--config", str(path), "--listen", listen, cwd=tmp_path, env=env
+    )
+    processes.append(process)
+    return process
+
+
 async def raw_get(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
     """A keep-alive connection that has had one reply (GET /), left open."""
     host, _, port = url.removeprefix("http://").rpartition(":")
@@ -49,14 +66,8 @@ class TestShutdown:
         closed connection; a stream still running at the deadline ends with an error line,
         and the process exits by itself."""
         _, url = await start_sim(decode_tokens_per_s=20.0)
-        policy = tmp_path / "fairgate.yaml"
-        policy.write_text(gpu_backend(url))
-        listen = f"127.0.0.1:{free_port()}"
         env = {"FAIRGATE_DRAIN_TIMEOUT": "1"}
-        process = await fairgate(
-            "serve", "--config", str(policy), "--listen", listen, cwd=tmp_path, env=env
-        )
-        processes.append(process)
+        process = await serve_policy(tmp_path, processes, gpu_backend(url), env)
         base = await serving(process)
         reader, writer, _ = await raw_get(base)
         body = {"model": MODEL, "prompt": "talk", "options": {"num_predict": 100000}}
@@ -97,13 +108,9 @@ class TestEarlySighup:
         policy = tmp_path / "fairgate.yaml"
         monitoring = "monitoring: {timeout: 1s}\n"
         users = "users:\n  alice: {keys: [alice-key]}\n"
-        policy.write_text(monitoring + users + gpu_backend(f"http://127.0.0.1:{port}"))
         env = {"FAIRGATE_RELOAD_INTERVAL": "3600"}  # only the signal may re-read the file
-        listen = f"127.0.0.1:{free_port()}"
-        process = await fairgate(
-            "serve", "--config", str(policy), "--listen", listen, cwd=tmp_path, env=env
-        )
-        processes.append(process)
+        first = monitoring + users + gpu_backend(f"http://127.0.0.1:{port}")
+        process = await serve_policy(tmp_path, processes, first, env)
         async with backend:
             await asyncio.wait_for(probed.wait(), timeout=20)
             policy.write_text(
@@ -132,14 +139,9 @@ class TestConnections:
         closed for newcomers, a real request succeeds, and afterwards the process holds as
         many descriptors as before."""
         _, url = await start_sim()
-        policy = tmp_path / "fairgate.yaml"
-        policy.write_text("users:\n  alice: {keys: [alice-key]}\n" + gpu_backend(url))
-        listen = f"127.0.0.1:{free_port()}"
+        policy = "users:\n  alice: {keys: [alice-key]}\n" + gpu_backend(url)
         env = {"FAIRGATE_MAX_CONNECTIONS": "500"}
-        process = await fairgate(
-            "serve", "--config", str(policy), "--listen", listen, cwd=tmp_path, env=env
-        )
-        processes.append(process)
+        process = await serve_policy(tmp_path, processes, policy, env)
         base = await serving(process)
         baseline = len(os.listdir(f"/proc/{process.pid}/fd"))
         host, _, port = base.removeprefix("http://").rpartition(":")
@@ -188,21 +190,16 @@ class TestSystemdNotify:
         """With NOTIFY_SOCKET set (Type=notify), READY=1 arrives once the gateway listens,
         and STOPPING=1 when SIGTERM starts the drain."""
         _, url = await start_sim()
-        policy = tmp_path / "fairgate.yaml"
-        policy.write_text(gpu_backend(url))
         notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         notify.bind(str(tmp_path / "notify.sock"))
         notify.setblocking(False)
         loop = asyncio.get_running_loop()
         env = {"NOTIFY_SOCKET": str(tmp_path / "notify.sock")}
-        listen = f"127.0.0.1:{free_port()}"
-        process = await fairgate(
-            "serve", "--config", str(policy), "--listen", listen, cwd=tmp_path, env=env
-        )
-        processes.append(process)
+        process = await serve_policy(tmp_path, processes, gpu_backend(url), env)
         with notify:
             assert await asyncio.wait_for(loop.sock_recv(notify, 64), timeout=20) == b"READY=1"
-            async with aiohttp.ClientSession() as session, session.get(f"http://{listen}/") as r:
+            base = await serving(process)
+            async with aiohttp.ClientSession() as session, session.get(base + "/") as r:
                 assert r.status == 200  # ready means listening
             process.send_signal(signal.SIGTERM)
             assert await asyncio.wait_for(loop.sock_recv(notify, 64), timeout=10) == b"STOPPING=1"
