@@ -17,7 +17,14 @@ from gateway.logs import printable
 from gateway.relay import Progress
 from gateway.vocabulary import Api, Reason, RequestClass, api_of
 
-__all__ = ["RECORD", "Listener", "RequestRecord", "access_log", "add_request_id", "error_response"]
+__all__ = [
+    "RECORD",
+    "Listener",
+    "RequestRecord",
+    "access_log",
+    "add_reply_headers",
+    "error_response",
+]
 
 log = structlog.get_logger("fairgate.access")
 
@@ -40,6 +47,7 @@ class RequestRecord:
     reason: Reason | None = None
     bytes_out: int = 0
     queue_wait: float | None = None
+    queue_position: int | None = None  # in the waiting room on arrival; 0: started at once
     dispatched_at: float | None = None
     first_byte_at: float | None = None
     gaps: list[float] = field(default_factory=list)  # seconds between chunks of the reply
@@ -81,6 +89,7 @@ class RequestRecord:
             "reason": self.reason,
             "bytes": self.bytes_out,
             "queue_wait_s": wait,
+            "queue_position": self.queue_position,
             "ttft_s": ttft,
             "total_s": round(done - self.arrived, 4),
             "prompt_tokens": self.prompt_tokens,
@@ -148,11 +157,17 @@ def access_log(listeners: list[Listener]) -> Middleware:
     return middleware
 
 
-async def add_request_id(request: web.Request, response: web.StreamResponse) -> None:
-    """Every reply names its request, as the access log does (on_response_prepare)."""
+async def add_reply_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """Every reply names its request, as the access log does, and one that waited for its
+    turn says how long and from which place (on_response_prepare): people ask "was it the
+    gateway or the model?", and a front end can show it."""
     record = request.get(RECORD)
-    if record is not None:
-        response.headers["X-Request-Id"] = record.request_id
+    if record is None:
+        return
+    response.headers["X-Request-Id"] = record.request_id
+    if record.queue_wait is not None:
+        response.headers["X-Fairgate-Queue-Wait"] = f"{record.queue_wait:.3f}"
+        response.headers["X-Fairgate-Queue-Position"] = str(record.queue_position or 0)
 
 
 async def _answer(

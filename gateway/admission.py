@@ -63,6 +63,7 @@ class Permit:
         "granted_at",
         "hold",
         "output_charged",
+        "queue_position",
         "queue_wait",
         "ticket",
         "weight",
@@ -76,6 +77,7 @@ class Permit:
         self.backend = backend
         self.granted_at = admission.clock()
         self.queue_wait = self.granted_at - waiter.arrived
+        self.queue_position = waiter.position
         self.output_charged = 0.0
         self.hold: Hold | None = None  # the claim in the hold store, once confirmed
 
@@ -175,6 +177,7 @@ class Admission:
         if reason is not None:
             room.leave(waiter)
             return self._refusal(reason, ticket.user)
+        waiter.position = room.position_of(waiter)
         try:
             async with asyncio.timeout(max(within, 0.0)):
                 backend = await asyncio.shield(waiter.turn)

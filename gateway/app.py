@@ -13,7 +13,7 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
-from gateway.access import access_log, add_request_id
+from gateway.access import access_log, add_reply_headers
 from gateway.connections import Listener
 from gateway.house import House
 from gateway.listings import Reads
@@ -53,7 +53,7 @@ def create_app(
         client_max_size=settings.max_body_bytes,
     )
     app[SERVICES] = services
-    app.on_response_prepare.append(add_request_id)
+    app.on_response_prepare.append(add_reply_headers)
     app.cleanup_ctx.append(lambda _: _lifetime(services))
     for routes in (
         Generation(services),

@@ -84,6 +84,7 @@ class Generation:
             raise GatewayError(outcome.status, outcome.reason, outcome.message, retry_after)
         async with outcome as permit:
             record.queue_wait, record.dispatched_at = permit.queue_wait, permit.granted_at
+            record.queue_position = permit.queue_position
             timeouts = view.policy.timeouts
             response = await self._relay_with_failover(request, permit, fields.body, timeouts)
             permit.settle(record.prompt_tokens, record.completion_tokens)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gateway.errors import retry_after_header
 from gateway.vocabulary import Reason
 from gateway.waiting_room import WaitingRoom
 
@@ -45,20 +46,24 @@ def refusal(
     """The refusal of a request that is not (or no longer) in the waiting room."""
     policy = room.policy
     limits = policy.limits_of(user)
+    ahead = room.depth + others_waiting
     if reason is Reason.USER_QUEUE_FULL:
         waiting, places = len(room.waiting.get(user, ())), limits.max_concurrent
-        message = (
+        said = (
             f"user {user} already has {room.running[user]} running and {waiting} "
-            f"waiting (max_queued {limits.max_queued}); retry later"
+            f"waiting (max_queued {limits.max_queued})"
         )
     else:
-        waiting = room.depth + others_waiting
+        waiting = ahead
         places = max(1, sum(b.slots for b in room.pool.backends))
-        message = (
-            f"the gateway is busy: {room.depth} requests waiting (max_depth "
-            f"{policy.queue.max_depth}); retry later"
+        said = (
+            f"the gateway is busy: {ahead} requests waiting ahead of you (max_depth "
+            f"{policy.queue.max_depth})"
             if reason is Reason.GATEWAY_BUSY
-            else f"no slot freed within max_wait {policy.queue.max_wait:g}s; retry later"
+            else f"no slot freed within max_wait {policy.queue.max_wait:g}s; {ahead} still "
+            "waiting ahead of you"
         )
-    retry_after = hold.seconds * (waiting + 1) / places
-    return Refusal(reason, message, min(retry_after, _MAX_RETRY_AFTER))
+    retry_after = min(hold.seconds * (waiting + 1) / places, _MAX_RETRY_AFTER)
+    # In words as well as in Retry-After: chat front ends show the text, not the header.
+    message = f"{said}; try again in about {retry_after_header(retry_after)} s"
+    return Refusal(reason, message, retry_after)

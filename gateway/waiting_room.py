@@ -16,7 +16,7 @@ import copy
 import itertools
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from gateway.backends.pool import Backend, BackendPool
@@ -60,6 +60,7 @@ class Waiter:
     candidate: Candidate
     arrived: float
     turn: asyncio.Future[Backend]
+    position: int = 0  # where it stood in the room when it arrived (0: it started at once)
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,31 +267,38 @@ class WaitingRoom:
             for ticket, name, started in sorted(self._holders.values(), key=_started)
         )
 
-    def _in_order(self, now: float) -> tuple[WaitingRequest, ...]:
+    def position_of(self, waiter: Waiter) -> int:
+        """Where ``waiter`` stands in ``in_order`` (1: next), or 0 if it is not waiting."""
+        for position, other in enumerate(self.in_order(), start=1):
+            if other is waiter:
+                return position
+        return 0
+
+    def in_order(self) -> Iterator[Waiter]:
         """The waiting requests in the order the ordering would pick them if slots freed one
         by one now, played on a copy of it. Caps and heavy slots are left out: an estimate."""
         ordering = copy.deepcopy(self.ordering)
         queues = [deque(w for w in queue if not w.turn.done()) for queue in self.waiting.values()]
         queues = [queue for queue in queues if queue]
-        found: list[WaitingRequest] = []
         while queues:
             chosen = ordering.choose([queue[0].candidate for queue in queues])
             ordering.on_dispatch(chosen)
             index = next(i for i, queue in enumerate(queues) if queue[0].candidate is chosen)
-            waiter = queues[index].popleft()
+            yield queues[index].popleft()
             if not queues[index]:
                 del queues[index]
-            ticket = waiter.ticket
-            found.append(
-                WaitingRequest(
-                    ticket.user,
-                    ticket.model,
-                    ticket.request_class,
-                    now - waiter.arrived,
-                    len(found) + 1,
-                )
+
+    def _in_order(self, now: float) -> tuple[WaitingRequest, ...]:
+        return tuple(
+            WaitingRequest(
+                waiter.ticket.user,
+                waiter.ticket.model,
+                waiter.ticket.request_class,
+                now - waiter.arrived,
+                position,
             )
-        return tuple(found)
+            for position, waiter in enumerate(self.in_order(), start=1)
+        )
 
     def _next_turn(self) -> tuple[Waiter, Backend] | None:
         offers: dict[int, tuple[Waiter, Backend]] = {}

@@ -120,12 +120,43 @@ class TestCapsAndQueues:
             error = refused.value.response.json()["error"]
             assert error["code"] == "user_queue_full"
             assert "1 running and 2 waiting (max_queued 2)" in error["message"]
-            assert int(refused.value.response.headers["Retry-After"]) >= 1
+            retry_after = refused.value.response.headers["Retry-After"]
+            assert int(retry_after) >= 1
+            # Front ends show the text and ignore the header: the text says it too.
+            assert error["message"].endswith(f"; try again in about {retry_after} s")
             await client.close()
             assert (await chat(gateway, "bob-key", "hi")).done
             assert not any(task.done() for task in waiting)
         replies = await asyncio.gather(*waiting)
         assert all(reply.done for reply in replies)
+        await until(admission, idle)
+
+    async def test_every_reply_says_how_long_it_waited_and_from_where(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """A reply that started at once says position 0; one that arrived behind two of
+        carol's says position 2 (the fair ordering puts dave before carol's second) and how
+        long it waited."""
+        _, sim_url = await start_sim(parallel=8)
+        gateway = await start_gateway(policy(sim_url, slots=1))
+        admission = gateway.services.admission
+        headers = {"Authorization": "Bearer dave-key"}
+        body = {"model": MODEL, "prompt": "hi", "stream": False}
+        async with aiohttp.ClientSession() as session:
+            async with session.post(gateway.url + "/api/generate", json=body, headers=headers) as r:
+                assert (r.headers["X-Fairgate-Queue-Position"], r.status) == ("0", 200)
+            async with held(gateway, "alice-key", "holder"):
+                ahead = [waiting_chat(gateway, "carol-key", f"ahead {n}") for n in range(2)]
+                await until(admission, queued("carol", 2))
+                reply = asyncio.create_task(
+                    session.post(gateway.url + "/api/generate", json=body, headers=headers)
+                )
+                await until(admission, queued("dave", 1))
+            async with await reply as r:
+                assert r.status == 200
+                assert r.headers["X-Fairgate-Queue-Position"] == "2"
+                assert float(r.headers["X-Fairgate-Queue-Wait"]) > 0
+            await asyncio.gather(*ahead)
         await until(admission, idle)
 
     async def test_max_depth_bounds_the_whole_waiting_room(
