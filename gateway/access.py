@@ -15,7 +15,7 @@ from aiohttp.typedefs import Handler, Middleware
 from gateway.errors import GatewayError, error_body, retry_after_header
 from gateway.logs import printable
 from gateway.relay import Progress
-from gateway.vocabulary import Api, Reason, RequestClass, api_of
+from gateway.vocabulary import Api, Lane, Reason, RequestClass, api_of
 
 __all__ = [
     "RECORD",
@@ -41,6 +41,7 @@ class RequestRecord:
     user: str | None = None
     model: str | None = None
     request_class: RequestClass | None = None
+    lane: Lane | None = None
     input_estimate: int | None = None
     backend: str | None = None
     status: int = 0
@@ -83,6 +84,7 @@ class RequestRecord:
             "user": self.user,
             "model": self.model,
             "class": self.request_class,
+            "lane": self.lane,
             "input_estimate": self.input_estimate,
             "backend": self.backend,
             "status": self.status,

@@ -16,15 +16,18 @@ import asyncio
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from types import TracebackType
 
 from gateway.backends.pool import Backend, BackendPool
 from gateway.holds import Hold, HoldStore, StoreUnavailable
 from gateway.policy import Policy
 from gateway.refusals import HoldTimer, Refusal, refusal
-from gateway.vocabulary import Reason
-from gateway.waiting_room import RoomSnapshot, Ticket, Waiter, WaitingRoom
+from gateway.room_snapshot import RoomSnapshot
+from gateway.vocabulary import Api, Lane, Reason
+from gateway.waiting_room import Ticket, Waiter, WaitingRoom
 
 __all__ = ["Admission", "Permit", "Refusal", "Ticket"]
 
@@ -138,7 +141,7 @@ class Admission:
         replica. If another replica got there first, the turn is given back and the request
         waits for a release anywhere, within the same ``max_wait``.
         """
-        deadline = self.clock() + self.room.policy.queue.max_wait
+        deadline = self.clock() + self.room.policy.max_wait_of(ticket.lane)
         while True:
             outcome = await self._local_turn(ticket, deadline - self.clock())
             if isinstance(outcome, Refusal) or self.holds is None:
@@ -155,28 +158,43 @@ class Admission:
                 return confirmed
             remaining = deadline - self.clock()
             if remaining <= 0:
-                return self._refusal(Reason.WAIT_TIMEOUT, ticket.user)
+                return self._refusal(Reason.WAIT_TIMEOUT, ticket)
             await self.holds.released(min(remaining, _SHARED_RETRY_SECONDS))
 
-    def refuses_unseen(self, user: str) -> Refusal | None:
+    def refuses_unseen(self, user: str, lanes: tuple[Lane, ...]) -> Refusal | None:
         """The quick no that needs no body (``WaitingRoom.refuses_unseen``), or None."""
-        reason = self.room.refuses_unseen(user)
-        return None if reason is None else self._refusal(reason, user)
+        reason = self.room.refuses_unseen(user, lanes)
+        unseen = Ticket(user, "", Api.OLLAMA, lane=lanes[0])
+        return None if reason is None else self._refusal(reason, unseen)
+
+    @contextmanager
+    def arriving(self, user: str) -> Iterator[None]:
+        """While a request of ``user`` reads its body: counted by ``refuses_unseen``, so
+        that a burst cannot have more bodies read at once than the user could queue."""
+        self.room.arriving[user] += 1
+        try:
+            yield
+        finally:
+            self.room.arriving[user] -= 1
+            if not self.room.arriving[user]:
+                del self.room.arriving[user]
 
     async def _local_turn(self, ticket: Ticket, within: float) -> Permit | Refusal:
         room = self.room
-        reason = room.over_bound(ticket.user, joining=True)
+        reason = room.over_bound(ticket.user, ticket.lane, joining=True)
+        if reason is Reason.GATEWAY_BUSY and ticket.lane is Lane.INTERACTIVE:
+            reason = self._displace_background(ticket)
         if reason is not None and room.cannot_start(ticket):
             # The quick no, under overload: no need to join the room only to leave it.
-            return self._refusal(reason, ticket.user)
+            return self._refusal(reason, ticket)
         waiter = room.join(ticket, self.clock(), asyncio.get_running_loop().create_future())
         room.dispatch()
         if waiter.turn.done():  # the quick yes: a place was free
             return Permit(self, waiter, waiter.turn.result())
-        reason = room.over_bound(ticket.user, joining=False)
+        reason = room.over_bound(ticket.user, ticket.lane, joining=False)
         if reason is not None:
             room.leave(waiter)
-            return self._refusal(reason, ticket.user)
+            return self._refusal(reason, ticket)
         waiter.position = room.position_of(waiter)
         try:
             async with asyncio.timeout(max(within, 0.0)):
@@ -185,13 +203,24 @@ class Admission:
             if waiter.turn.done():  # granted as the timer fired: take the turn after all
                 return Permit(self, waiter, waiter.turn.result())
             room.leave(waiter)
-            return self._refusal(Reason.WAIT_TIMEOUT, ticket.user)
+            return self._refusal(Reason.WAIT_TIMEOUT, ticket)
         except _TurnedAway as away:
             return away.refusal
         except BaseException:
             self._abandon(waiter)
             raise
         return Permit(self, waiter, backend)
+
+    def _displace_background(self, ticket: Ticket) -> Reason | None:
+        """Make room for a person: the newest background request leaves with a 503."""
+        victim = self.room.newest_background()
+        if victim is None:
+            return Reason.GATEWAY_BUSY
+        self.room.leave(victim)
+        refusal = self._refusal(Reason.GATEWAY_BUSY, victim.ticket)
+        displaced = f"background work gave its place to {ticket.user}'s request; {refusal.message}"
+        victim.turn.set_exception(_TurnedAway(replace(refusal, message=displaced)))
+        return self.room.over_bound(ticket.user, ticket.lane, joining=True)
 
     async def _confirm(self, permit: Permit) -> bool | Refusal:
         """True: held across replicas (or Redis is away and the policy says carry on);
@@ -214,10 +243,12 @@ class Admission:
 
     def _hold_for(self, permit: Permit) -> Hold:
         ticket, backend, policy = permit.ticket, permit.backend, self.room.policy
+        # Background work has its own cap per user, so its own holder name across replicas.
+        background = ticket.lane is Lane.BACKGROUND
         return Hold(
             id=uuid.uuid4().hex,
-            user=ticket.user,
-            user_cap=policy.limits_of(ticket.user).max_concurrent,
+            user=f"{ticket.user}/background" if background else ticket.user,
+            user_cap=self.room.caps(ticket.user, ticket.lane)[0],
             backend=backend.key,
             slots=backend.slots,
             heavy=ticket.heavy,
@@ -311,6 +342,6 @@ class Admission:
             waiter.turn.cancel()
             self.room.leave(waiter)
 
-    def _refusal(self, reason: Reason, user: str) -> Refusal:
+    def _refusal(self, reason: Reason, ticket: Ticket) -> Refusal:
         others = self.holds.others_waiting if self.holds is not None else 0
-        return refusal(reason, user, self.room, self.hold_timer, others)
+        return refusal(reason, ticket.user, ticket.lane, self.room, self.hold_timer, others)

@@ -17,8 +17,6 @@ from typing import Annotated, Literal
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     ValidationInfo,
@@ -27,7 +25,10 @@ from pydantic import (
 )
 
 from gateway.durations import Duration
+from gateway.lanes import Lanes
+from gateway.policy_base import SlotShare, Strict, slots_on
 from gateway.policy_file import PolicyError, describe, environment, problem_at, read_yaml
+from gateway.vocabulary import Lane
 
 __all__ = [
     "ANONYMOUS",
@@ -53,14 +54,10 @@ ANONYMOUS = "anonymous"
 """A user of this name catches requests that bring no key and match no client rule."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
 BackendKind = Literal["ollama", "llamacpp", "openai"]
 
 
-class BackendConfig(_Strict):
+class BackendConfig(Strict):
     """One inference server the gateway sends work to."""
 
     name: str = Field(min_length=1, description="Name used in logs, metrics and /status.")
@@ -94,7 +91,7 @@ class BackendConfig(_Strict):
         return self
 
 
-class Timeouts(_Strict):
+class Timeouts(Strict):
     """How long the gateway waits on a backend, or on a client, before giving up on it."""
 
     connect: Duration = Field(default=5.0, gt=0, description="To open a connection.")
@@ -110,7 +107,7 @@ class Timeouts(_Strict):
     )
 
 
-class Monitoring(_Strict):
+class Monitoring(Strict):
     """How the gateway watches its backends, in the background."""
 
     interval: Duration = Field(default=5.0, gt=0, description="Between two probes of a backend.")
@@ -123,7 +120,7 @@ class Monitoring(_Strict):
     )
 
 
-class KeepAlivePolicy(_Strict):
+class KeepAlivePolicy(Strict):
     """What proxied requests may ask of Ollama's keep_alive (a client's 0 unloads the model
     for everybody)."""
 
@@ -136,7 +133,7 @@ class KeepAlivePolicy(_Strict):
     )
 
 
-class Warmth(_Strict):
+class Warmth(Strict):
     """Keeping models loaded, and noticing when a request paid for a load."""
 
     interval: Duration = Field(default=60.0, gt=0, description="Between two keep-warm checks.")
@@ -145,7 +142,7 @@ class Warmth(_Strict):
     )
 
 
-class RedisPolicy(_Strict):
+class RedisPolicy(Strict):
     """What to do when the shared state (FAIRGATE_REDIS_URL) cannot be reached."""
 
     on_failure: Literal["local", "closed"] = Field(
@@ -154,7 +151,7 @@ class RedisPolicy(_Strict):
     )
 
 
-class Limits(_Strict):
+class Limits(Strict):
     """What one user may hold: running requests, waiting requests, and a share."""
 
     max_concurrent: int = Field(default=1, ge=1, description="Requests running at once.")
@@ -193,7 +190,7 @@ def _digest_of(key: str) -> str:
 ConfiguredKey = Annotated[str, AfterValidator(_configured_key)]
 
 
-class UserConfig(_Strict):
+class UserConfig(Strict):
     """One person or device; unset limits come from ``defaults``."""
 
     keys: list[ConfiguredKey] = Field(
@@ -214,14 +211,14 @@ class UserConfig(_Strict):
     admin: bool = Field(default=False, description="May read /status from other machines.")
 
 
-class QueueConfig(_Strict):
+class QueueConfig(Strict):
     """The gateway's waiting room: short, so that saying no is fast and honest."""
 
     max_depth: int = Field(default=16, ge=0, description="Requests waiting, all users together.")
     max_wait: Duration = Field(default=30.0, gt=0, description="Longest wait before a 503.")
 
 
-class HeavyClass(_Strict):
+class HeavyClass(Strict):
     """Long-context requests: they may hold only some of a backend's slots at once."""
 
     min_prompt_tokens: int = Field(
@@ -230,46 +227,29 @@ class HeavyClass(_Strict):
     min_num_ctx: int | None = Field(
         default=None, ge=1, description="A requested options.num_ctx this large is heavy."
     )
-    max_slots: int | str = Field(
+    max_slots: SlotShare = Field(
         default="50%",
         description="Slots of each backend heavy requests may hold: a count, or a share (50%).",
     )
     weight: float = Field(default=1.0, gt=0, description="Share multiplier for heavy requests.")
 
-    @field_validator("max_slots", mode="before")
-    @classmethod
-    def _count_or_share(cls, value: object) -> object:
-        # Before the int | str union, so that a wrong value gets this one message, not one
-        # per member of the union.
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-            return value
-        if (
-            isinstance(value, str)
-            and re.fullmatch(r"\d{1,3}%", value)
-            and 0 < int(value[:-1]) <= 100
-        ):
-            return value
-        raise ValueError("must be a count of slots such as 2, or a share such as 50%")
-
     def slots_on(self, backend_slots: int) -> int:
         """How many of ``backend_slots`` heavy requests may hold; at least one."""
-        if isinstance(self.max_slots, int):
-            return min(self.max_slots, backend_slots)
-        return max(1, backend_slots * int(self.max_slots[:-1]) // 100)
+        return slots_on(self.max_slots, backend_slots)
 
 
-class LightClass(_Strict):
+class LightClass(Strict):
     """Everything that is not heavy: chats, short questions."""
 
     weight: float = Field(default=1.0, gt=0, description="Share multiplier for light requests.")
 
 
-class Classes(_Strict):
+class Classes(Strict):
     heavy: HeavyClass = HeavyClass()
     light: LightClass = LightClass()
 
 
-class Costs(_Strict):
+class Costs(Strict):
     """What a request costs the fair scheduler, in weighted tokens."""
 
     input: float = Field(default=1.0, ge=0, description="Weight of one prompt token.")
@@ -277,7 +257,7 @@ class Costs(_Strict):
     image_tokens: int = Field(default=768, ge=0, description="Prompt tokens counted per image.")
 
 
-class Policy(_Strict):
+class Policy(Strict):
     """Everything the admin controls; reloaded live from the YAML file."""
 
     scheduling: Literal["fair", "fifo"] = Field(
@@ -299,6 +279,13 @@ class Policy(_Strict):
     keep_alive: KeepAlivePolicy = KeepAlivePolicy()
     redis: RedisPolicy = RedisPolicy()
     timeouts: Timeouts = Timeouts()
+    lanes: Lanes = Lanes()
+
+    def max_wait_of(self, lane: Lane) -> float:
+        """How long a request of ``lane`` may wait for a slot."""
+        if lane is Lane.BACKGROUND:
+            return self.lanes.background.max_wait
+        return self.lanes.interactive.max_wait or self.queue.max_wait
 
     def limits_of(self, user: str) -> Limits:
         """The user's limits, each unset field taken from ``defaults``."""

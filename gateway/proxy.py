@@ -14,6 +14,7 @@ from gateway.backends.failures import unavailable
 from gateway.bodies import Fields, defer_continue, read_body
 from gateway.classify import classify
 from gateway.errors import BackendFailure, GatewayError
+from gateway.lanes import lane_of, possible_lanes
 from gateway.listings import model_forbidden, model_not_found
 from gateway.policy import Policy, Timeouts
 from gateway.relay import Relay, Target
@@ -57,11 +58,14 @@ class Generation:
         view, settings = services.policy.current, services.settings
         api = api_of(request.path)
         caller = services.caller(request, view)
-        user = caller.user
-        unseen = services.admission.refuses_unseen(user)
+        user, lanes = caller.user, view.policy.lanes
+        admission = services.admission
+        unseen = admission.refuses_unseen(user, possible_lanes(lanes, request.headers))
         if unseen is not None:  # said before the body is read: a refused body costs nothing
             raise GatewayError(503, unseen.reason, unseen.message, unseen.retry_after)
-        fields = Fields(await read_body(request, settings.max_body_bytes, settings.body_timeout))
+        with admission.arriving(user):
+            body = await read_body(request, settings.max_body_bytes, settings.body_timeout)
+        fields = Fields(body)
         record.model = model = _model_name(fields.values)
         _check_model_allowed(view.policy, user, model)
         _check_model_served(view.pool, api, model)
@@ -69,6 +73,9 @@ class Generation:
             fields.changed()
         estimate = classify(fields.values, view.policy)
         record.request_class, record.input_estimate = estimate.request_class, estimate.input_tokens
+        record.lane = lane = lane_of(
+            lanes, request.headers, user, model, request.path, fields.values
+        )
         ticket = Ticket(
             user,
             model,
@@ -77,8 +84,9 @@ class Generation:
             estimate.request_class,
             estimate.weight,
             caller.credential,
+            lane,
         )
-        outcome = await services.admission.acquire(ticket)
+        outcome = await admission.acquire(ticket)
         if isinstance(outcome, Refusal):
             retry_after = outcome.retry_after if outcome.status == 503 else None
             raise GatewayError(outcome.status, outcome.reason, outcome.message, retry_after)

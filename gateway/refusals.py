@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway.errors import retry_after_header
-from gateway.vocabulary import Reason
+from gateway.vocabulary import Lane, Reason
 from gateway.waiting_room import WaitingRoom
 
 __all__ = ["HoldTimer", "Refusal", "refusal"]
@@ -41,17 +41,23 @@ class HoldTimer:
 
 
 def refusal(
-    reason: Reason, user: str, room: WaitingRoom, hold: HoldTimer, others_waiting: int
+    reason: Reason,
+    user: str,
+    lane: Lane,
+    room: WaitingRoom,
+    hold: HoldTimer,
+    others_waiting: int,
 ) -> Refusal:
     """The refusal of a request that is not (or no longer) in the waiting room."""
     policy = room.policy
-    limits = policy.limits_of(user)
     ahead = room.depth + others_waiting
     if reason is Reason.USER_QUEUE_FULL:
-        waiting, places = len(room.waiting.get(user, ())), limits.max_concurrent
+        places, queued = room.caps(user, lane)
+        waiting = len(room.queues(lane).get(user, ()))
+        work = "background work" if lane is Lane.BACKGROUND else "user"
         said = (
-            f"user {user} already has {room.running[user]} running and {waiting} "
-            f"waiting (max_queued {limits.max_queued})"
+            f"{work} {user} already has {room.runs(lane)[user]} running and {waiting} "
+            f"waiting (max_queued {queued})"
         )
     else:
         waiting = ahead

@@ -15,7 +15,7 @@ from gateway.history import HistorySnapshot
 from gateway.holds import HoldStore
 from gateway.policy import Policy
 from gateway.reload import ReloadSnapshot
-from gateway.waiting_room import RoomSnapshot
+from gateway.room_snapshot import RoomSnapshot
 from gateway.warmth import WarmthSnapshot
 
 __all__ = ["BackendSnapshot", "GatewaySnapshot", "HoldsSnapshot", "UserLimits", "take"]

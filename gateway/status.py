@@ -15,10 +15,10 @@ from aiohttp import web
 from gateway.backends import Backend
 from gateway.errors import GatewayError
 from gateway.history import MinuteFigures, RecentRefusal, UsageToday
+from gateway.room_snapshot import RunningRequest, WaitingRequest
 from gateway.services import Services
 from gateway.snapshot import BackendSnapshot, GatewaySnapshot
 from gateway.vocabulary import Reason
-from gateway.waiting_room import RunningRequest, WaitingRequest
 
 __all__ = ["Status", "answering", "render"]
 
@@ -121,9 +121,11 @@ def _backend(backend: BackendSnapshot, snapshot: GatewaySnapshot) -> dict[str, A
 def _users(snapshot: GatewaySnapshot) -> dict[str, Any]:
     """Every configured user, and anyone else active: places in use against limits, today."""
     active, today = snapshot.room.users, snapshot.history.today
+    background = snapshot.room.background_users
     users = {}
-    for name in sorted({*snapshot.limits, *active, *today}):
+    for name in sorted({*snapshot.limits, *active, *background, *today}):
         running, queued = active.get(name, (0, 0))
+        background_running, background_queued = background.get(name, (0, 0))
         limits, usage = snapshot.limits.get(name), today.get(name, UsageToday())
         users[name] = {
             "running": running,
@@ -131,6 +133,7 @@ def _users(snapshot: GatewaySnapshot) -> dict[str, Any]:
             "max_concurrent": limits and limits.max_concurrent,
             "max_queued": limits and limits.max_queued,
             "weight": limits and limits.weight,
+            "background": {"running": background_running, "queued": background_queued},
             "today": asdict(usage),
         }
     return users
@@ -142,6 +145,7 @@ def _running(run: RunningRequest) -> dict[str, Any]:
         "model": run.model,
         "backend": run.backend,
         "class": run.request_class,
+        "lane": run.lane,
         "seconds": round(run.seconds, 3),
     }
 
@@ -152,6 +156,7 @@ def _waiting(waiter: WaitingRequest, snapshot: GatewaySnapshot) -> dict[str, Any
         "user": waiter.user,
         "model": waiter.model,
         "class": waiter.request_class,
+        "lane": waiter.lane,
         "waited_seconds": round(waiter.waited, 3),
         "estimated_start_seconds": round(snapshot.start_estimate(waiter.position), 3),
     }

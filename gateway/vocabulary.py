@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from enum import Enum, StrEnum
 
-__all__ = ["REFUSALS", "Api", "Reason", "RequestClass", "api_of"]
+__all__ = ["REFUSALS", "Api", "Lane", "Reason", "RequestClass", "api_of"]
 
 
 class Api(Enum):
@@ -27,6 +27,14 @@ class RequestClass(StrEnum):
 
     LIGHT = "light"
     HEAVY = "heavy"
+
+
+class Lane(StrEnum):
+    """Interactive: a person is waiting for it. Background: a front end's or an agent's own
+    work (titles, tags, summaries), which must never cost a person their place."""
+
+    INTERACTIVE = "interactive"
+    BACKGROUND = "background"
 
 
 class Reason(StrEnum):

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from gateway.admission import Admission
-from gateway.waiting_room import RoomSnapshot
+from gateway.room_snapshot import RoomSnapshot
 from tests.conftest import Gateway, StartGateway, StartSim
 
 MODEL = "llama3.2:3b"

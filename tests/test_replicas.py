@@ -174,7 +174,7 @@ async def test_fair_share_counters_and_queue_depths_travel_between_replicas(
         await b.share()
         assert b.room.ordering.counters()["alice"] == pytest.approx(200.0)
         assert b.holds.others_waiting == 2
-        refused = b._refusal(Reason.GATEWAY_BUSY, "dan")
+        refused = b._refusal(Reason.GATEWAY_BUSY, Ticket("dan", MODEL, Api.OLLAMA))
         assert refused.retry_after >= 2 * 5.0  # three ahead of one slot, 5 s each by default
         permit.release()
         for task in waiting:

@@ -1,0 +1,151 @@
+"""Lanes: a person's own requests (interactive) and the work a front end or an agent does in
+the background (titles, tags, follow-up suggestions, summaries, embeddings).
+
+Open WebUI sends, with a chat's first message, a title task at the same moment (usually
+arriving first), then tags and follow-ups after each reply; their prompts start with
+``### Task:``. In one queue they took a person's place, or got the person's message refused.
+In the background lane they have their own per-user bounds, hold at most
+``background.max_slots`` of a backend, run only when no interactive request can use the
+slot, and are the first refused when the room is full.
+
+A request's lane, first match wins: the header the admin names (``lanes.header``; its value
+``interactive`` or ``background``, and any other non-empty value is background: Open
+WebUI's ``{{TASK}}`` template is empty for the person's own chat), then the rules (by user,
+model, path, or the start of the last prompt; the ``open-webui`` preset is the ``### Task:``
+rule), else interactive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import Field
+
+from gateway.durations import Duration
+from gateway.policy_base import SlotShare, Strict, slots_on
+from gateway.vocabulary import Lane
+
+__all__ = [
+    "BackgroundLane",
+    "InteractiveLane",
+    "LaneRule",
+    "Lanes",
+    "lane_from_header",
+    "lane_of",
+    "possible_lanes",
+]
+
+# The prompts of Open WebUI's tasks (title, tags, follow-ups, queries, autocomplete).
+_PRESETS = {"open-webui": "### Task:"}
+
+
+class LaneRule(Strict):
+    """A rule that puts matching requests in ``lane``; every field given must match."""
+
+    lane: Lane
+    users: list[str] | None = None
+    models: list[str] | None = None
+    paths: list[str] | None = Field(default=None, description="Such as /api/embed.")
+    prompt_prefix: str | None = Field(
+        default=None, description="The last message (or the prompt) starts with this."
+    )
+
+    def matches(self, user: str, model: str, path: str, prompt: str | None) -> bool:
+        return (
+            (self.users is None or user in self.users)
+            and (self.models is None or model in self.models)
+            and (self.paths is None or path in self.paths)
+            and (
+                self.prompt_prefix is None
+                or (prompt is not None and prompt.startswith(self.prompt_prefix))
+            )
+        )
+
+
+class InteractiveLane(Strict):
+    """A person waiting in front of a screen: the user's own limits apply."""
+
+    max_wait: Duration | None = Field(
+        default=None, gt=0, description="Longest wait before a 503; unset: queue.max_wait."
+    )
+
+
+class BackgroundLane(Strict):
+    """Work nobody is watching: its own bounds, the slots interactive work leaves."""
+
+    max_slots: SlotShare = Field(
+        default="50%", description="Slots of each backend background work may hold."
+    )
+    max_concurrent: int = Field(default=1, ge=1, description="Running at once, per user.")
+    max_queued: int = Field(default=4, ge=0, description="Waiting at once, per user.")
+    max_wait: Duration = Field(default=120.0, gt=0, description="Longest wait before a 503.")
+
+    def slots_on(self, backend_slots: int) -> int:
+        return slots_on(self.max_slots, backend_slots)
+
+
+class Lanes(Strict):
+    header: str | None = Field(
+        default=None,
+        description="A request header naming the lane (e.g. X-OWUI-Task set to {{TASK}} in "
+        "Open WebUI): 'interactive', 'background', or any other non-empty value: background.",
+    )
+    presets: list[Literal["open-webui"]] = Field(
+        default_factory=list, description="Built-in rules: open-webui (### Task: prompts)."
+    )
+    rules: list[LaneRule] = Field(default_factory=list)
+    interactive: InteractiveLane = InteractiveLane()
+    background: BackgroundLane = BackgroundLane()
+
+
+def possible_lanes(lanes: Lanes, headers: Mapping[str, str]) -> tuple[Lane, ...]:
+    """The lanes a request may turn out to be in, known from its headers alone."""
+    named = lane_from_header(lanes, headers)
+    if named is not None:
+        return (named,)
+    if lanes.presets or any(rule.lane is Lane.BACKGROUND for rule in lanes.rules):
+        return (Lane.INTERACTIVE, Lane.BACKGROUND)
+    return (Lane.INTERACTIVE,)
+
+
+def lane_from_header(lanes: Lanes, headers: Mapping[str, str]) -> Lane | None:
+    """The lane the admin's header names, or None (no header configured, or none sent)."""
+    if lanes.header is None:
+        return None
+    value = headers.get(lanes.header, "").strip().lower()
+    if not value:
+        return None
+    return Lane.INTERACTIVE if value == Lane.INTERACTIVE else Lane.BACKGROUND
+
+
+def lane_of(
+    lanes: Lanes,
+    headers: Mapping[str, str],
+    user: str,
+    model: str,
+    path: str,
+    fields: dict[str, Any],
+) -> Lane:
+    """The request's lane: the header, then the rules and presets, else interactive."""
+    named = lane_from_header(lanes, headers)
+    if named is not None:
+        return named
+    prompt = _last_prompt(fields)
+    for rule in lanes.rules:
+        if rule.matches(user, model, path, prompt):
+            return rule.lane
+    for preset in lanes.presets:
+        if prompt is not None and prompt.startswith(_PRESETS[preset]):
+            return Lane.BACKGROUND
+    return Lane.INTERACTIVE
+
+
+def _last_prompt(fields: dict[str, Any]) -> str | None:
+    """The text a task would start with: the last message's, or the prompt."""
+    messages = fields.get("messages")
+    if isinstance(messages, list) and messages and isinstance(messages[-1], dict):
+        content = messages[-1].get("content")
+        return content if isinstance(content, str) else None
+    prompt = fields.get("prompt")
+    return prompt if isinstance(prompt, str) else None

@@ -1,0 +1,135 @@
+"""The waiting room at one instant (for /status, metrics and the house page), and the order
+in which its waiting requests would go.
+
+Read-only views of ``waiting_room.WaitingRoom``: they never change its counts. The order is
+played on a copy of the ordering, slot by slot: interactive requests first, as dispatch
+does. Caps, heavy and background slots are left out, so positions are an estimate.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter, deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from gateway.scheduler import Ordering
+from gateway.vocabulary import Lane, RequestClass
+
+if TYPE_CHECKING:
+    from gateway.waiting_room import Ticket, Waiter, WaitingRoom
+
+__all__ = ["RoomSnapshot", "RunningRequest", "WaitingRequest", "in_order", "room_snapshot"]
+
+
+@dataclass(frozen=True, slots=True)
+class RunningRequest:
+    """A request holding a slot: who runs what where, for how long so far (seconds)."""
+
+    user: str
+    model: str
+    backend: str
+    request_class: RequestClass
+    seconds: float
+    lane: Lane = Lane.INTERACTIVE
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingRequest:
+    """A request in the room; ``position`` 1 is the next the ordering would pick."""
+
+    user: str
+    model: str
+    request_class: RequestClass
+    waited: float
+    position: int
+    lane: Lane = Lane.INTERACTIVE
+
+
+@dataclass(frozen=True, slots=True)
+class RoomSnapshot:
+    """The room at one instant, for /status, metrics and the house page."""
+
+    backends: dict[str, tuple[int, int]]  # name -> (busy, slots)
+    users: dict[str, tuple[int, int]]  # name -> (running, queued), interactive
+    queue_depth: int  # both lanes
+    oldest_wait: float
+    heavy_running: dict[str, int] = field(default_factory=dict)  # backend -> heavy requests
+    queued_by_class: dict[tuple[str, RequestClass], int] = field(default_factory=dict)
+    fair_counters: dict[str, float] = field(default_factory=dict)  # user -> virtual tokens
+    background_users: dict[str, tuple[int, int]] = field(default_factory=dict)
+    running: tuple[RunningRequest, ...] = ()  # oldest first
+    waiting: tuple[WaitingRequest, ...] = ()  # in the order the ordering would pick them
+
+
+def room_snapshot(room: WaitingRoom, now: float) -> RoomSnapshot:
+    by_class: Counter[tuple[str, RequestClass]] = Counter()
+    oldest = now
+    for queue in (*room.waiting.values(), *room.background.values()):
+        oldest = min(oldest, queue[0].arrived)
+        for waiter in queue:
+            by_class[waiter.ticket.user, waiter.ticket.request_class] += 1
+    return RoomSnapshot(
+        backends={b.name: (room.busy[b.key], b.slots) for b in room.pool.backends},
+        users=_counts(room.running, room.waiting),
+        background_users=_counts(room.background_running, room.background),
+        queue_depth=room.depth,
+        oldest_wait=now - oldest,
+        heavy_running={b.name: room.heavy[b.key] for b in room.pool.backends},
+        queued_by_class=dict(by_class),
+        fair_counters=dict(room.ordering.counters()),
+        running=_running(room, now),
+        waiting=tuple(
+            WaitingRequest(
+                waiter.ticket.user,
+                waiter.ticket.model,
+                waiter.ticket.request_class,
+                now - waiter.arrived,
+                position,
+                waiter.ticket.lane,
+            )
+            for position, waiter in enumerate(in_order(room), start=1)
+        ),
+    )
+
+
+def in_order(room: WaitingRoom) -> Iterator[Waiter]:
+    """The waiting requests in the order they would be dispatched if slots freed one by
+    one now."""
+    ordering = copy.deepcopy(room.ordering)
+    for lane in (Lane.INTERACTIVE, Lane.BACKGROUND):
+        yield from _played(ordering, room.queues(lane))
+
+
+def _running(room: WaitingRoom, now: float) -> tuple[RunningRequest, ...]:
+    return tuple(
+        RunningRequest(
+            ticket.user, ticket.model, name, ticket.request_class, now - started, ticket.lane
+        )
+        for ticket, name, started in sorted(room.holders.values(), key=_started)
+    )
+
+
+def _counts(running: Counter[str], waiting: dict[str, deque[Waiter]]) -> dict[str, tuple[int, int]]:
+    """(running, waiting) by user, for every user with either."""
+    return {
+        user: (running[user], len(waiting.get(user, ())))
+        for user in running.keys() | waiting.keys()
+    }
+
+
+def _played(ordering: Ordering, by_user: dict[str, deque[Waiter]]) -> Iterator[Waiter]:
+    queues = [deque(w for w in queue if not w.turn.done()) for queue in by_user.values()]
+    queues = [queue for queue in queues if queue]
+    while queues:
+        chosen = ordering.choose([queue[0].candidate for queue in queues])
+        ordering.on_dispatch(chosen)
+        index = next(i for i, queue in enumerate(queues) if queue[0].candidate is chosen)
+        yield queues[index].popleft()
+        if not queues[index]:
+            del queues[index]
+
+
+def _started(held: tuple[Ticket, str, float]) -> float:
+    return held[2]

@@ -1,0 +1,206 @@
+"""Lanes: a front end's background work (titles, tags, follow-ups) never costs a person their
+place. Real loopback servers: the simulator behind the gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from gateway.vocabulary import Lane
+from tests.conftest import Gateway, StartGateway, StartSim, one_backend
+from tests.test_admission import MODEL, idle, until
+
+SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples" / "open-webui"
+TITLE_PROMPT = "### Task:\nGenerate a concise title summarizing the chat history."
+PEOPLE = """\
+defaults: {max_concurrent: 1, max_queued: 1}
+users:
+  alice: {keys: [alice-key]}
+  bob: {keys: [bob-key]}
+  agent: {keys: [agent-key]}
+"""
+
+
+def chat_body(prompt: str, hold: bool = False) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": prompt}]}
+    if hold:
+        body["options"] = {"sim_stall_after": 1}  # one token, then hold the slot
+    else:
+        body["stream"] = False
+    return body
+
+
+@asynccontextmanager
+async def running(
+    gateway: Gateway, key: str, prompt: str, headers: dict[str, str] | None = None
+) -> AsyncIterator[None]:
+    """A request that holds its slot for the duration of the block."""
+    sent = {"Authorization": f"Bearer {key}", **(headers or {})}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            gateway.url + "/api/chat", json=chat_body(prompt, hold=True), headers=sent
+        ) as reply,
+    ):
+        assert reply.status == 200
+        await reply.content.readline()
+        yield
+
+
+async def ask(
+    gateway: Gateway, key: str, prompt: str, headers: dict[str, str] | None = None
+) -> tuple[int, str]:
+    """A whole chat: its status and body."""
+    sent = {"Authorization": f"Bearer {key}", **(headers or {})}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(gateway.url + "/api/chat", json=chat_body(prompt), headers=sent) as reply,
+    ):
+        return reply.status, await reply.text()
+
+
+def lanes_in(gateway: Gateway) -> dict[str, tuple[int, int]]:
+    return gateway.services.admission.snapshot().background_users
+
+
+async def house(
+    start_sim: StartSim, start_gateway: StartGateway, lanes: str, slots: int = 2
+) -> Gateway:
+    _, url = await start_sim(parallel=8)
+    return await start_gateway(PEOPLE + lanes + one_backend(url, slots=slots))
+
+
+class TestWhichLane:
+    async def test_the_named_header_puts_a_task_in_the_background(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """Open WebUI's {{TASK}} in the admin's header: non-empty is background, empty is
+        the person's own chat."""
+        gateway = await house(start_sim, start_gateway, "lanes: {header: X-OWUI-Task}\n")
+        task = {"X-OWUI-Task": "title_generation"}
+        async with running(gateway, "alice-key", "title", task):
+            assert lanes_in(gateway) == {"alice": (1, 0)}
+            assert gateway.services.admission.snapshot().users == {}
+        async with running(gateway, "alice-key", "chat", {"X-OWUI-Task": ""}):
+            assert gateway.services.admission.snapshot().users == {"alice": (1, 0)}
+
+    async def test_the_open_webui_preset_knows_a_task_by_its_prompt(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """With the preset, a prompt starting '### Task:' is background, any other chat not."""
+        gateway = await house(start_sim, start_gateway, "lanes: {presets: [open-webui]}\n")
+        async with running(gateway, "alice-key", TITLE_PROMPT):
+            assert lanes_in(gateway) == {"alice": (1, 0)}
+        async with running(gateway, "alice-key", "Plan a trip to Lisbon"):
+            assert lanes_in(gateway) == {}
+
+    async def test_rules_match_by_user_and_by_path(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """A rule for the agent's key puts all its work in the background."""
+        rules = "lanes:\n  rules:\n    - {lane: background, users: [agent]}\n"
+        gateway = await house(start_sim, start_gateway, rules)
+        async with running(gateway, "agent-key", "summarise the logs"):
+            assert lanes_in(gateway) == {"agent": (1, 0)}
+
+
+class TestBackgroundNeverCostsAPlace:
+    async def test_a_title_task_running_does_not_take_the_persons_place(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """max_concurrent 1: with her title task running, alice's chat still starts at once."""
+        gateway = await house(start_sim, start_gateway, "lanes: {presets: [open-webui]}\n")
+        async with running(gateway, "alice-key", TITLE_PROMPT):
+            status, _ = await asyncio.wait_for(ask(gateway, "alice-key", "hello"), timeout=5)
+            assert status == 200
+
+    async def test_background_work_holds_at_most_its_share_of_slots(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """max_slots 1 of 2: a second task waits although a slot is free; a person's chat
+        takes that slot at once."""
+        lanes = "lanes: {presets: [open-webui], background: {max_slots: 1, max_concurrent: 2}}\n"
+        gateway = await house(start_sim, start_gateway, lanes)
+        admission = gateway.services.admission
+        async with running(gateway, "alice-key", TITLE_PROMPT):
+            second = asyncio.create_task(ask(gateway, "alice-key", TITLE_PROMPT + " 2"))
+            await until(admission, lambda snap: snap.background_users.get("alice") == (1, 1))
+            assert (await asyncio.wait_for(ask(gateway, "bob-key", "hi"), timeout=5))[0] == 200
+        assert (await asyncio.wait_for(second, timeout=5))[0] == 200
+        await until(admission, idle)
+
+    async def test_a_freed_slot_goes_to_the_person_before_the_earlier_task(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """One slot: a task that has waited longer still goes after a person's chat."""
+        gateway = await house(start_sim, start_gateway, "lanes: {presets: [open-webui]}\n", slots=1)
+        admission = gateway.services.admission
+        finished: list[str] = []
+
+        async def noted(name: str, key: str, prompt: str) -> None:
+            await ask(gateway, key, prompt)
+            finished.append(name)
+
+        async with running(gateway, "bob-key", "holding the slot"):
+            task = asyncio.create_task(noted("task", "alice-key", TITLE_PROMPT))
+            await until(admission, lambda snap: snap.queue_depth == 1)
+            chat = asyncio.create_task(noted("chat", "alice-key", "hello"))
+            await until(admission, lambda snap: snap.queue_depth == 2)
+        await asyncio.wait_for(asyncio.gather(task, chat), timeout=10)
+        assert finished == ["chat", "task"]
+
+    async def test_a_person_arriving_at_a_full_room_displaces_the_newest_task(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """max_depth 1, held by a waiting task: a person's chat takes its place; the task
+        gets a 503 that says why."""
+        lanes = "queue: {max_depth: 1}\nlanes: {presets: [open-webui]}\n"
+        gateway = await house(start_sim, start_gateway, lanes, slots=1)
+        admission = gateway.services.admission
+        async with running(gateway, "bob-key", "holding the slot"):
+            task = asyncio.create_task(ask(gateway, "alice-key", TITLE_PROMPT))
+            await until(admission, lambda snap: snap.queue_depth == 1)
+            chat = asyncio.create_task(ask(gateway, "alice-key", "hello"))
+            status, body = await asyncio.wait_for(task, timeout=5)
+            assert status == 503
+            assert json.loads(body)["error"].startswith(
+                "background work gave its place to alice's request"
+            )
+            assert admission.snapshot().users["alice"] == (0, 1)
+        assert (await asyncio.wait_for(chat, timeout=5))[0] == 200
+        await until(admission, idle)
+
+    async def test_a_person_is_never_displaced_by_a_task(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """max_depth 1 held by a person's waiting chat: a task arriving is refused itself."""
+        lanes = "queue: {max_depth: 1}\nlanes: {presets: [open-webui]}\n"
+        gateway = await house(start_sim, start_gateway, lanes, slots=1)
+        admission = gateway.services.admission
+        async with running(gateway, "bob-key", "holding the slot"):
+            chat = asyncio.create_task(ask(gateway, "alice-key", "hello"))
+            await until(admission, lambda snap: snap.queue_depth == 1)
+            assert (await ask(gateway, "alice-key", TITLE_PROMPT))[0] == 503
+        assert (await asyncio.wait_for(chat, timeout=5))[0] == 200
+
+
+def test_the_lanes_vocabulary_is_the_policys() -> None:
+    """The lanes the policy names are the vocabulary's."""
+    assert [lane.value for lane in Lane] == ["interactive", "background"]
+
+
+@pytest.mark.skipif(
+    not SAMPLES.exists(), reason="the Open WebUI captures are not beside the checkout"
+)
+def test_the_captured_tasks_start_as_the_preset_expects() -> None:
+    """Each captured Open WebUI task request's last message starts with '### Task:'."""
+    for name in ("title-request.json", "tags-request.json", "follow-ups-request.json"):
+        body = json.loads((SAMPLES / name).read_text())
+        assert body["messages"][-1]["content"].startswith("### Task:"), name
