@@ -3,12 +3,18 @@
 The count is an estimate (about four characters a token, a fixed cost per image): good
 enough to tell a 6,000-token summary from a quick question before the backend has seen it.
 The backend's own counts correct the fair scheduler afterwards.
+
+Tool schemas, function definitions and output schemas count too: the model's template
+renders them into the prompt as JSON, and Open WebUI sends 36 tools (about 25 KB) with a
+one-line question. Compact JSON tokenizes at about the same four characters a token.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from gateway.policy import Policy
 from gateway.vocabulary import RequestClass
@@ -48,6 +54,8 @@ def _prompt_size(fields: dict[str, Any]) -> tuple[int, int]:
     for key in ("prompt", "system", "suffix", "input"):
         text_chars, text_images = _content_size(fields.get(key))
         characters, images = characters + text_chars, images + text_images
+    for key in ("tools", "functions", "format", "response_format"):
+        characters += _schema_size(fields.get(key))
     images += _count(fields.get("images"))
     for message in _items(fields.get("messages")):
         if isinstance(message, dict):
@@ -55,6 +63,17 @@ def _prompt_size(fields: dict[str, Any]) -> tuple[int, int]:
             characters += text_chars
             images += text_images + _count(message.get("images"))
     return characters, images
+
+
+def _schema_size(value: object) -> int:
+    """Characters of a schema as a template renders it: compact JSON (a plain string such
+    as format: "json" is a word, not a schema)."""
+    if not isinstance(value, list | dict):
+        return 0
+    try:
+        return len(orjson.dumps(value))
+    except orjson.JSONEncodeError:  # an integer beyond 64 bits: the backend will refuse it
+        return 0
 
 
 def _items(value: object) -> list[Any]:

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import os
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import ollama
 import openai
 import pytest
+import structlog
 
 from tests.conftest import StartGateway, StartSim
 from tests.processes import free_port, stop, until_answers
@@ -131,3 +134,61 @@ async def test_a_real_llama_server_behind_the_gateway(
         assert deferred and float(deferred[0].split()[-1]) == 0
         assert all(await asyncio.gather(*running))
     await until(admission, lambda snap: snap.queue_depth == 0 and snap.backends["cpp"][0] == 0)
+
+
+def open_webui_tools(count: int = 36) -> list[dict[str, Any]]:
+    """Tool schemas shaped as Open WebUI sends them with every chat (name, description,
+    parameters), about 25 KB for its 36 built-in tools."""
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": f"builtin_tool_{n}",
+                "description": "Search the knowledge base and the web for the query and return "
+                "the most relevant passages, each with its title, source and a short snippet.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        "query": {"type": "string", "description": "what to look for"},
+                        "count": {"type": "integer", "description": "how many passages"},
+                        "source": {"type": "string", "enum": ["web", "notes", "files"]},
+                    },
+                    "required": ["query"],
+                },
+            },
+        }
+        for n in range(count)
+    ]
+
+
+async def test_a_tools_laden_chat_is_estimated_near_its_rendered_size(
+    llama_server: str, start_gateway: StartGateway
+) -> None:
+    """A one-line question with 36 tool schemas: the gateway's estimate is within 25% of
+    what a real tokenizer makes of the question and the schemas a template renders."""
+    tools = open_webui_tools()
+    question = "What is the weather in Lisbon tomorrow?"
+    rendered = question + json.dumps(tools, separators=(",", ":"))
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(llama_server + "/tokenize", json={"content": rendered}) as reply,
+    ):
+        real = len((await reply.json())["tokens"])
+    gateway = await start_gateway(
+        f"backends:\n  - {{name: cpp, url: {llama_server}, kind: llamacpp}}\n"
+    )
+    body = {
+        "model": MODEL_ALIAS,
+        "messages": [{"role": "user", "content": question}],
+        "tools": tools,
+        "max_tokens": 1,
+    }
+    with structlog.testing.capture_logs() as logs:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(gateway.url + "/v1/chat/completions", json=body) as reply,
+        ):
+            assert reply.status == 200
+    estimate = next(entry for entry in logs if entry["event"] == "request")["input_estimate"]
+    assert abs(estimate - real) <= 0.25 * real, (estimate, real)
+    assert real > 2048  # heavy by default: before, the estimate said ten tokens, light
