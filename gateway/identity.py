@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv6Address, ip_address
 
 from gateway.errors import GatewayError
-from gateway.policy import ANONYMOUS, Policy
+from gateway.policy import ANONYMOUS, PERSON_SEPARATOR, Policy
 from gateway.vocabulary import Reason
 
 __all__ = ["Caller", "Directory", "client_address", "is_loopback"]
 
 _ANONYMOUS_CREDENTIAL = "anonymous"
+_MAX_PERSON = 200  # characters of a person's name from a front end's header
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +54,12 @@ class Directory:
         self._open = not policy.users
         self._anonymous = self._open or ANONYMOUS in policy.users
         self.admins = frozenset(name for name, user in policy.users.items() if user.admin)
+        # Front ends that name the person they act for, and the header they name them in.
+        self._on_behalf = {
+            name: user.on_behalf.header
+            for name, user in policy.users.items()
+            if user.on_behalf is not None
+        }
 
     def identify(self, headers: Mapping[str, str], remote: str | None) -> Caller:
         """Who is asking, or GatewayError 401 when the request cannot be attributed."""
@@ -62,7 +69,7 @@ class Directory:
             digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()
             user = self._user_of_digest(digest)
             if user is not None:
-                return Caller(user, "key:" + digest.hex())
+                return Caller(self._person(user, headers), "key:" + digest.hex())
             if self._open:
                 return Caller(ANONYMOUS, _ANONYMOUS_CREDENTIAL)
             raise GatewayError(401, Reason.UNAUTHORIZED, "unknown API key")
@@ -85,10 +92,31 @@ class Directory:
         """Whether this policy still lets ``credential`` in as ``user`` (after a reload)."""
         kind, _, value = credential.partition(":")
         if kind == "key":
-            return self._user_of_digest(bytes.fromhex(value)) == user
+            owner = self._user_of_digest(bytes.fromhex(value))
+            return owner is not None and (
+                owner == user
+                or (owner in self._on_behalf and user.startswith(owner + PERSON_SEPARATOR))
+            )
         if kind == "client":
             return self._user_of_address(client_address(value)) == user
         return self._anonymous and user == ANONYMOUS
+
+    def _person(self, user: str, headers: Mapping[str, str]) -> str:
+        """``user``, or for a front end that names the person it acts for, that person as a
+        user of their own: ``owui/alice@example.com``. Only a front end's own key is trusted
+        with the header; from anyone else it means nothing."""
+        header = self._on_behalf.get(user)
+        person = headers.get(header, "").strip() if header is not None else ""
+        if not person:
+            return user
+        if len(person) > _MAX_PERSON or not person.isprintable():
+            raise GatewayError(
+                400,
+                Reason.BAD_REQUEST,
+                f"the {header} header must name a person in at most {_MAX_PERSON} "
+                "printable characters",
+            )
+        return f"{user}{PERSON_SEPARATOR}{person}"
 
     def _user_of_digest(self, digest: bytes) -> str | None:
         user = None

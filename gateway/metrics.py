@@ -134,8 +134,10 @@ class Metrics:
             self.completion_tokens.labels(user, model).inc(record.completion_tokens)
 
     def _user(self, user: str | None) -> str:
-        users = self._policy.current.policy.users
-        return user if user is not None and user in users else ANONYMOUS
+        policy = self._policy.current.policy
+        # A person a front end names counts under the front end: labels stay bounded.
+        account = policy.account_of(user) if user is not None else None
+        return account if account is not None and account in policy.users else ANONYMOUS
 
     def _model(self, model: str) -> str:
         key, view = model_key(model), self._policy.current

@@ -32,6 +32,7 @@ from gateway.vocabulary import Lane
 
 __all__ = [
     "ANONYMOUS",
+    "PERSON_SEPARATOR",
     "BackendConfig",
     "Classes",
     "Costs",
@@ -39,6 +40,7 @@ __all__ = [
     "KeepAlivePolicy",
     "Limits",
     "Monitoring",
+    "OnBehalf",
     "Policy",
     "PolicyError",
     "QueueConfig",
@@ -51,6 +53,8 @@ __all__ = [
 ]
 
 ANONYMOUS = "anonymous"
+PERSON_SEPARATOR = "/"
+"""Between a front end's name and a person it names: ``owui/alice@example.com``."""
 """A user of this name catches requests that bring no key and match no client rule."""
 
 
@@ -190,6 +194,15 @@ def _digest_of(key: str) -> str:
 ConfiguredKey = Annotated[str, AfterValidator(_configured_key)]
 
 
+class OnBehalf(Strict):
+    """A front end that serves many people with one key, and names each in a header."""
+
+    header: str = Field(
+        description="The header naming the person (Open WebUI: X-OpenWebUI-User-Email, with "
+        "ENABLE_FORWARD_USER_INFO_HEADERS=True). Trusted only with this user's keys."
+    )
+
+
 class UserConfig(Strict):
     """One person or device; unset limits come from ``defaults``."""
 
@@ -209,6 +222,11 @@ class UserConfig(Strict):
         default=None, description="Models this user may use; unset means every model."
     )
     admin: bool = Field(default=False, description="May read /status from other machines.")
+    on_behalf: OnBehalf | None = Field(
+        default=None,
+        description="Each person the header names is a user of their own (front-end/person), "
+        "with this user's limits and models.",
+    )
 
 
 class QueueConfig(Strict):
@@ -289,12 +307,21 @@ class Policy(Strict):
 
     def limits_of(self, user: str) -> Limits:
         """The user's limits, each unset field taken from ``defaults``."""
-        return self._limits.get(user, self.defaults)
+        return self._limits.get(self.account_of(user), self.defaults)
 
     def may_use(self, user: str, model: str) -> bool:
         """Whether the user's ``models:`` list (if any) names ``model``."""
-        config = self.users.get(user)
+        config = self.users.get(self.account_of(user))
         return config is None or config.models is None or model in config.models
+
+    def account_of(self, user: str) -> str:
+        """The configured user ``user`` counts under: itself, or for a person named by a
+        front end (``owui/alice@example.com``) that front end."""
+        front_end, _, person = user.partition(PERSON_SEPARATOR)
+        config = self.users.get(front_end)
+        if person and config is not None and config.on_behalf is not None:
+            return front_end
+        return user
 
     @cached_property
     def _limits(self) -> dict[str, Limits]:
@@ -308,6 +335,9 @@ class Policy(Strict):
     @classmethod
     def _each_reachable_by_own_keys(cls, users: dict[str, UserConfig]) -> dict[str, UserConfig]:
         for name, user in users.items():
+            if PERSON_SEPARATOR in name:
+                message = "a user's name cannot contain '/': it joins a front end and a person"
+                raise problem_at((name,), message)
             if not (user.keys or user.clients or name == ANONYMOUS):
                 message = "no keys and no clients, so no request can ever be this user"
                 raise problem_at((name,), message)

@@ -204,3 +204,42 @@ def test_the_captured_tasks_start_as_the_preset_expects() -> None:
     for name in ("title-request.json", "tags-request.json", "follow-ups-request.json"):
         body = json.loads((SAMPLES / name).read_text())
         assert body["messages"][-1]["content"].startswith("### Task:"), name
+
+
+FRONT_END = """\
+defaults: {max_concurrent: 1, max_queued: 0}
+users:
+  owui: {keys: [owui-key], on_behalf: {header: X-OpenWebUI-User-Email}}
+  bob: {keys: [bob-key]}
+"""
+
+
+class TestOnBehalf:
+    async def test_each_person_behind_a_front_end_has_their_own_place(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """One front-end key, two people: each gets max_concurrent 1 of their own, and a
+        refusal names the person, not the key."""
+        _, url = await start_sim(parallel=8)
+        gateway = await start_gateway(FRONT_END + one_backend(url, slots=4))
+        alice = {"X-OpenWebUI-User-Email": "alice@example.com"}
+        carol = {"X-OpenWebUI-User-Email": "carol@example.com"}
+        async with running(gateway, "owui-key", "long answer", alice):
+            assert (await ask(gateway, "owui-key", "hi", carol))[0] == 200
+            status, body = await ask(gateway, "owui-key", "again", alice)
+            assert status == 503
+            assert json.loads(body)["error"].startswith(
+                "user owui/alice@example.com already has 1 running"
+            )
+            users = gateway.services.admission.snapshot().users
+            assert users == {"owui/alice@example.com": (1, 0)}
+
+    async def test_only_the_front_ends_key_is_trusted_with_the_header(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """bob's key with the header is still bob: he cannot pose as another person."""
+        _, url = await start_sim(parallel=8)
+        gateway = await start_gateway(FRONT_END + one_backend(url, slots=4))
+        posing = {"X-OpenWebUI-User-Email": "alice@example.com"}
+        async with running(gateway, "bob-key", "hold", posing):
+            assert gateway.services.admission.snapshot().users == {"bob": (1, 0)}
