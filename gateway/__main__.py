@@ -1,4 +1,4 @@
-"""The ``fairgate`` command: serve, check-config, sim, demo, plan."""
+"""The ``fairgate`` command: serve, check-config, keys, status, sim, demo, plan."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from gateway import __version__
 from gateway.first_run import listen_problem, warn_about_example_keys
+from gateway.keys_cli import add_keys_arguments
 from gateway.logs import configure_logging
 from gateway.policy import PolicyError, load_policy
 from gateway.settings import Settings, describe_settings, settings_errors
@@ -61,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
         "(the environment wins)",
     )
     check.set_defaults(run=_check_config)
+
+    keys = commands.add_parser("keys", help="make a key for a user, or hash one for the policy")
+    add_keys_arguments(keys)
 
     status = commands.add_parser("status", help="who runs and who waits, as a table")
     add_status_arguments(status)

@@ -53,6 +53,7 @@ class Directory:
         self._client_rules = sorted(rules, key=lambda rule: -rule.prefix)
         self._open = not policy.users
         self._anonymous = self._open or ANONYMOUS in policy.users
+        self._names = frozenset(policy.users)
         self.admins = frozenset(name for name, user in policy.users.items() if user.admin)
         # Front ends that name the person they act for, and the header they name them in.
         self._on_behalf = {
@@ -63,12 +64,18 @@ class Directory:
 
     def identify(self, headers: Mapping[str, str], remote: str | None) -> Caller:
         """Who is asking, or GatewayError 401 when the request cannot be attributed."""
-        key = _presented_key(headers)
+        key, named = _presented_key(headers)
         if key is not None:
             # surrogateescape: the header's bytes as sent, even when they are not UTF-8.
             digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()
             user = self._user_of_digest(digest)
             if user is not None:
+                if named in self._names and named != user:
+                    # http://bob:ALICEKEY@host must not run as alice: a name that is a
+                    # user's is checked; any other name is a label, as clients need one.
+                    raise GatewayError(
+                        401, Reason.UNAUTHORIZED, "the user name and key do not match"
+                    )
                 return Caller(self._person(user, headers), "key:" + digest.hex())
             if self._open:
                 return Caller(ANONYMOUS, _ANONYMOUS_CREDENTIAL)
@@ -141,21 +148,29 @@ def _digest_of_configured(key: str) -> bytes:
     return hashlib.sha256(key.encode()).digest()
 
 
-def _presented_key(headers: Mapping[str, str]) -> str | None:
+def _presented_key(headers: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """The key a request carries, and the user name that came with it (basic auth), if any."""
     authorization = headers.get("Authorization", "")
     scheme, _, value = authorization.partition(" ")
     if scheme.lower() == "bearer" and value.strip():
-        return value.strip()
+        return value.strip(), None
     if scheme.lower() == "basic" and value.strip():
-        # http://alice:KEY@host/ : the password is the key; the user name is a label.
-        try:
-            decoded = base64.b64decode(value.strip(), validate=True).decode()
-        except (ValueError, UnicodeDecodeError):
-            raise GatewayError(401, Reason.UNAUTHORIZED, "malformed basic credentials") from None
-        password = decoded.partition(":")[2]
-        return password or None
+        return _basic_credentials(value.strip())
     api_key = headers.get("X-API-Key", "").strip()
-    return api_key or None
+    return api_key or None, None
+
+
+def _basic_credentials(value: str) -> tuple[str | None, str | None]:
+    """http://alice:KEY@host sends alice:KEY; the password is the key. http://KEY@host sends
+    KEY: with no password (curl, browsers), and then the user part is the key."""
+    try:
+        decoded = base64.b64decode(value, validate=True).decode()
+    except (ValueError, UnicodeDecodeError):
+        raise GatewayError(401, Reason.UNAUTHORIZED, "malformed basic credentials") from None
+    name, _, password = decoded.partition(":")
+    if password:
+        return password, name or None
+    return name or None, None
 
 
 def client_address(remote: str | None) -> IPv4Address | IPv6Address | None:

@@ -3,7 +3,8 @@
 Histograms and counters are observed once per request, from its record, when it ends.
 Gauges (queue depth, running, slots, health, fair-share counters) are read from
 snapshots when Prometheus scrapes, so the request path pays nothing for them.
-Label values are bounded: a user is a configured name or ``anonymous``; a model is one a
+Label values are bounded: a user is a configured name, ``anonymous``, or ``unknown`` for a
+request no user was found for (an unknown key, none where one is needed); a model is one a
 backend lists (or one kept warm), else ``other``.
 """
 
@@ -26,7 +27,7 @@ from prometheus_client.registry import Collector
 
 from gateway.access import RequestRecord
 from gateway.backends import model_key
-from gateway.policy import ANONYMOUS
+from gateway.policy import ANONYMOUS, UNKNOWN
 from gateway.reload import LivePolicy
 from gateway.snapshot import GatewaySnapshot
 from gateway.vocabulary import REFUSALS, Reason, RequestClass
@@ -134,10 +135,16 @@ class Metrics:
             self.completion_tokens.labels(user, model).inc(record.completion_tokens)
 
     def _user(self, user: str | None) -> str:
+        # Not anonymous: that is a user of its own, and 401s from a stranger's key counted
+        # under it would read as the household's keyless devices failing.
+        if user is None:
+            return UNKNOWN
+        if user == ANONYMOUS:
+            return ANONYMOUS
         policy = self._policy.current.policy
         # A person a front end names counts under the front end: labels stay bounded.
-        account = policy.account_of(user) if user is not None else None
-        return account if account is not None and account in policy.users else ANONYMOUS
+        account = policy.account_of(user)
+        return account if account in policy.users else UNKNOWN
 
     def _model(self, model: str) -> str:
         key, view = model_key(model), self._policy.current

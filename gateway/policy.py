@@ -33,6 +33,7 @@ from gateway.vocabulary import Lane
 __all__ = [
     "ANONYMOUS",
     "PERSON_SEPARATOR",
+    "UNKNOWN",
     "BackendConfig",
     "Classes",
     "Costs",
@@ -48,14 +49,18 @@ __all__ = [
     "Timeouts",
     "UserConfig",
     "Warmth",
+    "hashed_key",
     "load_policy",
     "parse_policy",
 ]
 
 ANONYMOUS = "anonymous"
+"""A user of this name catches requests that bring no key and match no client rule."""
 PERSON_SEPARATOR = "/"
 """Between a front end's name and a person it names: ``owui/alice@example.com``."""
-"""A user of this name catches requests that bring no key and match no client rule."""
+UNKNOWN = "unknown"
+"""What metrics call a request no user could be found for (an unknown key): not a name for
+a user, so that those refusals are never counted as someone's."""
 
 
 BackendKind = Literal["ollama", "llamacpp", "openai"]
@@ -183,12 +188,17 @@ def _configured_key(key: str, info: ValidationInfo) -> str:
             raise ValueError(f"{key!r} needs {key[4:]}, which is empty")
         # Held as its digest: identity then needs no access to the variables, and no
         # plain secret is kept from the environment.
-        return f"sha256:{hashlib.sha256(value.encode()).hexdigest()}"
+        return hashed_key(value)
     return key
 
 
+def hashed_key(key: str) -> str:
+    """``key`` as the policy may hold it without holding the key: ``sha256:<hex>``."""
+    return f"sha256:{hashlib.sha256(key.encode()).hexdigest()}"
+
+
 def _digest_of(key: str) -> str:
-    return key[7:] if key.startswith("sha256:") else hashlib.sha256(key.encode()).hexdigest()
+    return key[7:] if key.startswith("sha256:") else hashed_key(key)[7:]
 
 
 ConfiguredKey = Annotated[str, AfterValidator(_configured_key)]
@@ -334,6 +344,9 @@ class Policy(Strict):
     @field_validator("users")
     @classmethod
     def _each_reachable_by_own_keys(cls, users: dict[str, UserConfig]) -> dict[str, UserConfig]:
+        if UNKNOWN in users:
+            message = "metrics count requests from unknown keys as 'unknown': choose another name"
+            raise problem_at((UNKNOWN,), message)
         for name, user in users.items():
             if PERSON_SEPARATOR in name:
                 message = "a user's name cannot contain '/': it joins a front end and a person"

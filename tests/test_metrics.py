@@ -98,6 +98,30 @@ async def test_requests_rejections_and_tokens_are_counted(
     assert up == [1.0]
 
 
+async def test_refusals_of_unknown_keys_are_counted_as_unknown_not_anonymous(
+    start_sim: StartSim, start_gateway: StartGateway
+) -> None:
+    """A stranger's key is refused under user unknown; the anonymous user keeps its own count."""
+    _, sim_url = await start_sim()
+    users = "users:\n  anonymous: {}\n  alice: {keys: [alice-key]}\n"
+    gateway = await start_gateway(one_backend(sim_url, extra=users))
+    async with aiohttp.ClientSession() as session:
+        for key in ("stranger", "another-stranger"):
+            headers = {"Authorization": f"Bearer {key}"}
+            async with session.post(
+                gateway.url + "/api/generate", json={"model": MODEL}, headers=headers
+            ) as reply:
+                assert reply.status == 401
+        async with session.post(gateway.url + "/api/generate", json={"model": "nope"}) as reply:
+            assert reply.status == 404  # keyless: the anonymous user, refused on its own account
+    rejections = {
+        (labels["user"], labels["reason"]): value
+        for name, labels, value in (await scrape(gateway))["fairgate_rejections"]
+        if name.endswith("_total")
+    }
+    assert rejections == {("unknown", "unauthorized"): 2.0, ("anonymous", "model_not_found"): 1.0}
+
+
 def bucket_counts(
     families: dict[str, list[tuple[str, dict[str, str], float]]], name: str
 ) -> dict[str, float]:

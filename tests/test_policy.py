@@ -78,6 +78,11 @@ class TestParsePolicy:
         policy = parse_policy("users:\n  anonymous: {max_queued: 0}\n" + GOOD)
         assert policy.users["anonymous"].keys == []
 
+    def test_a_user_named_unknown_is_refused_at_its_line(self) -> None:
+        """unknown is what metrics call requests from no known user, so no user may have it."""
+        message = _error_of("users:\n  alice: {keys: [a]}\n  unknown: {keys: [u]}\n" + GOOD)
+        assert message.startswith("house.yaml:3: users.unknown: metrics count requests")
+
     def test_a_merge_key_override_is_not_a_duplicate(self) -> None:
         """Overriding a field brought in with YAML's << merge is not a repeated key."""
         text = (
