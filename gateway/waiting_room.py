@@ -144,8 +144,6 @@ class WaitingRoom:
         """Whether a request arriving now would have to wait."""
         if self.runs(ticket.lane)[ticket.user] >= self.caps(ticket.user, ticket.lane)[0]:
             return True
-        if ticket.lane is Lane.BACKGROUND and any(self.waiting.values()):
-            return True  # people first: it would wait behind them anyway
         return not self.free_backends(ticket)
 
     def over_bound(self, user: str, lane: Lane, joining: bool) -> Reason | None:
@@ -205,10 +203,15 @@ class WaitingRoom:
         heavy_slots = self.policy.classes.heavy.slots_on
         background_slots = self.policy.lanes.background.slots_on
         background = ticket.lane is Lane.BACKGROUND
+        # People first: background work does not start on a backend a person waits for, even
+        # one who cannot take this slot (the heavy lane is full): the slot is theirs when the
+        # lane frees, and background work would slow their stream meanwhile.
+        wanted = self._wanted_by_people() if background else frozenset()
         return [
             backend
             for backend in self.pool.serving(ticket.api, ticket.model)
             if self.busy[backend.key] < backend.slots
+            and backend.key not in wanted
             and not (ticket.heavy and self.heavy[backend.key] >= heavy_slots(backend.slots))
             and not (
                 background and self._background_busy[backend.key] >= background_slots(backend.slots)
@@ -279,6 +282,17 @@ class WaitingRoom:
             return None
         chosen = self.ordering.choose([waiter.candidate for waiter, _ in offers.values()])
         return offers[chosen.seq]
+
+    def _wanted_by_people(self) -> frozenset[str]:
+        """The backends an interactive request waits for (its user has a free place)."""
+        return frozenset(
+            backend.key
+            for user, queue in self.waiting.items()
+            if self.running[user] < self.caps(user, Lane.INTERACTIVE)[0]
+            for waiter in queue
+            if not waiter.turn.done()
+            for backend in self.pool.serving(waiter.ticket.api, waiter.ticket.model)
+        )
 
     def prefer(self, free: list[Backend], ticket: Ticket) -> Backend:
         return self.pool.prefer(free, ticket.model, self.busy)

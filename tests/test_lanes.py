@@ -15,7 +15,7 @@ import pytest
 
 from gateway.vocabulary import Lane
 from tests.conftest import Gateway, StartGateway, StartSim, one_backend
-from tests.test_admission import MODEL, idle, until
+from tests.test_admission import MODEL, idle, queued, until
 
 SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples" / "open-webui"
 TITLE_PROMPT = "### Task:\nGenerate a concise title summarizing the chat history."
@@ -155,6 +155,25 @@ class TestBackgroundNeverCostsAPlace:
             await until(admission, lambda snap: snap.queue_depth == 2)
         await asyncio.wait_for(asyncio.gather(task, chat), timeout=10)
         assert finished == ["chat", "task"]
+
+    async def test_a_task_leaves_a_slot_alone_while_a_person_waits_for_the_backend(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """Heavy lane full (1 of 2 slots): alice's heavy chat waits for it, and a task does
+        not take the free slot meanwhile; once alice runs, the task gets it."""
+        lanes = "classes: {heavy: {min_prompt_tokens: 100, max_slots: 1}}\n"
+        lanes += "lanes: {presets: [open-webui]}\n"
+        gateway = await house(start_sim, start_gateway, lanes)
+        admission = gateway.services.admission
+        long = "a long document " * 40  # about 170 tokens: heavy here
+        async with running(gateway, "bob-key", long):
+            chat = asyncio.create_task(ask(gateway, "alice-key", long))
+            await until(admission, queued("alice", 1))
+            task = asyncio.create_task(ask(gateway, "agent-key", TITLE_PROMPT))
+            await until(admission, lambda snap: snap.background_users.get("agent") == (0, 1))
+            assert admission.snapshot().backends == {"sim": (1, 2)}
+        assert (await asyncio.wait_for(chat, timeout=5))[0] == 200
+        assert (await asyncio.wait_for(task, timeout=5))[0] == 200
 
     async def test_a_person_arriving_at_a_full_room_displaces_the_newest_task(
         self, start_sim: StartSim, start_gateway: StartGateway
