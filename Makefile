@@ -53,13 +53,15 @@ bench: $(DEV_STAMP)
 
 # Real servers the tests start on loopback: Prometheus (and promtool) and redis-server, from
 # Debian's packages; installed when missing. And chromium, the browser the house page's
-# tests drive through playwright (which downloads no browser of its own).
+# tests drive through playwright (which downloads no browser of its own); nginx and caddy,
+# which run the README's proxy files in front of a gateway.
 services:
 	@command -v prometheus >/dev/null && command -v promtool >/dev/null \
-		&& command -v redis-server >/dev/null && command -v chromium >/dev/null || { \
-		echo "installing Debian's prometheus, redis-server and chromium for the tests (needs root)"; \
+		&& command -v redis-server >/dev/null && command -v chromium >/dev/null \
+		&& command -v nginx >/dev/null && command -v caddy >/dev/null || { \
+		echo "installing Debian's prometheus, redis-server, chromium, nginx and caddy for the tests (needs root)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-			--no-install-recommends prometheus redis-server chromium; }
+			--no-install-recommends prometheus redis-server chromium nginx-light caddy; }
 
 $(LLAMA_STAMP): $(DEV_STAMP)
 	mkdir -p $(WHEELS)

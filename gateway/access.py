@@ -13,6 +13,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from gateway.errors import GatewayError, error_body, retry_after_header
+from gateway.forwarded import Client
 from gateway.logs import printable
 from gateway.relay import Progress
 from gateway.vocabulary import Api, Lane, Reason, RequestClass, api_of
@@ -28,6 +29,9 @@ __all__ = [
 
 log = structlog.get_logger("fairgate.access")
 
+NOWHERE = Client(None)
+"""The client of a record made outside a request (tests, tools)."""
+
 
 @dataclass(slots=True)
 class RequestRecord:
@@ -36,6 +40,7 @@ class RequestRecord:
     request_id: str
     method: str
     path: str
+    client: Client = NOWHERE  # where it came from, behind the trusted proxies
     arrived: float = field(default_factory=time.monotonic)
     finished: float = 0.0
     user: str | None = None
@@ -79,6 +84,7 @@ class RequestRecord:
         wait = None if self.queue_wait is None else round(self.queue_wait, 4)
         fields: dict[str, object] = {
             "request_id": self.request_id,
+            "client": str(self.client),
             "method": self.method,
             "path": self.path,
             "user": self.user,
@@ -100,6 +106,8 @@ class RequestRecord:
             "client_gone": self.client_gone,
             "retried": self.retried,
         }
+        if self.client.proxy is not None:
+            fields["proxy"] = str(self.client.proxy)
         if self.client_request_id is not None:
             fields["client_request_id"] = self.client_request_id
         return fields
@@ -107,6 +115,7 @@ class RequestRecord:
 
 RECORD = web.RequestKey("record", RequestRecord)
 Listener = Callable[[RequestRecord], None]
+Locate = Callable[[web.Request], Client]
 
 
 def error_response(api: Api, error: GatewayError) -> web.Response:
@@ -135,13 +144,14 @@ def _request_id(request: web.Request, record: RequestRecord) -> None:
         record.client_request_id = printable(given[:64])
 
 
-def access_log(listeners: list[Listener]) -> Middleware:
-    """The middleware that binds the request id, maps errors to the API's shape, logs the
-    request once and tells ``listeners`` (metrics) about it."""
+def access_log(listeners: list[Listener], locate: Locate) -> Middleware:
+    """The middleware that places the client (``locate``: behind trusted proxies), binds the
+    request id, maps errors to the API's shape, logs the request once and tells
+    ``listeners`` (metrics) about it."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        record = RequestRecord(secrets.token_hex(8), request.method, request.path)
+        record = RequestRecord(secrets.token_hex(8), request.method, request.path, locate(request))
         _request_id(request, record)
         request[RECORD] = record
         structlog.contextvars.bind_contextvars(request_id=record.request_id)

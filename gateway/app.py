@@ -49,7 +49,10 @@ def create_app(
     metrics = Metrics(services.policy, services.snapshot)
     services.on_finished += [metrics.observe, services.history.observe]
     app = web.Application(
-        middlewares=[access_log(services.on_finished), services.connections.middleware()],
+        middlewares=[
+            access_log(services.on_finished, services.locate),
+            services.connections.middleware(),
+        ],
         client_max_size=settings.max_body_bytes,
     )
     app[SERVICES] = services

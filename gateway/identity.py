@@ -12,13 +12,13 @@ import hmac
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from ipaddress import IPv4Address, IPv6Address, ip_address
 
 from gateway.errors import GatewayError
+from gateway.forwarded import Address, ProxyTrust, address_of
 from gateway.policy import ANONYMOUS, PERSON_SEPARATOR, Policy
 from gateway.vocabulary import Reason
 
-__all__ = ["Caller", "Directory", "client_address", "is_loopback"]
+__all__ = ["Caller", "Directory"]
 
 _ANONYMOUS_CREDENTIAL = "anonymous"
 _MAX_PERSON = 200  # characters of a person's name from a front end's header
@@ -55,6 +55,8 @@ class Directory:
         self._anonymous = self._open or ANONYMOUS in policy.users
         self._names = frozenset(policy.users)
         self.admins = frozenset(name for name, user in policy.users.items() if user.admin)
+        # Where requests come from, behind the proxies this policy trusts.
+        self.proxies = ProxyTrust(policy.trusted_proxies, policy.forwarded_header)
         # Front ends that name the person they act for, and the header they name them in.
         self._on_behalf = {
             name: user.on_behalf.header
@@ -62,7 +64,7 @@ class Directory:
             if user.on_behalf is not None
         }
 
-    def identify(self, headers: Mapping[str, str], remote: str | None) -> Caller:
+    def identify(self, headers: Mapping[str, str], address: Address | None) -> Caller:
         """Who is asking, or GatewayError 401 when the request cannot be attributed."""
         key, named = _presented_key(headers)
         if key is not None:
@@ -80,7 +82,6 @@ class Directory:
             if self._open:
                 return Caller(ANONYMOUS, _ANONYMOUS_CREDENTIAL)
             raise GatewayError(401, Reason.UNAUTHORIZED, "unknown API key")
-        address = client_address(remote) if self._client_rules else None
         user = self._user_of_address(address)
         if user is not None:
             return Caller(user, f"client:{address}")
@@ -105,7 +106,7 @@ class Directory:
                 or (owner in self._on_behalf and user.startswith(owner + PERSON_SEPARATOR))
             )
         if kind == "client":
-            return self._user_of_address(client_address(value)) == user
+            return self._user_of_address(address_of(value)) == user
         return self._anonymous and user == ANONYMOUS
 
     def _person(self, user: str, headers: Mapping[str, str]) -> str:
@@ -132,7 +133,7 @@ class Directory:
                 user = name
         return user
 
-    def _user_of_address(self, address: IPv4Address | IPv6Address | None) -> str | None:
+    def _user_of_address(self, address: Address | None) -> str | None:
         if address is not None:
             for rule in self._client_rules:
                 if address in rule.network:  # type: ignore[operator]
@@ -171,21 +172,3 @@ def _basic_credentials(value: str) -> tuple[str | None, str | None]:
     if password:
         return password, name or None
     return name or None, None
-
-
-def client_address(remote: str | None) -> IPv4Address | IPv6Address | None:
-    """The peer's address; an IPv4-mapped IPv6 address (a dual-stack socket) as IPv4."""
-    if not remote:
-        return None
-    try:
-        address = ip_address(remote)
-    except ValueError:
-        return None
-    if isinstance(address, IPv6Address) and address.ipv4_mapped is not None:
-        return address.ipv4_mapped
-    return address
-
-
-def is_loopback(remote: str | None) -> bool:
-    address = client_address(remote)
-    return address is not None and address.is_loopback

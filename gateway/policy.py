@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from gateway.durations import Duration
+from gateway.forwarded import ForwardedHeader
 from gateway.lanes import Lanes
 from gateway.policy_base import SlotShare, Strict, slots_on
 from gateway.policy_file import PolicyError, describe, environment, problem_at, read_yaml
@@ -308,6 +309,16 @@ class Policy(Strict):
     redis: RedisPolicy = RedisPolicy()
     timeouts: Timeouts = Timeouts()
     lanes: Lanes = Lanes()
+    trusted_proxies: list[IPv4Network | IPv6Network] = Field(
+        default_factory=list,
+        description="Reverse proxies in front of the gateway (TLS: Caddy, nginx): only from "
+        "these addresses is forwarded_header believed, for the client's address.",
+    )
+    forwarded_header: ForwardedHeader = Field(
+        default="x-forwarded-for",
+        description="The header the trusted proxies write, and the only one read: "
+        "x-forwarded-for (Caddy, nginx, Traefik) or forwarded (RFC 7239).",
+    )
 
     def max_wait_of(self, lane: Lane) -> float:
         """How long a request of ``lane`` may wait for a slot."""

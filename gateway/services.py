@@ -17,10 +17,11 @@ from gateway.admission import Admission
 from gateway.backends import BackendStates
 from gateway.backends.monitor import BackendMonitor
 from gateway.connections import Connections
+from gateway.forwarded import Client
 from gateway.history import History
 from gateway.holds import HoldStore
 from gateway.holds.redis import RedisHolds
-from gateway.identity import Caller, is_loopback
+from gateway.identity import Caller
 from gateway.policy import Policy
 from gateway.relay import Relay
 from gateway.reload import LivePolicy, PolicyView
@@ -112,15 +113,20 @@ class Services:
             history=self.history.snapshot(),
         )
 
+    def locate(self, request: web.Request) -> Client:
+        """Where the request comes from: the peer, or behind a trusted proxy its client."""
+        return self.policy.current.directory.proxies.client_of(request.remote, request.headers)
+
     def caller(self, request: web.Request, view: PolicyView) -> Caller:
         """Who is asking, from the request's credentials (401 if nobody), noted in its record."""
-        caller = view.directory.identify(request.headers, request.remote)
-        request[RECORD].user = caller.user
+        record = request[RECORD]
+        caller = view.directory.identify(request.headers, record.client.address)
+        record.user = caller.user
         return caller
 
     def is_admin(self, request: web.Request, view: PolicyView) -> bool:
-        """Loopback clients and admin keys may read the gateway's state."""
-        if is_loopback(request.remote):
+        """Clients on this machine and admin keys may read the gateway's state."""
+        if request[RECORD].client.is_local:
             return True
         return self.caller(request, view).user in view.directory.admins
 

@@ -13,6 +13,7 @@ import pytest
 from aiohttp import web
 
 from fairsim import SimConfig, Simulator
+from gateway.access import RequestRecord
 from gateway.app import SERVICES, bound_url, create_app, start_server
 from gateway.connections import Listener
 from gateway.policy import Policy, load_policy, parse_policy
@@ -91,3 +92,24 @@ def start_gateway(servers: AsyncExitStack) -> StartGateway:
 def one_backend(url: str, slots: int = 1, kind: str = "ollama", extra: str = "") -> str:
     """Policy YAML with a single backend at ``url``."""
     return f"backends:\n  - {{name: sim, url: {url}, kind: {kind}, slots: {slots}}}\n{extra}"
+
+
+class Finished:
+    """The gateway's records of finished requests, awaited as they come."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.records: list[RequestRecord] = []
+        self._added = asyncio.Event()
+        gateway.services.on_finished.append(self._add)
+
+    def _add(self, record: RequestRecord) -> None:
+        self.records.append(record)
+        self._added.set()
+
+    async def first(self, paths: tuple[str, ...]) -> RequestRecord:
+        """The first request to one of ``paths`` to finish (a client may ask others first)."""
+        async with asyncio.timeout(30):
+            while not (found := [r for r in self.records if r.path in paths]):
+                self._added.clear()
+                await self._added.wait()
+        return found[0]

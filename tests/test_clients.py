@@ -22,8 +22,7 @@ import ollama
 import openai
 import pytest
 
-from gateway.access import RequestRecord
-from tests.conftest import Gateway, StartGateway, StartSim
+from tests.conftest import Finished, StartGateway, StartSim
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 MODEL = "llama3.2:3b"
@@ -247,27 +246,6 @@ _OUTCOMES = {
 }
 
 
-class Finished:
-    """The gateway's records of finished requests, awaited as they come."""
-
-    def __init__(self, gateway: Gateway) -> None:
-        self.records: list[RequestRecord] = []
-        self._added = asyncio.Event()
-        gateway.services.on_finished.append(self._add)
-
-    def _add(self, record: RequestRecord) -> None:
-        self.records.append(record)
-        self._added.set()
-
-    async def chat(self) -> RequestRecord:
-        """The first chat request to finish (clients may ask /api/show before it)."""
-        async with asyncio.timeout(30):
-            while not (chats := [r for r in self.records if r.path in CHAT_PATHS]):
-                self._added.clear()
-                await self._added.wait()
-        return chats[0]
-
-
 @pytest.mark.parametrize("way", WAYS, ids=lambda way: f"{way.client} {way.how}")
 async def test_each_client_runs_as_the_user_the_readme_says(
     way: Way, start_sim: StartSim, start_gateway: StartGateway, monkeypatch: pytest.MonkeyPatch
@@ -278,7 +256,7 @@ async def test_each_client_runs_as_the_user_the_readme_says(
     gateway = await start_gateway(household(sim_url))
     finished = Finished(gateway)
     await way.send(gateway.url, monkeypatch)
-    record = await finished.chat()
+    record = await finished.first(CHAT_PATHS)
     assert ("401" if record.status == 401 else record.user) == way.runs_as
     if way.runs_as != "401":
         assert record.status == 200
