@@ -30,7 +30,7 @@ from gateway.backends import model_key
 from gateway.policy import ANONYMOUS, UNKNOWN
 from gateway.reload import LivePolicy
 from gateway.snapshot import GatewaySnapshot
-from gateway.vocabulary import REFUSALS, Reason, RequestClass
+from gateway.vocabulary import REFUSALS, Lane, Reason, RequestClass
 
 __all__ = ["Metrics"]
 
@@ -216,7 +216,15 @@ def _room(snapshot: GatewaySnapshot) -> Iterator[Metric]:
     )
     for user, value in room.fair_counters.items():
         share.add_metric([user], value)
-    yield from (depth, oldest, share)
+    lanes = GaugeMetricFamily(
+        "fairgate_lane_requests",
+        "Requests running and waiting in each lane (interactive, background).",
+        labels=["lane", "state"],
+    )
+    for lane, users in ((Lane.INTERACTIVE, room.users), (Lane.BACKGROUND, room.background_users)):
+        lanes.add_metric([lane, "running"], sum(running for running, _ in users.values()))
+        lanes.add_metric([lane, "waiting"], sum(waiting for _, waiting in users.values()))
+    yield from (depth, oldest, share, lanes)
 
 
 def _backends(snapshot: GatewaySnapshot) -> Iterator[Metric]:

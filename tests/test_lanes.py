@@ -16,6 +16,7 @@ import pytest
 from gateway.vocabulary import Lane
 from tests.conftest import Gateway, StartGateway, StartSim, one_backend
 from tests.test_admission import MODEL, idle, queued, until
+from tests.test_metrics import scrape
 
 SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples" / "open-webui"
 TITLE_PROMPT = "### Task:\nGenerate a concise title summarizing the chat history."
@@ -98,6 +99,12 @@ class TestWhichLane:
         gateway = await house(start_sim, start_gateway, "lanes: {presets: [open-webui]}\n")
         async with running(gateway, "alice-key", TITLE_PROMPT):
             assert lanes_in(gateway) == {"alice": (1, 0)}
+            lanes = (await scrape(gateway))["fairgate_lane_requests"]
+            assert (
+                "fairgate_lane_requests",
+                {"lane": "background", "state": "running"},
+                1.0,
+            ) in lanes
         async with running(gateway, "alice-key", "Plan a trip to Lisbon"):
             assert lanes_in(gateway) == {}
 
