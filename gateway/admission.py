@@ -182,11 +182,12 @@ class Admission:
     async def _local_turn(self, ticket: Ticket, within: float) -> Permit | Refusal:
         room = self.room
         reason = room.over_bound(ticket.user, ticket.lane, joining=True)
-        if reason is Reason.GATEWAY_BUSY and ticket.lane is Lane.INTERACTIVE:
-            reason = self._displace_background(ticket)
         if reason is not None and room.cannot_start(ticket):
-            # The quick no, under overload: no need to join the room only to leave it.
-            return self._refusal(reason, ticket)
+            if reason is Reason.GATEWAY_BUSY and ticket.lane is Lane.INTERACTIVE:
+                reason = self._displace_background(ticket)
+            if reason is not None:
+                # The quick no, under overload: no need to join the room only to leave it.
+                return self._refusal(reason, ticket)
         waiter = room.join(ticket, self.clock(), asyncio.get_running_loop().create_future())
         room.dispatch()
         if waiter.turn.done():  # the quick yes: a place was free
