@@ -20,7 +20,7 @@ import structlog
 from aiohttp import web
 
 from gateway.access import RECORD
-from gateway.backends import Backend
+from gateway.backends import Backend, model_key
 from gateway.backends.probes import entries_of
 from gateway.bodies import Fields, defer_continue, read_body
 from gateway.errors import GatewayError
@@ -38,6 +38,8 @@ _LISTINGS = {
     "/api/ps": ("models", "name", Api.OLLAMA),
     "/v1/models": ("data", "id", Api.OPENAI),
 }
+# What a user may ask for lists the aliases too; what is loaded (/api/ps) lists models only.
+_WITH_ALIASES = {"/api/tags": ("name", "model"), "/v1/models": ("id",)}
 
 
 class Reads:
@@ -50,6 +52,8 @@ class Reads:
     def add_routes(self, app: web.Application) -> None:
         for path in _LISTINGS:
             app.router.add_get(path, self.listing)
+        # The openai SDK's models.retrieve; an id may hold slashes (hf.co/org/model).
+        app.router.add_get("/v1/models/{model:.+}", self.model)
         app.router.add_post("/api/show", self.show, expect_handler=defer_continue)
         # Clients probe the version to see whether a server is there: no key needed.
         app.router.add_get("/api/version", self.version)
@@ -59,6 +63,19 @@ class Reads:
         user = self._services.caller(request, self._services.policy.current).user
         with self._read_by(user):
             return await self._listing(request, user)
+
+    async def model(self, request: web.Request) -> web.Response:
+        """One entry of the caller's /v1/models (an alias too), as OpenAI's retrieve answers."""
+        user = self._services.caller(request, self._services.policy.current).user
+        wanted = request.match_info["model"]
+        request[RECORD].model = wanted
+        if not self._services.policy.current.policy.may_use(user, wanted):
+            raise model_forbidden(user, wanted)
+        with self._read_by(user):
+            entries = await self._entries(user, "/v1/models")
+        if wanted not in entries:
+            raise model_not_found(wanted)
+        return web.json_response(entries[wanted])
 
     async def show(self, request: web.Request) -> web.StreamResponse:
         """Model details from a backend that has the model."""
@@ -85,24 +102,38 @@ class Reads:
                 del self._reading[user]
 
     async def _listing(self, request: web.Request, user: str) -> web.Response:
+        key, _, api = _LISTINGS[request.path]
+        entries = await self._entries(user, request.path)
+        body: dict[str, Any] = {key: list(entries.values())}
+        if api is Api.OPENAI:
+            body = {"object": "list", **body}
+        return web.json_response(body)
+
+    async def _entries(self, user: str, path: str) -> dict[str, dict[str, Any]]:
+        """The union of the healthy backends' lists at ``path`` (each model once, by name)
+        that ``user`` may use, and the aliases of those models."""
         services = self._services
-        view = services.policy.current
-        key, field, api = _LISTINGS[request.path]
-        session, within = services.upstream.session, view.policy.monitoring.timeout
+        policy, pool = services.policy.current.policy, services.policy.current.pool
+        key, field, api = _LISTINGS[path]
+        session, within = services.upstream.session, policy.monitoring.timeout
         lists = await asyncio.gather(
-            *(_entries(session, b.url + request.path, key, within) for b in view.pool.healthy(api))
+            *(_entries(session, b.url + path, key, within) for b in pool.healthy(api))
         )
         entries: dict[str, dict[str, Any]] = {}
         for listed in lists:
             for entry in listed:
                 name = str(entry.get(field))
                 # A user limited to some models sees only those.
-                if view.policy.may_use(user, name):
+                if policy.may_use(user, name):
                     entries.setdefault(name, entry)
-        body: dict[str, Any] = {key: list(entries.values())}
-        if api is Api.OPENAI:
-            body = {"object": "list", **body}
-        return web.json_response(body)
+        by_model = {model_key(name): entry for name, entry in entries.items()}
+        for alias, model in policy.aliases.items():
+            named = by_model.get(model_key(model))
+            if named is not None and path in _WITH_ALIASES:
+                # The model's own entry under the alias's name: what it runs, said as it is
+                # (over a model of that name, which a request by the name no longer reaches).
+                entries[alias] = named | dict.fromkeys(_WITH_ALIASES[path], alias)
+        return entries
 
     async def _show(self, request: web.Request, user: str) -> web.StreamResponse:
         services = self._services
@@ -110,12 +141,16 @@ class Reads:
         # Read as Ollama reads it (keys folded, last wins refused), so the model checked
         # against models: is the model shown: `model`, else the older `name`.
         fields = Fields(await read_body(request, settings.max_body_bytes, settings.body_timeout))
-        model = fields.values.get("model") or fields.values.get("name") or ""
+        named = "model" if fields.values.get("model") else "name"
+        model = fields.values.get(named) or ""
         if not isinstance(model, str):
             raise GatewayError(400, Reason.BAD_REQUEST, "model must be a string")
-        record.model = model or None
         if model and not view.policy.may_use(user, model):
             raise model_forbidden(user, model)
+        if model and view.policy.resolve(model) != model:  # the backend shows what it runs
+            model = fields.values[named] = view.policy.resolve(model)
+            fields.changed()
+        record.model = model or None
         pool = view.pool
         candidates = pool.serving(Api.OLLAMA, model) if model else pool.healthy(Api.OLLAMA)
         if not candidates and model and pool.known_nowhere(Api.OLLAMA, model):

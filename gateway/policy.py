@@ -309,6 +309,11 @@ class Policy(Strict):
     redis: RedisPolicy = RedisPolicy()
     timeouts: Timeouts = Timeouts()
     lanes: Lanes = Lanes()
+    aliases: dict[str, Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=dict,
+        description="Other names for models (family: llama3.2:3b): a request, a models: "
+        "list and the listings may use the alias; the backend is sent the model it names.",
+    )
     trusted_proxies: list[IPv4Network | IPv6Network] = Field(
         default_factory=list,
         description="Reverse proxies in front of the gateway (TLS: Caddy, nginx): only from "
@@ -331,9 +336,16 @@ class Policy(Strict):
         return self._limits.get(self.account_of(user), self.defaults)
 
     def may_use(self, user: str, model: str) -> bool:
-        """Whether the user's ``models:`` list (if any) names ``model``."""
+        """Whether the user's ``models:`` list (if any) names ``model``, either of them
+        perhaps by an alias: what is compared is the model the backend would be sent."""
         config = self.users.get(self.account_of(user))
-        return config is None or config.models is None or model in config.models
+        if config is None or config.models is None:
+            return True
+        return self.resolve(model) in {self.resolve(allowed) for allowed in config.models}
+
+    def resolve(self, model: str) -> str:
+        """The model an alias names; any other name as it is."""
+        return self.aliases.get(model, model)
 
     def account_of(self, user: str) -> str:
         """The configured user ``user`` counts under: itself, or for a person named by a
@@ -374,6 +386,17 @@ class Policy(Strict):
                     said = "listed twice" if owner == name else f"{owner} has this key too"
                     raise problem_at((name, "keys", index), said, first=(owner, "keys", earlier))
         return users
+
+    @field_validator("aliases")
+    @classmethod
+    def _aliases_name_models(cls, aliases: dict[str, str]) -> dict[str, str]:
+        # One step only: a chain would make "what does family run" a puzzle, and a loop
+        # would never end.
+        for alias, model in aliases.items():
+            if model in aliases:
+                message = f"names another alias, {model!r}: name the model itself"
+                raise problem_at((alias,), message)
+        return aliases
 
     @field_validator("backends")
     @classmethod

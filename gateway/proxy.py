@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import structlog
 from aiohttp import web
 
@@ -66,7 +64,7 @@ class Generation:
         with admission.arriving(user):
             body = await read_body(request, settings.max_body_bytes, settings.body_timeout)
         fields = Fields(body)
-        record.model = model = _model_name(fields.values)
+        record.model = model = _resolved(fields, view.policy)
         _check_model_allowed(view.policy, user, model)
         _check_model_served(view.pool, api, model)
         if api is Api.OLLAMA and apply_keep_alive_policy(fields.values, view.policy.keep_alive):
@@ -156,11 +154,17 @@ async def root(request: web.Request) -> web.StreamResponse:
     return web.Response(text="Ollama is running")
 
 
-def _model_name(fields: dict[str, Any]) -> str:
-    model = fields.get("model")
+def _resolved(fields: Fields, policy: Policy) -> str:
+    """The model the request names, an alias resolved, and written back into the body: from
+    here on, the policy, the routing and the backend all see the same model."""
+    model = fields.values.get("model")
     if not isinstance(model, str) or not model:
         raise GatewayError(400, Reason.BAD_REQUEST, "model is required")
-    return model
+    resolved = policy.resolve(model)
+    if resolved != model:
+        fields.values["model"] = resolved
+        fields.changed()
+    return resolved
 
 
 def _check_model_served(pool: BackendPool, api: Api, model: str) -> None:
