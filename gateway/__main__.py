@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -96,7 +97,21 @@ def _add_tool_commands(commands: Any) -> None:
     plan.set_defaults(run=_plan)
 
 
+class _SighupLatch:
+    """A SIGHUP before the event loop takes the signal over is noted, not fatal: its default
+    action ends the process, and systemd does not restart a process ended by SIGHUP. The
+    gateway re-reads its policy once it listens."""
+
+    def __init__(self) -> None:
+        self.received = False
+        signal.signal(signal.SIGHUP, self._note)
+
+    def _note(self, signum: int, frame: object) -> None:
+        self.received = True
+
+
 def _serve(args: argparse.Namespace) -> int:
+    latch = _SighupLatch()  # first: settings and the policy file may take a while to read
     # Exit status 2 for anything the admin must fix before it can start: systemd's
     # Restart=on-failure then retries, and each failure is one line in the journal.
     flags = {name: value for name in ("config", "listen") if (value := getattr(args, name))}
@@ -116,7 +131,7 @@ def _serve(args: argparse.Namespace) -> int:
     from gateway.app import run_app
 
     try:
-        run_app(settings, policy)
+        run_app(settings, policy, sighup_before=lambda: latch.received)
     except OSError as exc:
         problem = listen_problem(exc)
         if problem is None:

@@ -7,7 +7,7 @@ import contextlib
 import os
 import signal
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import structlog
@@ -95,16 +95,21 @@ def _unwatch_policy() -> None:
         asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
 
 
-def run_app(settings: Settings, policy: Policy) -> None:
-    """Serve until SIGTERM or SIGINT, then drain; OSError if the address cannot be bound."""
+def run_app(
+    settings: Settings, policy: Policy, sighup_before: Callable[[], bool] = lambda: False
+) -> None:
+    """Serve until SIGTERM or SIGINT, then drain; OSError if the address cannot be bound.
+    ``sighup_before``: whether a SIGHUP came before the loop took the signal over."""
     loop = new_event_loop(settings.event_loop)
     try:
-        loop.run_until_complete(serve(settings, policy))
+        loop.run_until_complete(serve(settings, policy, sighup_before))
     finally:
         loop.close()
 
 
-async def serve(settings: Settings, policy: Policy) -> None:
+async def serve(
+    settings: Settings, policy: Policy, sighup_before: Callable[[], bool] = lambda: False
+) -> None:
     """The gateway's life: listen, say so, wait for a stop signal, drain, close."""
     loop = asyncio.get_running_loop()
     stop, early_reload = asyncio.Event(), asyncio.Event()
@@ -112,6 +117,8 @@ async def serve(settings: Settings, policy: Policy) -> None:
     # probe can take seconds) is noted and applied once ready, instead of killing the
     # process (SIGHUP's default action), which systemd would not restart.
     loop.add_signal_handler(signal.SIGHUP, early_reload.set)
+    if sighup_before():
+        early_reload.set()
     for stopping in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(stopping, stop.set)
     app = create_app(settings, policy, settings.config)

@@ -130,6 +130,35 @@ class TestEarlySighup:
             assert process.returncode is None
             backend.close()
 
+    async def test_a_sighup_while_the_policy_is_read_is_applied_once_ready(
+        self, tmp_path: Path, processes: list[asyncio.subprocess.Process]
+    ) -> None:
+        """The policy file is a pipe, so the process waits in the middle of reading it: a
+        SIGHUP then does not end it, and once it listens it reads the file again."""
+        policy = tmp_path / "fairgate.yaml"
+        os.mkfifo(policy)
+        env = {"FAIRGATE_RELOAD_INTERVAL": "3600", "FAIRGATE_CONFIG": str(policy)}
+        process = await fairgate(
+            "serve", "--listen", f"127.0.0.1:{free_port()}", cwd=tmp_path, env=env
+        )
+        processes.append(process)
+        loop = asyncio.get_running_loop()
+        users = "users:\n  alice: {keys: [alice-key]}\n"
+        down = gpu_backend(f"http://127.0.0.1:{free_port()}")  # its start-up probe is logged
+        # Opening a pipe to write waits until the gateway opens it to read: it is reading.
+        writer = await loop.run_in_executor(None, policy.open, "w")
+        process.send_signal(signal.SIGHUP)
+        with writer:
+            writer.write(users + down)
+        await logged(process, "backend_unreachable")  # read whole, and starting
+        again = await loop.run_in_executor(None, policy.open, "w")  # the re-read
+        with again:
+            again.write(users + "  bob: {keys: [bob-key]}\n" + down)
+        reloaded = await logged(process, "policy_reloaded")
+        assert reloaded["users_added"] == ["bob"]
+        await serving(process)
+        assert process.returncode is None
+
 
 class TestConnections:
     async def test_two_thousand_idle_connections_leave_room_for_a_real_request(
