@@ -63,8 +63,13 @@ function busySlot(run) {
     "div", `slot busy ${run.class}`,
     el("strong", "who", run.user),
     el("span", "what", run.model),
-    el("span", "how", `${run.class} · ${duration(run.seconds)}`),
+    el("span", "how", `${kind(run)} · ${duration(run.seconds)}`),
   );
+}
+
+// The class, and the lane when it is not a person's own request (a front end's task).
+function kind(request) {
+  return request.lane === "background" ? `${request.class} · background` : request.class;
 }
 
 function freeSlot() {
@@ -74,7 +79,7 @@ function freeSlot() {
 function waiting(waiters) {
   if (!waiters.length) return [el("tr", "empty", el("td", null, "nobody waiting"))];
   return waiters.map((w) =>
-    row(w.position, w.user, w.model, w.class, duration(w.waited_seconds), duration(w.estimated_start_seconds)),
+    row(w.position, w.user, w.model, kind(w), duration(w.waited_seconds), duration(w.estimated_start_seconds)),
   );
 }
 
