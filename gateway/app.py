@@ -15,6 +15,7 @@ from aiohttp import web
 
 from gateway.access import access_log, add_reply_headers
 from gateway.connections import Listener
+from gateway.cors import Cors
 from gateway.house import House
 from gateway.listings import Reads
 from gateway.metrics import Metrics
@@ -48,15 +49,18 @@ def create_app(
     services = Services.build(settings, policy, policy_path)
     metrics = Metrics(services.policy, services.snapshot)
     services.on_finished += [metrics.observe, services.history.observe]
+    cors = Cors(services.policy)
     app = web.Application(
         middlewares=[
             access_log(services.on_finished, services.locate),
             services.connections.middleware(),
+            cors.middleware(),
         ],
         client_max_size=settings.max_body_bytes,
     )
     app[SERVICES] = services
     app.on_response_prepare.append(add_reply_headers)
+    app.on_response_prepare.append(cors.on_prepare)
     app.cleanup_ctx.append(lambda _: _lifetime(services))
     for routes in (
         Generation(services),

@@ -27,6 +27,7 @@ from pydantic import (
 from gateway.durations import Duration
 from gateway.forwarded import ForwardedHeader
 from gateway.lanes import Lanes
+from gateway.origins import CorsPolicy
 from gateway.policy_base import SlotShare, Strict, slots_on
 from gateway.policy_file import PolicyError, describe, environment, problem_at, read_yaml
 from gateway.vocabulary import Lane
@@ -314,6 +315,7 @@ class Policy(Strict):
         description="Other names for models (family: llama3.2:3b): a request, a models: "
         "list and the listings may use the alias; the backend is sent the model it names.",
     )
+    cors: CorsPolicy = CorsPolicy()
     trusted_proxies: list[IPv4Network | IPv6Network] = Field(
         default_factory=list,
         description="Reverse proxies in front of the gateway (TLS: Caddy, nginx): only from "

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from playwright.async_api import Browser, async_playwright
 
 from fairsim import SimConfig, Simulator
 from gateway.access import RequestRecord
@@ -19,7 +20,7 @@ from gateway.connections import Listener
 from gateway.policy import Policy, load_policy, parse_policy
 from gateway.services import Services
 from gateway.settings import Settings
-from tests.processes import stop
+from tests.processes import required_binary, stop
 
 StartSim = Callable[..., Awaitable[tuple[Simulator, str]]]
 StartGateway = Callable[..., Awaitable["Gateway"]]
@@ -87,6 +88,16 @@ def start_gateway(servers: AsyncExitStack) -> StartGateway:
         return Gateway(listener.url, app)
 
     return start
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    """Debian's chromium, headless; playwright downloads no browser of its own."""
+    path = required_binary("chromium", "chromium")
+    async with async_playwright() as playwright:
+        engine = await playwright.chromium.launch(executable_path=path)
+        yield engine
+        await engine.close()
 
 
 def one_backend(url: str, slots: int = 1, kind: str = "ollama", extra: str = "") -> str:

@@ -14,13 +14,12 @@ import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.typedefs import Handler
-from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright, expect
+from playwright.async_api import Browser, ConsoleMessage, Page, expect
 
 from gateway.app import create_app
 from gateway.policy import parse_policy
 from gateway.settings import Settings
 from tests.conftest import Gateway, StartGateway, StartSim, serve
-from tests.processes import required_binary
 from tests.test_admission import MODEL, until
 
 PROMPT = "please summarise the minutes of the last meeting " * 4  # a few dozen tokens
@@ -189,16 +188,6 @@ class TestWhereAmI:
 
 
 # The browser -------------------------------------------------------------------------
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    """Debian's chromium, headless; playwright downloads no browser of its own."""
-    path = required_binary("chromium", "chromium")
-    async with async_playwright() as playwright:
-        engine = await playwright.chromium.launch(executable_path=path)
-        yield engine
-        await engine.close()
 
 
 class Watched:

@@ -94,6 +94,8 @@ async def provoke_request_refusals(gateway: Gateway) -> None:
         assert (
             await status_of(session, "POST", url + "/api/generate", "bob-key", json=missing) == 404
         )
+        preflight = {"Origin": "https://elsewhere.example", "Access-Control-Request-Method": "POST"}
+        assert await status_of(session, "OPTIONS", url + "/api/chat", headers=preflight) == 403
         assert await status_of(session, "GET", url + "/nowhere") == 404
         assert await status_of(session, "GET", url + "/api/generate") == 405
         big = {**chat, "prompt": "x" * 5000}

@@ -1,0 +1,87 @@
+"""Browser apps on other origins (a web chat served from elsewhere): CORS, for listed origins.
+
+A browser lets a page read a reply from another origin only when the reply says that origin
+may, and before a request with a key in a header (or a JSON body) it first asks, with an
+``OPTIONS`` preflight, whether it may send it at all. Off by default: every origin listed
+under ``cors.origins`` can have its visitors' browsers use the gateway with whatever key or
+address they have, so the admin names them one by one (no wildcard).
+
+The preflight is answered here, before identity (browsers send no key with it); the reply to
+the request itself gets its headers as it is prepared, so a stream carries them from its
+first byte, and so does a refusal. A preflight from an origin not listed is refused with a
+403 that says so, in the log too: that is where an admin looks when a web app "cannot
+connect". Requests from unlisted origins get no CORS headers; their pages cannot read them.
+"""
+
+from __future__ import annotations
+
+from aiohttp import hdrs, web
+from aiohttp.typedefs import Handler, Middleware
+
+from gateway.errors import GatewayError
+from gateway.reload import LivePolicy
+from gateway.vocabulary import Reason
+
+__all__ = ["Cors"]
+
+_METHODS = "GET, HEAD, POST"
+_MAX_AGE = "600"  # seconds a browser may reuse a preflight's answer (Chromium caps it at 7200)
+# Headers a page may read from a reply, beyond the few every browser exposes.
+_EXPOSED = "Retry-After, X-Request-Id, X-Fairgate-Queue-Wait, X-Fairgate-Queue-Position"
+
+
+class Cors:
+    """Preflights, and the CORS headers of replies to listed origins."""
+
+    def __init__(self, policy: LivePolicy) -> None:
+        self._policy = policy
+
+    def middleware(self) -> Middleware:
+        @web.middleware
+        async def preflight(request: web.Request, handler: Handler) -> web.StreamResponse:
+            if not _is_preflight(request):
+                return await handler(request)
+            origin = request.headers[hdrs.ORIGIN]
+            if not self._allows(origin):
+                raise GatewayError(403, Reason.ORIGIN_FORBIDDEN, _refusal(origin))
+            asked = request.headers.get(hdrs.ACCESS_CONTROL_REQUEST_HEADERS, "")
+            headers = {
+                hdrs.ACCESS_CONTROL_ALLOW_METHODS: _METHODS,
+                hdrs.ACCESS_CONTROL_MAX_AGE: _MAX_AGE,
+            }
+            if asked:
+                # What the page's client sends (the openai SDK adds its x-stainless-* headers):
+                # nothing a header can do here is more than the origin was trusted with.
+                headers[hdrs.ACCESS_CONTROL_ALLOW_HEADERS] = asked
+            return web.Response(status=204, headers=headers)
+
+        return preflight
+
+    async def on_prepare(self, request: web.Request, response: web.StreamResponse) -> None:
+        """A reply to a listed origin says it may read it (on_response_prepare)."""
+        origin = request.headers.get(hdrs.ORIGIN)
+        if origin is None or not self._policy.current.policy.cors.origins:
+            return
+        # Caches must not give one origin's reply to another.
+        response.headers.add(hdrs.VARY, hdrs.ORIGIN)
+        if self._allows(origin):
+            response.headers[hdrs.ACCESS_CONTROL_ALLOW_ORIGIN] = origin
+            if not _is_preflight(request):
+                response.headers[hdrs.ACCESS_CONTROL_EXPOSE_HEADERS] = _EXPOSED
+
+    def _allows(self, origin: str) -> bool:
+        return origin in self._policy.current.policy.cors.origins
+
+
+def _is_preflight(request: web.Request) -> bool:
+    return (
+        request.method == hdrs.METH_OPTIONS
+        and hdrs.ORIGIN in request.headers
+        and hdrs.ACCESS_CONTROL_REQUEST_METHOD in request.headers
+    )
+
+
+def _refusal(origin: str) -> str:
+    # The origin is the page's, not a secret; repr() keeps a control character from
+    # reaching the error body unescaped.
+    return f"cross-origin requests from {origin!r} are not allowed: list it under cors.origins"
