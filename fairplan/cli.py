@@ -11,9 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import sys
-from fractions import Fraction
 
 import aiohttp
 
@@ -28,6 +26,7 @@ from fairplan.sources import (
     measured_times,
     ollama_shape,
 )
+from gateway import sizes
 from gateway.durations import parse_duration
 
 __all__ = ["DEFAULT_URLS", "add_plan_arguments", "parse_size", "run_plan"]
@@ -37,19 +36,14 @@ DEFAULT_URLS: dict[str, str] = {
     "llamacpp": "http://127.0.0.1:8080",
 }
 
-_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)(b?)", re.IGNORECASE)
-
 
 def parse_size(text: str) -> int:
     """Bytes from ``6GiB``, ``512MiB``, ``6GB`` (1000-based) or ``6G`` (1024-based, like
     llama.cpp and Docker)."""
-    match = _SIZE.fullmatch(text.strip())
-    if match is None:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 6GiB, 512MiB or 8GB")
-    number, unit, binary, byte = match.groups()
-    power = "kmgt".index(unit.lower()) + 1 if unit else 0
-    base = 1000 if byte and not binary and unit else 1024
-    return int(Fraction(number) * base**power)
+    try:
+        return sizes.parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _positive(text: str) -> int:

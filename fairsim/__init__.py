@@ -5,9 +5,12 @@ It speaks the real wire formats: Ollama's native ``/api/*`` NDJSON and its OpenA
 ``/v1/*`` SSE (shapes from ollama/ollama's server/routes.go, api/types.go,
 middleware/openai.go and openai/openai.go), or llama-server's ``/health``, ``/props``,
 ``/slots``, ``/metrics``, ``/v1/chat/completions`` and ``/completion`` (shapes from real
-captures). Replies are deterministic words; timing follows SimConfig: model loads and
-keep_alive, ``parallel`` slots with a FIFO queue behind them, prefill at
+captures). Replies are deterministic words; timing follows SimConfig: ``parallel`` slots
+with a FIFO queue behind them (llama-server's, or each loaded Ollama model's), prefill at
 ``prefill_tokens_per_s`` and decode at ``decode_tokens_per_s`` slowed by each extra stream.
+The Ollama flavour loads, keeps and evicts models as Ollama's scheduler does (see
+``ollama_sched``): several models within ``memory`` and ``max_loaded_models``, a reload when
+a request's ``num_ctx`` differs, and the queue held meanwhile.
 ``GET /sim/stats`` returns the counters as JSON for benchmarks in another process.
 
 Fault knobs, read from the request body (inside ``options`` for native Ollama requests,

@@ -16,14 +16,16 @@ __all__ = [
     "ModelSpec",
     "details",
     "model_digest",
+    "model_path",
     "model_spec",
+    "runner_size",
     "show_payload",
 ]
 
 # A fixed "pulled at" time keeps /api/tags stable across runs.
 MODIFIED_AT_NS = 1_746_405_464_706_015_396
 CONTEXT_LENGTH = 4096
-"""The num_ctx /api/ps reports for a loaded model (Ollama's default)."""
+"""Ollama's default num_ctx below 23 GiB of VRAM (SimConfig.context_length)."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,11 @@ class ModelSpec:
     embedding_length: int
     key_length: int
     context_length: int
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """A K and a V vector per layer and KV head, f16, as llama.cpp allocates them."""
+        return 2 * self.block_count * self.head_count_kv * self.key_length * 2
 
 
 _KNOWN_MODELS = {
@@ -82,6 +89,19 @@ def model_digest(name: str) -> str:
     return hashlib.sha256(name.encode()).hexdigest()
 
 
+def model_path(name: str) -> str:
+    """Where Ollama keeps the model's weights: its scheduler's key, and the name it sorts
+    runners by when choosing one to unload."""
+    return f"/root/.ollama/models/blobs/sha256-{model_digest(name)}"
+
+
+def runner_size(name: str, num_ctx: int, parallel: int) -> int:
+    """Bytes a runner of ``name`` takes: the weights, and a KV cache of ``num_ctx`` tokens
+    for each of its ``parallel`` slots (llama-server gets ``-c num_ctx*parallel``)."""
+    spec = model_spec(name)
+    return spec.size + spec.kv_bytes_per_token * num_ctx * parallel
+
+
 def details(name: str) -> dict[str, Any]:
     spec = model_spec(name)
     return {
@@ -97,7 +117,7 @@ def details(name: str) -> dict[str, Any]:
 def show_payload(model: str) -> dict[str, Any]:
     """/api/show for a simulated model: llama architecture, llama3-style template."""
     spec = model_spec(model)
-    blob = f"/root/.ollama/models/blobs/sha256-{model_digest(model)}"
+    blob = model_path(model)
     template = "<|start_header_id|>{{ .Role }}<|end_header_id|>\n\n{{ .Content }}<|eot_id|>"
     stops = ['"<|start_header_id|>"', '"<|end_header_id|>"', '"<|eot_id|>"']
     info = {

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from gateway.sizes import parse_size
+
 from .config import SimConfig
 from .wire import parse_keep_alive
 
@@ -24,6 +26,13 @@ def _keep_alive(text: str) -> float:
         pass
     try:
         return parse_keep_alive(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -90,6 +99,31 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
         help="time to load a model that is not loaded (default: %(default)s)",
     )
     add(
+        "--load-seconds-per-gib",
+        type=float,
+        default=d.load_seconds_per_gib,
+        help="ollama: more load time per GiB of the model and its cache (default: %(default)s)",
+    )
+    add(
+        "--memory",
+        type=_size,
+        default=d.memory,
+        help="ollama: memory for loaded models (24GiB); unset: every model fits",
+    )
+    add(
+        "--max-loaded-models",
+        type=int,
+        default=d.max_loaded_models,
+        help="ollama: OLLAMA_MAX_LOADED_MODELS; 0: its automatic 3 (default: %(default)s)",
+    )
+    add(
+        "--context-length",
+        type=int,
+        default=d.context_length,
+        help="ollama: num_ctx of a request that sets none, OLLAMA_CONTEXT_LENGTH "
+        "(default: %(default)s)",
+    )
+    add(
         "--keep-alive",
         type=_keep_alive,
         default=d.default_keep_alive,
@@ -127,6 +161,10 @@ def sim_config_from_args(args: argparse.Namespace) -> SimConfig:
         decode_slowdown=args.decode_slowdown,
         prefill_blocks_decode=args.prefill_blocks_decode,
         load_seconds=args.load_seconds,
+        load_seconds_per_gib=args.load_seconds_per_gib,
+        memory=args.memory,
+        max_loaded_models=args.max_loaded_models,
+        context_length=args.context_length,
         default_keep_alive=args.keep_alive,
         default_output_tokens=args.output_tokens,
         embedding_dims=args.embedding_dims,

@@ -11,6 +11,7 @@ __all__ = [
     "Faults",
     "GenJob",
     "GenResult",
+    "LoadOptions",
     "QueueFull",
     "SimAbort",
     "SimConfig",
@@ -32,6 +33,19 @@ class SimConfig:
     decode_slowdown: float = 0.1
     prefill_blocks_decode: bool = True
     load_seconds: float = 0.0
+    """Time to load any model (llama-server: its one model, at start)."""
+    load_seconds_per_gib: float = 0.0
+    """Ollama: more load time for each GiB a runner takes (weights and KV cache)."""
+    unload_seconds: float = 0.0
+    """Ollama: after an unload, how long its scheduler waits for the memory to come back
+    (sched.go waitForVRAMRecovery; 0.5-1.5 s on a discrete GPU)."""
+    memory: int | None = None
+    """Ollama: bytes its runners may take together; None: every model fits."""
+    max_loaded_models: int = 0
+    """Ollama: OLLAMA_MAX_LOADED_MODELS; 0 is its automatic 3 (per GPU, one GPU here)."""
+    context_length: int = 4096
+    """Ollama: the num_ctx of a request that sets none (OLLAMA_CONTEXT_LENGTH, or the
+    VRAM tier's default: 4096 under 23 GiB)."""
     default_keep_alive: float = 300.0
     default_output_tokens: int = 12
     embedding_dims: int = 8
@@ -51,6 +65,16 @@ class SimStats:
     disconnects: int = 0
     loads: int = 0
     aborted: int = 0
+    pending: int = 0
+    """Ollama: requests in its scheduler's queue (a model to load, reload or make room for)."""
+    reloads: int = 0
+    """Ollama: loads that replaced the same model loaded with other options (num_ctx)."""
+    evictions: int = 0
+    """Ollama: models unloaded to make room for another."""
+    unloads: int = 0
+    held_seconds: float = 0.0
+    """Ollama: seconds requests spent in its scheduler's queue, held until a model was
+    loaded for them (their own load, a reload, an eviction's drain, or others' before)."""
     prompts: list[str] = field(default_factory=list)
 
 
@@ -77,6 +101,19 @@ class Faults:
     status: int | None = None
 
 
+@dataclass(frozen=True)
+class LoadOptions:
+    """The options Ollama fixes when it starts a runner (api.Runner); a request whose
+    values differ from the loaded runner's reloads the model. None: not given."""
+
+    num_ctx: int | None = None
+    num_batch: int | None = None
+    num_gpu: int | None = None
+    num_thread: int | None = None
+    main_gpu: int | None = None
+    use_mmap: bool | None = None
+
+
 @dataclass
 class GenJob:
     """One generation request, already parsed by a flavour's handler."""
@@ -87,6 +124,7 @@ class GenJob:
     length_limited: bool
     keep_alive: float | None = None
     faults: Faults = field(default_factory=Faults)
+    load: LoadOptions = field(default_factory=LoadOptions)
 
 
 @dataclass
@@ -127,7 +165,7 @@ def faults_from(body: Mapping[str, Any], *, native: bool) -> Faults:
 
 
 class QueueFull(Exception):
-    """More requests are waiting than max_queue allows."""
+    """More requests are waiting for Ollama's scheduler than max_queue allows."""
 
 
 class SimAbort(Exception):

@@ -1,29 +1,21 @@
-"""The simulated inference server behind every flavour: slots, a FIFO queue, model loading
-and keep-alive, and the timing of prefill and decode."""
+"""The simulated inference server behind every flavour: slots (llama-server's, or each
+Ollama runner's), Ollama's model scheduler, and the timing of prefill and decode."""
 
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
-from .config import GenJob, GenResult, QueueFull, SimAbort, SimConfig, SimStats, SlotInfo
-from .wire import FOREVER, token_text
+from .config import GenJob, GenResult, LoadOptions, SimAbort, SimConfig, SimStats, SlotInfo
+from .ollama_sched import OllamaScheduler, Runner
+from .slots import SlotPool
+from .wire import token_text
 
 __all__ = ["Emit", "Engine"]
 
 
 Emit = Callable[[str], Awaitable[None]]
-
-
-@dataclass
-class _Loaded:
-    expires: float
-    active: int = 0
 
 
 class Engine:
@@ -33,21 +25,19 @@ class Engine:
         self.config = config
         self.clock = clock
         self.stats = SimStats()
-        self.slots = [SlotInfo(i) for i in range(max(1, config.parallel))]
+        # llama-server's slots; an Ollama runner has slots of its own (scheduler.loaded).
+        self.pool = SlotPool(config.parallel, self.stats, self.changed)
+        self.slots = self.pool.slots
+        self.scheduler = OllamaScheduler(config, clock, self.stats, self.changed)
         self.started_at = clock()
         self.prompt_tokens_total = 0
         self.prompt_seconds_total = 0.0
         self.tokens_predicted_total = 0
         self.predicted_seconds_total = 0.0
-        self._free = [slot.id for slot in self.slots]
-        self._waiters: deque[asyncio.Future[int]] = deque()
         self._watchers: list[asyncio.Future[None]] = []
         self._prefilling = 0
         self._no_prefill = asyncio.Event()
         self._no_prefill.set()
-        self._models: dict[str, _Loaded] = {}
-        self._loads: dict[str, asyncio.Task[None]] = {}
-        self._task_ids = itertools.count(1)
         self._jobs: set[asyncio.Task[object]] = set()
 
     # -- notification -------------------------------------------------------------------
@@ -71,144 +61,60 @@ class Engine:
                 self._watchers.append(watcher)
                 await watcher
 
-    # -- models -------------------------------------------------------------------------
+    # -- models (Ollama) ----------------------------------------------------------------
 
     def loaded_models(self) -> dict[str, float]:
+        """Loaded model -> when it unloads (a busy one: its keep-alive from now)."""
+        self.scheduler.expire_idle()
         now = self.clock()
-        for name, state in list(self._models.items()):
-            if state.active == 0 and now >= state.expires:
-                del self._models[name]
-                self.changed()
-        return {name: state.expires for name, state in self._models.items()}
+        return {
+            name: runner.expires if runner.refs <= 0 else now + runner.session
+            for name, runner in self.scheduler.loaded.items()
+        }
 
     def expire_all(self) -> None:
-        self._models.clear()
-        self.changed()
+        self.scheduler.expire_all()
 
     def unload(self, model: str) -> None:
         """keep_alive 0 on an empty request: unload now, or when its requests finish."""
-        state = self._models.get(model)
-        if state is None:
-            return
-        if state.active == 0:
-            del self._models[model]
-        else:
-            state.expires = -FOREVER
-        self.changed()
+        self.scheduler.expire(model)
 
-    async def use_model(self, model: str, keep_alive: float | None) -> None:
-        """Load ``model`` if needed and pin it until release_model; loads outlive callers."""
-        while model not in self.loaded_models():
-            load = self._loads.get(model)
-            if load is None:
-                load = asyncio.create_task(self._load(model))
-                self._loads[model] = load
-            await asyncio.shield(load)
-        state = self._models[model]
-        state.active += 1
-        state.expires = self._expiry(keep_alive)
-
-    async def _load(self, model: str) -> None:
-        try:
-            self.stats.loads += 1
-            self.changed()
-            if self.config.load_seconds > 0:
-                await asyncio.sleep(self.config.load_seconds)
-            self._models[model] = _Loaded(self._expiry(None))
-        finally:
-            del self._loads[model]
-            self.changed()
-
-    def release_model(self, model: str, keep_alive: float | None) -> None:
-        state = self._models.get(model)
-        if state is None:
-            return
-        state.active -= 1
-        if state.active == 0:
-            if state.expires != -FOREVER:
-                state.expires = self._expiry(keep_alive)
-            if state.expires <= self.clock():
-                del self._models[model]
-        self.changed()
-
-    def _expiry(self, keep_alive: float | None) -> float:
-        seconds = self.config.default_keep_alive if keep_alive is None else keep_alive
-        return FOREVER if seconds == FOREVER else self.clock() + seconds
-
-    # -- slots --------------------------------------------------------------------------
-
-    async def acquire(self, *, bounded: bool = True) -> SlotInfo:
-        """A free slot, in arrival order; raises QueueFull past max_queue when bounded."""
-        if self._free and not self._waiters:
-            slot = self.slots[heapq.heappop(self._free)]
-            self.stats.running += 1
-            self.stats.max_running = max(self.stats.max_running, self.stats.running)
-            return self._start_task(slot)
-        if bounded and len(self._waiters) >= self.config.max_queue:
-            raise QueueFull
-        waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        self.stats.queued += 1
-        self.changed()
-        try:
-            return self.slots[await waiter]
-        except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled():
-                self.release(self.slots[waiter.result()])
-            elif waiter in self._waiters:
-                self._waiters.remove(waiter)
-                self.stats.queued -= 1
-                self.changed()
-            raise
-
-    def release(self, slot: SlotInfo) -> None:
-        slot.busy = False
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            self.stats.queued -= 1
-            if waiter.cancelled():
-                # Its task is being cancelled and has not run its cleanup yet.
-                continue
-            # Hand the slot straight to the oldest waiter: `running` does not dip.
-            self._start_task(slot)
-            waiter.set_result(slot.id)
-            return
-        heapq.heappush(self._free, slot.id)
-        self.stats.running -= 1
-        self.changed()
-
-    def _start_task(self, slot: SlotInfo) -> SlotInfo:
-        slot.busy = True
-        slot.id_task = next(self._task_ids)
-        slot.n_prompt_tokens = slot.n_prompt_tokens_processed = slot.n_decoded = 0
-        slot.n_predict = -1
-        self.changed()
-        return slot
+    async def touch(self, model: str, load: LoadOptions, keep_alive: float | None) -> None:
+        """An empty request: load the model (as ``load`` asks) without taking a slot."""
+        runner = await self.scheduler.get_runner(model, load, keep_alive)
+        self.scheduler.done(runner)
 
     # -- work ---------------------------------------------------------------------------
 
-    async def generate(self, job: GenJob, emit: Emit, *, bounded: bool = True) -> GenResult:
+    async def generate(self, job: GenJob, emit: Emit) -> GenResult:
         """Queue for a slot, prefill, then emit each token; frees the slot however it ends."""
         start = time.perf_counter_ns()
         self._track_current_task()
-        loads_model = self.config.flavor == "ollama"
         try:
-            if loads_model:
-                await self.use_model(job.model, job.keep_alive)
+            runner = await self._runner(job.model, job.load, job.keep_alive)
             try:
                 loaded = time.perf_counter_ns()
-                slot = await self.acquire(bounded=bounded)
+                pool = self.pool if runner is None else runner.slots
+                slot = await pool.acquire()
                 try:
                     return await self._run(job, slot, emit, start, loaded)
                 finally:
-                    self.release(slot)
+                    pool.release(slot)
             finally:
-                if loads_model:
-                    self.release_model(job.model, job.keep_alive)
+                if runner is not None:
+                    self.scheduler.done(runner)
         except (asyncio.CancelledError, ConnectionError):
             self.stats.disconnects += 1
             self.changed()
             raise
+
+    async def _runner(
+        self, model: str, load: LoadOptions, keep_alive: float | None
+    ) -> Runner | None:
+        """Ollama's runner for the request; llama-server has its one model loaded."""
+        if self.config.flavor != "ollama":
+            return None
+        return await self.scheduler.get_runner(model, load, keep_alive)
 
     async def _run(
         self, job: GenJob, slot: SlotInfo, emit: Emit, start: int, loaded: int
@@ -271,21 +177,23 @@ class Engine:
                 self._no_prefill.set()
             self.changed()
 
-    async def embed(self, model: str, tokens: int, keep_alive: float | None) -> tuple[int, int]:
+    async def embed(
+        self, model: str, tokens: int, keep_alive: float | None, load: LoadOptions
+    ) -> tuple[int, int]:
         """An embedding request: load, hold a slot while prefilling; returns (total, load) ns."""
         start = time.perf_counter_ns()
         self._track_current_task()
         try:
-            await self.use_model(model, keep_alive)
+            runner = await self.scheduler.get_runner(model, load, keep_alive)
             loaded = time.perf_counter_ns()
             try:
-                slot = await self.acquire()
+                slot = await runner.slots.acquire()
                 try:
                     await self.prefill(tokens)
                 finally:
-                    self.release(slot)
+                    runner.slots.release(slot)
             finally:
-                self.release_model(model, keep_alive)
+                self.scheduler.done(runner)
         except (asyncio.CancelledError, ConnectionError):
             self.stats.disconnects += 1
             self.changed()
@@ -306,5 +214,5 @@ class Engine:
 
     async def shutdown(self) -> None:
         """Cancel in-flight work (stalled streams would otherwise hold server shutdown)."""
-        for task in list(self._jobs) + list(self._loads.values()):
+        for task in [*self._jobs, *self.scheduler.tasks()]:
             task.cancel()

@@ -139,7 +139,7 @@ class LlamaCppAPI:
         stream = body.get("stream") is True
         writer = _Writer(self, request, job, prompt, chat=chat, stream=stream)
         try:
-            result = await self.engine.generate(job, writer.token, bounded=False)
+            result = await self.engine.generate(job, writer.token)
             return await writer.finish(result)
         except SimAbort:
             await cut_connection(request, writer.response if stream else None)

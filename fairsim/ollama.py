@@ -8,8 +8,8 @@ from typing import Any
 
 from aiohttp import web
 
-from .catalog import CONTEXT_LENGTH, MODIFIED_AT_NS, details, model_digest, model_spec, show_payload
-from .config import GenJob, GenResult, QueueFull, SimAbort, faults_from
+from .catalog import MODIFIED_AT_NS, details, model_digest, model_spec, show_payload
+from .config import GenJob, GenResult, LoadOptions, QueueFull, SimAbort, faults_from
 from .engine import Engine
 from .ollama_common import (
     MAX_QUEUE_MESSAGE,
@@ -21,6 +21,7 @@ from .ollama_common import (
     error_response,
     json_response,
     keep_alive_of,
+    load_options_of,
     message_text,
     now_utc,
     output_budget,
@@ -93,20 +94,25 @@ class OllamaAPI:
         return json_response({"models": models})
 
     async def ps(self, request: web.Request) -> web.Response:
+        """Each runner: its size (weights and KV cache, all in VRAM here), its num_ctx per
+        slot, and when it unloads; the longest-lived first (routes.go PsHandler)."""
         now = self.engine.clock()
-        loaded = sorted(self.engine.loaded_models().items(), key=lambda item: -item[1])
+        expiring = self.engine.loaded_models()
+        runners = sorted(
+            self.engine.scheduler.loaded.values(), key=lambda runner: -expiring[runner.model]
+        )
         models = [
             {
-                "name": name,
-                "model": name,
-                "size": model_spec(name).size,
-                "digest": model_digest(name),
-                "details": details(name),
-                "expires_at": go_expiry(expires, now),
-                "size_vram": model_spec(name).size,
-                "context_length": CONTEXT_LENGTH,
+                "name": runner.model,
+                "model": runner.model,
+                "size": runner.size,
+                "digest": model_digest(runner.model),
+                "details": details(runner.model),
+                "expires_at": go_expiry(expiring[runner.model], now),
+                "size_vram": runner.size,
+                "context_length": runner.options.num_ctx,
             }
-            for name, expires in loaded
+            for runner in runners
         ]
         return json_response({"models": models})
 
@@ -155,13 +161,14 @@ class OllamaAPI:
             raise RequestError(404, f"model '{name}' not found")
 
         head: dict[str, Any] = {"model": name, "created_at": ""}
+        unload = empty and keep_alive == 0
+        load = LoadOptions() if unload else load_options_of(options)
         if empty:
-            reason = "unload" if keep_alive == 0 else "load"
-            if reason == "unload":
+            reason = "unload" if unload else "load"
+            if unload:
                 self.engine.unload(model)
             else:
-                await self.engine.use_model(model, keep_alive)
-                self.engine.release_model(model, keep_alive)
+                await self.engine.touch(model, load, keep_alive)
             reply = dict(head, created_at=now_utc())
             reply.update(
                 {"message": {"role": "assistant", "content": ""}} if chat else {"response": ""}
@@ -171,7 +178,7 @@ class OllamaAPI:
         tokens, limited = output_budget(
             options.get("num_predict"), self.engine.config.default_output_tokens
         )
-        job = GenJob(model, tokens_in(counted), tokens, limited, keep_alive, faults)
+        job = GenJob(model, tokens_in(counted), tokens, limited, keep_alive, faults, load)
 
         def chunk(text: str) -> dict[str, Any]:
             piece = (
@@ -236,12 +243,12 @@ class OllamaAPI:
         else:
             raise RequestError(400, "invalid input type")
         model = self._embedding_model(name, body)
+        load = load_options_of(body.get("options"))
         if not inputs:
-            await self.engine.use_model(model, keep_alive)
-            self.engine.release_model(model, keep_alive)
+            await self.engine.touch(model, load, keep_alive)
             return json_response({"model": name, "embeddings": []})
         tokens = sum(tokens_in(text) for text in inputs)
-        total_ns, load_ns = await self.engine.embed(model, tokens, keep_alive)
+        total_ns, load_ns = await self.engine.embed(model, tokens, keep_alive, load)
         dims = body.get("dimensions")
         vectors = [embed_text(text, self.engine.config.embedding_dims, dims) for text in inputs]
         return json_response(
@@ -260,11 +267,11 @@ class OllamaAPI:
         prompt = typed(body, "prompt", str, "api.EmbeddingRequest", "string") or ""
         keep_alive = keep_alive_of(body)
         model = self._embedding_model(name, body)
+        load = load_options_of(body.get("options"))
         if not prompt:
-            await self.engine.use_model(model, keep_alive)
-            self.engine.release_model(model, keep_alive)
+            await self.engine.touch(model, load, keep_alive)
             return json_response({"embedding": []})
-        await self.engine.embed(model, tokens_in(prompt), keep_alive)
+        await self.engine.embed(model, tokens_in(prompt), keep_alive, load)
         vector = embed_text(prompt, self.engine.config.embedding_dims, None)
         return json_response({"embedding": [float32_widened(v) for v in vector]})
 

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from gateway.ambiguity import NestedTooDeeply
 
+from .config import LoadOptions
 from .gojson import go_decode
 from .wire import (
     embedding_for,
@@ -33,6 +34,7 @@ __all__ = [
     "error_response",
     "json_response",
     "keep_alive_of",
+    "load_options_of",
     "message_text",
     "now_utc",
     "output_budget",
@@ -115,6 +117,39 @@ def keep_alive_of(body: dict[str, Any]) -> float | None:
         return parse_keep_alive(value)
     except ValueError as exc:
         raise RequestError(400, str(exc)) from None
+
+
+_INT64 = 2**63
+
+
+def load_options_of(options: Any) -> LoadOptions:
+    """The load-time options of a request's ``options`` map, as ``Options.FromMap`` reads
+    them (api/types.go): a JSON number is truncated to an integer, null is skipped, any
+    other type fails the request (with a 500: routes.go handleScheduleError)."""
+    if not isinstance(options, dict):
+        return LoadOptions()
+
+    def integer(name: str) -> int | None:
+        value = options.get(name)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise RequestError(500, f'option "{name}" must be of type integer')
+        # Go's int64(float64): toward zero; out of range gives the smallest int64 on amd64.
+        number = int(value)
+        return number if -_INT64 <= number < _INT64 else -_INT64
+
+    use_mmap = options.get("use_mmap")
+    if use_mmap is not None and not isinstance(use_mmap, bool):
+        raise RequestError(500, 'option "use_mmap" must be of type boolean')
+    return LoadOptions(
+        num_ctx=integer("num_ctx"),
+        num_batch=integer("num_batch"),
+        num_gpu=integer("num_gpu"),
+        num_thread=integer("num_thread"),
+        main_gpu=integer("main_gpu"),
+        use_mmap=use_mmap,
+    )
 
 
 def message_text(content: Any) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from .catalog import MODIFIED_AT_NS
-from .config import GenJob, GenResult, QueueFull, SimAbort, faults_from
+from .config import GenJob, GenResult, LoadOptions, QueueFull, SimAbort, faults_from
 from .ollama import OllamaAPI
 from .ollama_common import (
     JSON_UTF8,
@@ -194,7 +194,7 @@ class OpenAICompatAPI:
             return openai_error(RequestError(404, message))
         tokens = sum(tokens_in(text) for text in inputs)
         try:
-            await self.engine.embed(model, tokens, None)
+            await self.engine.embed(model, tokens, None, LoadOptions())
         except QueueFull:
             return openai_error(RequestError(503, MAX_QUEUE_MESSAGE))
         dims = self.engine.config.embedding_dims

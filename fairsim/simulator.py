@@ -64,6 +64,11 @@ class Simulator:
         """Loaded model -> when it unloads (on the simulator's clock; inf = never)."""
         return self.engine.loaded_models()
 
+    def idle(self, model: str) -> bool:
+        """Whether ``model`` is loaded with no request holding it: its keep-alive runs."""
+        runner = self.engine.scheduler.loaded.get(model)
+        return runner is not None and runner.refs <= 0
+
     def expire_all(self) -> None:
         """Unload every model, as if each keep_alive had run out."""
         self.engine.expire_all()

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 from playwright.async_api import Browser, async_playwright
@@ -23,6 +25,7 @@ from gateway.settings import Settings
 from tests.processes import required_binary, stop
 
 StartSim = Callable[..., Awaitable[tuple[Simulator, str]]]
+Start = StartSim  # the same, with instant prefill and decode by default
 StartGateway = Callable[..., Awaitable["Gateway"]]
 
 
@@ -98,6 +101,34 @@ async def browser() -> AsyncIterator[Browser]:
         engine = await playwright.chromium.launch(executable_path=path)
         yield engine
         await engine.close()
+
+
+@pytest.fixture
+async def simulated() -> AsyncIterator[Start]:
+    """Start simulators on free loopback ports (instant by default); SimConfig fields override."""
+    runners: list[web.AppRunner] = []
+
+    async def start(
+        clock: Callable[[], float] = time.monotonic, **overrides: Any
+    ) -> tuple[Simulator, str]:
+        fields: dict[str, Any] = {"prefill_tokens_per_s": 0.0, "decode_tokens_per_s": 0.0}
+        simulator = Simulator(SimConfig(**(fields | overrides)), clock)
+        runner = web.AppRunner(simulator.make_app(), handler_cancellation=True)
+        await runner.setup()
+        runners.append(runner)
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        host, port = runner.addresses[0][:2]
+        return simulator, f"http://{host}:{port}"
+
+    yield start
+    for runner in reversed(runners):
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
 
 
 def one_backend(url: str, slots: int = 1, kind: str = "ollama", extra: str = "") -> str:

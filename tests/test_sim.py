@@ -7,48 +7,18 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
 import ollama
 import openai
 import pytest
-from aiohttp import web
 
-from fairsim import SimConfig, Simulator, add_sim_arguments, sim_config_from_args
+from fairsim import SimConfig, add_sim_arguments, sim_config_from_args
+from tests.conftest import Start
 
-Start = Callable[..., Awaitable[tuple[Simulator, str]]]
 CHAT_TEXT = "Hello there, sim!"
 CHAT = {"model": "llama3.2:3b", "messages": [{"role": "user", "content": CHAT_TEXT}]}
-
-
-@pytest.fixture
-async def simulated() -> AsyncIterator[Start]:
-    """Start simulators on free loopback ports (instant by default); SimConfig fields override."""
-    runners: list[web.AppRunner] = []
-
-    async def start(
-        clock: Callable[[], float] = time.monotonic, **overrides: Any
-    ) -> tuple[Simulator, str]:
-        fields: dict[str, Any] = {"prefill_tokens_per_s": 0.0, "decode_tokens_per_s": 0.0}
-        simulator = Simulator(SimConfig(**(fields | overrides)), clock)
-        runner = web.AppRunner(simulator.make_app(), handler_cancellation=True)
-        await runner.setup()
-        runners.append(runner)
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        host, port = runner.addresses[0][:2]
-        return simulator, f"http://{host}:{port}"
-
-    yield start
-    for runner in reversed(runners):
-        await runner.cleanup()
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
 
 
 def with_options(body: dict[str, Any], **options: Any) -> dict[str, Any]:
@@ -385,26 +355,43 @@ async def test_client_disconnect_while_queued_leaves_the_queue(
     assert (sim.stats.max_running, sim.stats.disconnects) == (1, 2)
 
 
-async def test_queue_beyond_max_queue_gets_ollamas_503(
+async def test_requests_for_a_loaded_model_beyond_its_slots_wait_without_a_bound(
     simulated: Start, http: aiohttp.ClientSession
 ) -> None:
-    """Past max_queue waiting requests, Ollama's "server busy" 503 comes back at once."""
+    """max_queue bounds only the scheduler's queue: behind a loaded model's busy slots, any
+    number wait (ollama/ollama#7758), as with Ollama's semaphore."""
     sim, url = await simulated(parallel=1, max_queue=1)
     # Stalled before its first chunk: the client is still waiting for the headers.
     holder = asyncio.create_task(
         http.post(f"{url}/api/chat", json=with_options(CHAT, sim_stall_after=0))
     )
     await sim.wait_for(lambda s: s.running == 1, timeout=1)
+    waiting = [asyncio.create_task(http.post(f"{url}/api/chat", json=CHAT)) for _ in range(3)]
+    await sim.wait_for(lambda s: s.queued == 3, timeout=1)
+    assert (sim.stats.pending, sim.stats.max_running) == (0, 1)
+    for task in (*waiting, holder):
+        task.cancel()
+    await sim.wait_for(lambda s: s.running == 0 and s.queued == 0, timeout=1)
+
+
+async def test_requests_waiting_for_a_load_beyond_max_queue_get_ollamas_503(
+    simulated: Start, http: aiohttp.ClientSession
+) -> None:
+    """Past max_queue requests waiting for the scheduler (here: behind a load), Ollama's
+    "server busy" 503 comes back at once."""
+    sim, url = await simulated(max_queue=1, load_seconds=30)
+    loading = asyncio.create_task(http.post(f"{url}/api/chat", json=CHAT))
+    await sim.wait_for(lambda s: s.loads == 1, timeout=1)  # taken off the queue, loading
     waiting = asyncio.create_task(http.post(f"{url}/api/chat", json=CHAT))
-    await sim.wait_for(lambda s: s.queued == 1, timeout=1)
+    await sim.wait_for(lambda s: s.pending == 2, timeout=1)
     async with http.post(f"{url}/api/chat", json=CHAT) as response:
         assert response.status == 503
         assert await response.json() == {
             "error": "server busy, please try again.  maximum pending requests exceeded"
         }
     waiting.cancel()
-    holder.cancel()
-    await sim.wait_for(lambda s: s.running == 0 and s.queued == 0, timeout=1)
+    loading.cancel()
+    await sim.wait_for(lambda s: s.pending == 0, timeout=1)
 
 
 async def test_prefill_pauses_other_streams_when_prefill_blocks_decode(
@@ -448,7 +435,8 @@ async def test_keep_alive_expiry_makes_the_next_request_load_the_model(
     assert sim.loaded_models() == {"llama3.2:3b": 1030.0}
     now[0] += 29
     await (await http.post(f"{url}/api/chat", json=CHAT)).read()
-    assert sim.stats.loads == 1  # still loaded; the default keep_alive now applies
+    # Still loaded; a request without keep_alive leaves the runner's own (useLoadedRunner).
+    assert sim.stats.loads == 1 and sim.loaded_models() == {"llama3.2:3b": 1059.0}
     sim.expire_all()
     await (await http.post(f"{url}/api/chat", json={**CHAT, "keep_alive": 0})).read()
     assert sim.stats.loads == 2 and sim.loaded_models() == {}
@@ -609,11 +597,21 @@ def test_cli_flags_build_a_sim_config() -> None:
             "--decode-tps",
             "0",
             "--no-prefill-blocks-decode",
+            "--memory",
+            "12GiB",
+            "--max-loaded-models",
+            "2",
+            "--context-length",
+            "8192",
+            "--load-seconds-per-gib",
+            "0.5",
             "--port",
             "0",
         ]
     )
     config = sim_config_from_args(args)
+    assert (config.memory, config.max_loaded_models) == (12 * 2**30, 2)
+    assert (config.context_length, config.load_seconds_per_gib) == (8192, 0.5)
     assert (config.flavor, config.parallel, config.models) == ("llamacpp", 4, ["a:1b", "b:2b"])
     assert (config.default_keep_alive, config.decode_tokens_per_s) == (300.0, 0.0)
     assert config.prefill_blocks_decode is False and args.port == 0

@@ -47,10 +47,11 @@ class TestKeepWarm:
         clock = Clock()
         sim = Simulator(SimConfig(load_seconds=0.3, decode_tokens_per_s=500.0), clock=clock)
         gateway = await start_gateway(policy(await serve(servers, sim.make_app()), True))  # type: ignore[arg-type]
-        await sim.wait_for(lambda _: LLAMA in sim.loaded_models(), timeout=5)  # warmed at start
+        # Warmed at start; its keep-alive runs from the end of the ping.
+        await sim.wait_for(lambda _: sim.idle(LLAMA), timeout=5)
         clock.now += 2 * 3600  # two idle hours: far past any keep_alive
         await sim.wait_for(lambda stats: stats.loads == 2, timeout=5)  # the ping reloaded it
-        await sim.wait_for(lambda _: LLAMA in sim.loaded_models(), timeout=5)
+        await sim.wait_for(lambda _: sim.idle(LLAMA), timeout=5)
         reply = await generate(gateway)
         assert (reply.load_duration or 0) / 1e9 < 0.1
         assert not gateway.services.warmth.cold_starts
