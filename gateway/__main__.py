@@ -129,9 +129,13 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     warn_about_example_keys(policy)
     from gateway.app import run_app
+    from gateway.usage import StoreError
 
     try:
         run_app(settings, policy, sighup_before=lambda: latch.received)
+    except StoreError as exc:
+        print(f"fairgate: cannot keep usage (FAIRGATE_USAGE_DB): {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         problem = listen_problem(exc)
         if problem is None:

@@ -59,6 +59,7 @@ class RequestRecord:
     gaps: list[float] = field(default_factory=list)  # seconds between chunks of the reply
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    streamed_tokens: int = 0  # counted as the reply streamed (when it reports no counts)
     load_seconds: float | None = None
     client_gone: bool = False
     retried: bool = False  # sent to a second backend after the first failed

@@ -161,6 +161,12 @@ class Admission:
                 return self._refusal(Reason.WAIT_TIMEOUT, ticket)
             await self.holds.released(min(remaining, _SHARED_RETRY_SECONDS))
 
+    def in_flight(self, user: str) -> int:
+        """``user``'s requests running or waiting here, in either lane."""
+        room = self.room
+        running = room.running[user] + room.background_running[user]
+        return running + len(room.waiting.get(user, ())) + len(room.background.get(user, ()))
+
     def refuses_unseen(self, user: str, lanes: tuple[Lane, ...]) -> Refusal | None:
         """The quick no that needs no body (``WaitingRoom.refuses_unseen``), or None."""
         reason = self.room.refuses_unseen(user, lanes)

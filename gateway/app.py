@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import socket
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -43,12 +44,16 @@ receives them when it is built."""
 
 
 def create_app(
-    settings: Settings, policy: Policy, policy_path: Path | None = None
+    settings: Settings,
+    policy: Policy,
+    policy_path: Path | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> web.Application:
-    """The gateway; ``policy_path`` is watched and re-read (also on SIGHUP) when given."""
-    services = Services.build(settings, policy, policy_path)
+    """The gateway; ``policy_path`` is watched and re-read (also on SIGHUP) when given;
+    ``clock`` is the wall clock that days, hours and budgets' windows follow."""
+    services = Services.build(settings, policy, policy_path, clock)
     metrics = Metrics(services.policy, services.snapshot)
-    services.on_finished += [metrics.observe, services.history.observe]
+    services.on_finished += [metrics.observe, services.history.observe, services.usage.observe]
     cors = Cors(services.policy)
     app = web.Application(
         middlewares=[

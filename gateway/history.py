@@ -1,11 +1,12 @@
-"""The last hour and today, in memory, for the house page: what Prometheus keeps for longer.
+"""The last hour, in memory, for the house page: what Prometheus keeps for longer. (Each
+user's day is kept by ``accounting.py``, across restarts.)
 
 Fed once per finished request by the access log (``Services.on_finished``), at a fixed cost:
-a request lands in the current minute's counts and in its user's totals for the day, and a
-refusal in a short ring of recent ones. Times to first token go into a fixed set of
-log-spaced buckets, so a minute's p50 and p95 need no list of samples however busy it was
-(each figure is the upper bound of its bucket: within a quarter of the true value).
-Memory is bounded: 60 minutes of buckets, 20 refusals, one line per user.
+a request lands in the current minute's counts, and a refusal in a short ring of recent
+ones. Times to first token go into a fixed set of log-spaced buckets, so a minute's p50
+and p95 need no list of samples however busy it was (each figure is the upper bound of its
+bucket: within a quarter of the true value).
+Memory is bounded: 60 minutes of buckets, 20 refusals.
 """
 
 from __future__ import annotations
@@ -15,12 +16,11 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
 
 from gateway.access import RequestRecord
 from gateway.vocabulary import REFUSALS, Reason
 
-__all__ = ["History", "HistorySnapshot", "MinuteFigures", "RecentRefusal", "UsageToday"]
+__all__ = ["History", "HistorySnapshot", "MinuteFigures", "RecentRefusal"]
 
 MINUTES = 60
 RECENT_REFUSALS = 20
@@ -49,18 +49,9 @@ class RecentRefusal:
 
 
 @dataclass(frozen=True, slots=True)
-class UsageToday:
-    requests: int = 0  # generation requests answered (not refused)
-    refused: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-
-@dataclass(frozen=True, slots=True)
 class HistorySnapshot:
     minutes: tuple[MinuteFigures, ...] = ()  # the last hour, oldest first, one per minute
     refusals: tuple[RecentRefusal, ...] = ()  # newest first
-    today: dict[str, UsageToday] = field(default_factory=dict)  # by user
 
 
 @dataclass(slots=True)
@@ -71,23 +62,13 @@ class _Minute:
     ttft: list[int] = field(default_factory=lambda: [0] * (len(TTFT_BOUNDS) + 1))
 
 
-@dataclass(slots=True)
-class _Usage:
-    requests: int = 0
-    refused: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-
 class History:
-    """Per-minute figures for the last hour, recent refusals, and each user's day."""
+    """Per-minute figures for the last hour, and recent refusals."""
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
         self._minutes: deque[_Minute] = deque(maxlen=MINUTES)
         self._refusals: deque[RecentRefusal] = deque(maxlen=RECENT_REFUSALS)
-        self._day_ends = 0.0  # when the day of ``_usage`` ends, in seconds since the epoch
-        self._usage: dict[str, _Usage] = {}
 
     def observe(self, record: RequestRecord) -> None:
         """Take in one finished request (a listener of the access log)."""
@@ -98,19 +79,14 @@ class History:
             return
         now = self._clock()
         minute = self._minute(now)
-        usage = self._usage_of(record.user, now)  # a throwaway when nobody was identified
         if refused:
             assert record.reason is not None
             minute.refusals += 1
             self._refusals.appendleft(
                 RecentRefusal(now, record.user, record.reason, record.path, record.model)
             )
-            usage.refused += 1
             return
         minute.requests += 1
-        usage.requests += 1
-        usage.prompt_tokens += record.prompt_tokens or 0
-        usage.completion_tokens += record.completion_tokens or 0
         if record.first_byte_at is not None:
             minute.ttft[bisect_left(TTFT_BOUNDS, record.first_byte_at - record.arrived)] += 1
 
@@ -121,35 +97,13 @@ class History:
         figures = tuple(
             _figures(index, by_index.get(index)) for index in range(last - MINUTES + 1, last + 1)
         )
-        today = self._usage if now < self._day_ends else {}
-        return HistorySnapshot(
-            minutes=figures,
-            refusals=tuple(self._refusals),
-            today={user: UsageToday(*_fields(usage)) for user, usage in today.items()},
-        )
+        return HistorySnapshot(minutes=figures, refusals=tuple(self._refusals))
 
     def _minute(self, now: float) -> _Minute:
         index = int(now // 60)
         if not self._minutes or self._minutes[-1].index != index:
             self._minutes.append(_Minute(index))
         return self._minutes[-1]
-
-    def _usage_of(self, user: str | None, now: float) -> _Usage:
-        if now >= self._day_ends:  # a new day starts everyone at zero
-            self._day_ends, self._usage = _midnight_after(now), {}
-        if user is None:
-            return _Usage()
-        return self._usage.setdefault(user, _Usage())
-
-
-def _midnight_after(now: float) -> float:
-    """The end of ``now``'s day in the gateway's local time."""
-    day = datetime.fromtimestamp(now).date() + timedelta(days=1)
-    return datetime(day.year, day.month, day.day).timestamp()
-
-
-def _fields(usage: _Usage) -> tuple[int, int, int, int]:
-    return usage.requests, usage.refused, usage.prompt_tokens, usage.completion_tokens
 
 
 def _figures(index: int, minute: _Minute | None) -> MinuteFigures:

@@ -15,9 +15,9 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.history import UsageToday
 from gateway.services import Services
 from gateway.snapshot import GatewaySnapshot
+from gateway.status import render_budget, render_today
 
 __all__ = ["House", "render_me"]
 
@@ -120,7 +120,8 @@ def render_me(snapshot: GatewaySnapshot, user: str) -> dict[str, Any]:
             "max_queued": limits and limits.max_queued,
             "weight": limits and limits.weight,
         },
-        "today": _today(snapshot.history.today.get(user, UsageToday())),
+        "today": render_today(snapshot.usage.get(user)),
+        "budget": render_budget(snapshot.usage.get(user)),
         "house": {
             "busy": sum(backend.busy for backend in snapshot.backends),
             "slots": sum(backend.slots for backend in snapshot.backends),
@@ -154,12 +155,3 @@ def _running_users(snapshot: GatewaySnapshot) -> list[str]:
     """Who holds the busy slots, longest running first; "bob (2)" for two of bob's."""
     counts = Counter(run.user for run in snapshot.room.running)
     return [name if count == 1 else f"{name} ({count})" for name, count in counts.items()]
-
-
-def _today(usage: UsageToday) -> dict[str, int]:
-    return {
-        "requests": usage.requests,
-        "refused": usage.refused,
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-    }

@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from gateway.budget_policy import Budget, BudgetConfig, merged_budget
 from gateway.durations import Duration
 from gateway.forwarded import ForwardedHeader
 from gateway.lanes import Lanes
@@ -37,6 +38,8 @@ __all__ = [
     "PERSON_SEPARATOR",
     "UNKNOWN",
     "BackendConfig",
+    "Budget",
+    "BudgetConfig",
     "Classes",
     "Costs",
     "HeavyClass",
@@ -163,11 +166,12 @@ class RedisPolicy(Strict):
 
 
 class Limits(Strict):
-    """What one user may hold: running requests, waiting requests, and a share."""
+    """What one user may hold: running requests, waiting requests, a share, and a budget."""
 
     max_concurrent: int = Field(default=1, ge=1, description="Requests running at once.")
     max_queued: int = Field(default=2, ge=0, description="Requests waiting; more gets 503.")
     weight: float = Field(default=1.0, gt=0, description="Share of the GPU against others.")
+    budget: BudgetConfig = BudgetConfig()
 
 
 _SHA256_KEY = re.compile(r"sha256:[0-9a-f]{64}")
@@ -238,6 +242,9 @@ class UserConfig(Strict):
         default=None,
         description="Each person the header names is a user of their own (front-end/person), "
         "with this user's limits and models.",
+    )
+    budget: BudgetConfig | None = Field(
+        default=None, description="Overrides of the defaults' budget, field by field."
     )
 
 
@@ -337,6 +344,12 @@ class Policy(Strict):
         """The user's limits, each unset field taken from ``defaults``."""
         return self._limits.get(self.account_of(user), self.defaults)
 
+    def budget_of(self, user: str) -> Budget:
+        """The user's budget, each unset field taken from ``defaults``; a person named by a
+        front end has the front end's, counted on their own."""
+        found = self._budgets.get(self.account_of(user))  # empty is falsy: compare with None
+        return self._default_budget if found is None else found
+
     def may_use(self, user: str, model: str) -> bool:
         """Whether the user's ``models:`` list (if any) names ``model``, either of them
         perhaps by an alias: what is compared is the model the backend would be sent."""
@@ -361,10 +374,20 @@ class Policy(Strict):
     @cached_property
     def _limits(self) -> dict[str, Limits]:
         merged = {}
+        fields = set(Limits.model_fields) - {"budget"}  # merged field by field, below
         for name, config in self.users.items():
-            given = config.model_dump(include=set(Limits.model_fields), exclude_none=True)
+            given = config.model_dump(include=fields, exclude_none=True)
             merged[name] = self.defaults.model_copy(update=given)
         return merged
+
+    @cached_property
+    def _default_budget(self) -> Budget:
+        return merged_budget(self.defaults.budget, None)
+
+    @cached_property
+    def _budgets(self) -> dict[str, Budget]:
+        defaults = self.defaults.budget
+        return {name: merged_budget(defaults, user.budget) for name, user in self.users.items()}
 
     @field_validator("users")
     @classmethod

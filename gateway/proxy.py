@@ -58,8 +58,11 @@ class Generation:
         caller = services.caller(request, view)
         user, lanes = caller.user, view.policy.lanes
         admission = services.admission
+        # Both said before the body is read: a refused body costs nothing. The budget first:
+        # "not before midnight" is the truer answer than "busy, retry in a second".
+        _check_budget(services, view.policy, user)
         unseen = admission.refuses_unseen(user, possible_lanes(lanes, request.headers))
-        if unseen is not None:  # said before the body is read: a refused body costs nothing
+        if unseen is not None:
             raise GatewayError(503, unseen.reason, unseen.message, unseen.retry_after)
         with admission.arriving(user):
             body = await read_body(request, settings.max_body_bytes, settings.body_timeout)
@@ -84,6 +87,9 @@ class Generation:
             caller.credential,
             lane,
         )
+        # Again, right before joining the room: no await between the two, so the requests
+        # that passed this check all count as in flight for the next one.
+        _check_budget(services, view.policy, user)
         outcome = await admission.acquire(ticket)
         if isinstance(outcome, Refusal):
             retry_after = outcome.retry_after if outcome.status == 503 else None
@@ -92,7 +98,10 @@ class Generation:
             record.queue_wait, record.dispatched_at = permit.queue_wait, permit.granted_at
             record.queue_position = permit.queue_position
             timeouts = view.policy.timeouts
-            response = await self._relay_with_failover(request, permit, fields.body, timeouts)
+            try:
+                response = await self._relay_with_failover(request, permit, fields.body, timeouts)
+            finally:  # a reply cut short still spent what it streamed
+                record.streamed_tokens = int(permit.output_charged)
             permit.settle(record.prompt_tokens, record.completion_tokens)
         services.warmth.note_load(permit.backend.name, model, record.load_seconds)
         return response
@@ -177,6 +186,15 @@ def _check_model_served(pool: BackendPool, api: Api, model: str) -> None:
     down = unavailable(b for b in pool.backends if b.speaks(api) and b.serves(model))
     message = f"no healthy backend serves {model!r} right now ({down})"
     raise GatewayError(503, Reason.NO_BACKEND, message, retry_after=10.0)
+
+
+def _check_budget(services: Services, policy: Policy, user: str) -> None:
+    budget = policy.budget_of(user)
+    if not budget:
+        return
+    spent = services.usage.refusal(user, budget, services.admission.in_flight(user))
+    if spent is not None:
+        raise GatewayError(429, spent.reason, spent.message, spent.retry_after)
 
 
 def _check_model_allowed(policy: Policy, user: str, model: str) -> None:

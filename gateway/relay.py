@@ -143,6 +143,8 @@ class Relay:
         finally:
             watch.stop()
             stall.stop()
+            if meter is not None:
+                meter.flush()  # a reply without final counts is charged every token it sent
         return response
 
     async def _failed(
@@ -304,6 +306,11 @@ class _Meter:
         if self._unmetered >= _METER_EVERY * self._per_token:
             self._charge(self._unmetered // self._per_token)
             self._unmetered %= self._per_token
+
+    def flush(self) -> None:
+        if self._unmetered >= self._per_token:
+            self._charge(self._unmetered // self._per_token)
+        self._unmetered = 0
 
 
 def _response_for(upstream: aiohttp.ClientResponse) -> web.StreamResponse:

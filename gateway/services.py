@@ -6,6 +6,8 @@ Construction needs no running loop; ``start`` and ``close`` bracket the serving 
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import structlog
 from aiohttp import web
 
 from gateway.access import RECORD, Listener
+from gateway.accounting import Ledger
 from gateway.admission import Admission
 from gateway.backends import BackendStates
 from gateway.backends.monitor import BackendMonitor
@@ -26,10 +29,12 @@ from gateway.policy import Policy
 from gateway.relay import Relay
 from gateway.reload import LivePolicy, PolicyView
 from gateway.settings import Settings
-from gateway.snapshot import GatewaySnapshot, take
+from gateway.snapshot import GatewaySnapshot, UserUsage, take
 from gateway.tasks import Background, repeat
 from gateway.upstream import Upstream
+from gateway.usage import RedisUsage, SqliteUsage, UsageStore
 from gateway.warmth import KeepWarm
+from gateway.windows import Calendar, zone_named
 
 __all__ = ["Services"]
 
@@ -47,6 +52,7 @@ class Services:
     upstream: Upstream
     monitor: BackendMonitor
     warmth: KeepWarm
+    usage: Ledger  # who used what, kept across restarts; budgets read it
     on_finished: list[Listener] = field(default_factory=list)  # told of each request's end
     connections: Connections = field(default_factory=Connections)
     streams: set[Relay] = field(default_factory=set)  # generation replies under way
@@ -54,7 +60,14 @@ class Services:
     loops: Background = field(default_factory=lambda: Background("gateway"))
 
     @classmethod
-    def build(cls, settings: Settings, policy: Policy, path: Path | None) -> Services:
+    def build(
+        cls,
+        settings: Settings,
+        policy: Policy,
+        path: Path | None,
+        clock: Callable[[], float] = time.time,
+    ) -> Services:
+        """The parts; ``clock`` (wall-clock seconds) places usage in its day and hour."""
         backends = BackendStates()
         live = LivePolicy(policy, backends, path)
         view = live.current
@@ -68,10 +81,18 @@ class Services:
             upstream=upstream,
             monitor=BackendMonitor(upstream, backends, admission.wake),
             warmth=KeepWarm(upstream, backends),
+            usage=Ledger(
+                _usage_store(settings),
+                Calendar(zone_named(settings.time_zone), clock),
+                settings.usage_flush_seconds,
+            ),
+            history=History(clock),
         )
 
     async def start(self) -> None:
-        """Open the upstream client, share holds, probe every backend once, then watch."""
+        """Open the usage store, the upstream client, share holds, probe every backend
+        once, then watch."""
+        await self.usage.start()  # first: a file that cannot be opened stops the start
         await self.upstream.open()
         holds = self.admission.holds
         if holds is not None:
@@ -85,6 +106,7 @@ class Services:
 
     async def close(self) -> None:
         await self.loops.close()
+        await self.usage.close()  # the last counts: requests have all ended by now
         await self.warmth.close()
         await self.monitor.close()
         if self.admission.holds is not None:
@@ -111,11 +133,23 @@ class Services:
             policy=view.policy,
             hold_seconds=self.admission.hold_timer.seconds,
             history=self.history.snapshot(),
+            usage=self._usage(view.policy),
         )
 
     def locate(self, request: web.Request) -> Client:
         """Where the request comes from: the peer, or behind a trusted proxy its client."""
         return self.policy.current.directory.proxies.client_of(request.remote, request.headers)
+
+    def _usage(self, policy: Policy) -> dict[str, UserUsage]:
+        ledger, admission = self.usage, self.admission
+        used = ledger.snapshot()
+        return {
+            user: UserUsage(
+                used.get(user) or ledger.used(user),
+                tuple(ledger.budgets(user, policy.budget_of(user), admission.in_flight(user))),
+            )
+            for user in sorted({*policy.users, *used} - {""})  # "": refused unidentified
+        }
 
     def caller(self, request: web.Request, view: PolicyView) -> Caller:
         """Who is asking, from the request's credentials (401 if nobody), noted in its record."""
@@ -137,3 +171,10 @@ def _hold_store(settings: Settings) -> HoldStore | None:
         return None
     log.info("shared_state", kind="redis", lease_seconds=settings.redis_lease_seconds)
     return RedisHolds(settings.redis_url, settings.redis_lease_seconds)
+
+
+def _usage_store(settings: Settings) -> UsageStore:
+    """Redis when replicas share it (one set of counters); else the SQLite file."""
+    if settings.redis_url:
+        return RedisUsage(settings.redis_url)
+    return SqliteUsage(settings.usage_db)

@@ -14,6 +14,8 @@ from typing import Literal, get_args, get_origin
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gateway.windows import zone_named
+
 __all__ = ["Settings", "describe_settings", "parse_listen", "settings_errors"]
 
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -96,6 +98,23 @@ class Settings(BaseSettings):
         description="uvloop relays each chunk at about two thirds of asyncio's CPU; auto uses "
         "it when it is installed.",
     )
+    usage_db: Path = Field(
+        default=Path("fairgate-usage.db"),
+        description="SQLite file that keeps each user's usage across restarts (created if "
+        "missing; its directory must be writable). With FAIRGATE_REDIS_URL, usage is kept "
+        "in Redis instead.",
+    )
+    usage_flush_seconds: float = Field(
+        default=2.0,
+        gt=0,
+        le=60,
+        description="Seconds between writes of usage to its store: what a crash can lose.",
+    )
+    time_zone: str = Field(
+        default="",
+        description="IANA time zone (e.g. Europe/Berlin) of the days, hours and minutes that "
+        "budgets and usage reports count in; unset: the machine's.",
+    )
     reload_interval: float = Field(
         default=1.0,
         gt=0,
@@ -108,6 +127,12 @@ class Settings(BaseSettings):
         # Only a known level is upper-cased, so that an error shows the value as it was set.
         if isinstance(value, str) and value.upper() in _LEVELS:
             return value.upper()
+        return value
+
+    @field_validator("time_zone")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        zone_named(value)
         return value
 
     @field_validator("listen")

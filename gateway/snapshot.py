@@ -11,14 +11,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gateway.backends.pool import Backend, BackendPool
+from gateway.budgets import BudgetState
 from gateway.history import HistorySnapshot
 from gateway.holds import HoldStore
 from gateway.policy import Policy
 from gateway.reload import ReloadSnapshot
 from gateway.room_snapshot import RoomSnapshot
+from gateway.usage import Tally
 from gateway.warmth import WarmthSnapshot
 
-__all__ = ["BackendSnapshot", "GatewaySnapshot", "HoldsSnapshot", "UserLimits", "take"]
+__all__ = [
+    "BackendSnapshot",
+    "GatewaySnapshot",
+    "HoldsSnapshot",
+    "UserLimits",
+    "UserUsage",
+    "take",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +63,14 @@ class UserLimits:
 
 
 @dataclass(frozen=True, slots=True)
+class UserUsage:
+    """A user's figures in the current day (and hour, minute), and each budget limit."""
+
+    today: Tally
+    budgets: tuple[BudgetState, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class GatewaySnapshot:
     backends: tuple[BackendSnapshot, ...]
     room: RoomSnapshot
@@ -64,6 +81,8 @@ class GatewaySnapshot:
     limits: dict[str, UserLimits] = field(default_factory=dict)
     hold_seconds: float = 0.0  # how long a request has recently held its slot
     history: HistorySnapshot = field(default_factory=HistorySnapshot)
+    # Every configured user, and anyone else with use today (accounting.py).
+    usage: dict[str, UserUsage] = field(default_factory=dict)
 
     def start_estimate(self, position: int) -> float:
         """Seconds until the request at ``position`` in the room likely starts: as
@@ -83,6 +102,7 @@ def take(
     policy: Policy | None = None,
     hold_seconds: float = 0.0,
     history: HistorySnapshot | None = None,
+    usage: dict[str, UserUsage] | None = None,
 ) -> GatewaySnapshot:
     heavy_slots = policy.classes.heavy.slots_on if policy is not None else lambda _: 0
     return GatewaySnapshot(
@@ -94,6 +114,7 @@ def take(
         limits={} if policy is None else _limits(policy, room),
         hold_seconds=hold_seconds,
         history=history or HistorySnapshot(),
+        usage=usage or {},
     )
 
 

@@ -7,20 +7,19 @@ Liveness and readiness differ on purpose: a gateway whose every backend is down 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict
 from typing import Any
 
 from aiohttp import web
 
 from gateway.backends import Backend
 from gateway.errors import GatewayError
-from gateway.history import MinuteFigures, RecentRefusal, UsageToday
+from gateway.history import MinuteFigures, RecentRefusal
 from gateway.room_snapshot import RunningRequest, WaitingRequest
 from gateway.services import Services
-from gateway.snapshot import BackendSnapshot, GatewaySnapshot
+from gateway.snapshot import BackendSnapshot, GatewaySnapshot, UserUsage
 from gateway.vocabulary import Reason
 
-__all__ = ["Status", "answering", "render"]
+__all__ = ["Status", "answering", "render", "render_budget", "render_today"]
 
 
 class Status:
@@ -119,14 +118,15 @@ def _backend(backend: BackendSnapshot, snapshot: GatewaySnapshot) -> dict[str, A
 
 
 def _users(snapshot: GatewaySnapshot) -> dict[str, Any]:
-    """Every configured user, and anyone else active: places in use against limits, today."""
-    active, today = snapshot.room.users, snapshot.history.today
+    """Every configured user, and anyone else active: places in use against limits, today's
+    use against the budget."""
+    active, usage = snapshot.room.users, snapshot.usage
     background = snapshot.room.background_users
     users = {}
-    for name in sorted({*snapshot.limits, *active, *background, *today}):
+    for name in sorted({*snapshot.limits, *active, *background, *usage}):
         running, queued = active.get(name, (0, 0))
         background_running, background_queued = background.get(name, (0, 0))
-        limits, usage = snapshot.limits.get(name), today.get(name, UsageToday())
+        limits, used = snapshot.limits.get(name), usage.get(name)
         users[name] = {
             "running": running,
             "queued": queued,
@@ -134,9 +134,38 @@ def _users(snapshot: GatewaySnapshot) -> dict[str, Any]:
             "max_queued": limits and limits.max_queued,
             "weight": limits and limits.weight,
             "background": {"running": background_running, "queued": background_queued},
-            "today": asdict(usage),
+            "today": render_today(used),
+            "budget": render_budget(used),
         }
     return users
+
+
+def render_today(usage: UserUsage | None) -> dict[str, Any]:
+    """A user's day so far (in the admin's time zone), across restarts."""
+    if usage is None:
+        return {"requests": 0, "refused": 0, "prompt_tokens": 0, "completion_tokens": 0,
+                "slot_seconds": 0.0}  # fmt: skip
+    today = usage.today
+    return {
+        "requests": today.requests,
+        "refused": today.refused,
+        "prompt_tokens": today.prompt_tokens,
+        "completion_tokens": today.completion_tokens,
+        "slot_seconds": round(today.slot_seconds, 3),
+    }
+
+
+def render_budget(usage: UserUsage | None) -> dict[str, Any]:
+    """Each limit of the user's budget: used, remaining, and when it renews (epoch seconds)."""
+    return {
+        state.name: {
+            "limit": state.limit,
+            "used": round(state.used, 3),
+            "remaining": round(state.remaining, 3),
+            "renews_at": round(state.renews_at, 3),
+        }
+        for state in (usage.budgets if usage is not None else ())
+    }
 
 
 def _running(run: RunningRequest) -> dict[str, Any]:

@@ -59,6 +59,8 @@ class Reason(StrEnum):
     BODY_TOO_LARGE = "body_too_large"
     BODY_TIMEOUT = "body_timeout"
     TOO_MANY_READS = "too_many_reads"
+    # The user has used up a budget (tokens, requests, slot time) until its window renews.
+    BUDGET_EXHAUSTED = "budget_exhausted"
     # No room for it now.
     USER_QUEUE_FULL = "user_queue_full"
     GATEWAY_BUSY = "gateway_busy"

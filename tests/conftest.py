@@ -39,6 +39,14 @@ class Gateway:
         return self.app[SERVICES]
 
 
+@pytest.fixture(autouse=True)
+def usage_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test's gateways keep usage in its own file, never in the working directory."""
+    path = tmp_path / "usage.db"
+    monkeypatch.setenv("FAIRGATE_USAGE_DB", str(path))
+    return path
+
+
 @pytest.fixture
 async def servers() -> AsyncIterator[AsyncExitStack]:
     async with AsyncExitStack() as stack:
@@ -75,15 +83,18 @@ def start_sim(servers: AsyncExitStack) -> StartSim:
 
 @pytest.fixture
 def start_gateway(servers: AsyncExitStack) -> StartGateway:
-    """Start a gateway from policy YAML text, a Policy, or a file that it then watches."""
+    """Start a gateway from policy YAML text, a Policy, or a file that it then watches;
+    ``clock``, when given, is its wall clock (days, hours, budgets' windows)."""
 
-    async def start(policy: str | Policy | Path, **settings: Any) -> Gateway:
+    async def start(
+        policy: str | Policy | Path, clock: Callable[[], float] = time.time, **settings: Any
+    ) -> Gateway:
         path = policy if isinstance(policy, Path) else None
         if isinstance(policy, Path):
             policy = load_policy(policy)
         elif isinstance(policy, str):
             policy = parse_policy(policy)
-        app = create_app(Settings(**settings), policy, path)
+        app = create_app(Settings(**settings), policy, path, clock)
         services = app[SERVICES]
         listener = Listener(app, services.settings, services.connections)
         await listener.start(port=0)

@@ -206,6 +206,31 @@ def test_every_service_restarts_and_keeps_its_data_in_named_volumes() -> None:
     assert named == set(document["volumes"]) >= {"models", "prometheus-data", "grafana-data"}
 
 
+def test_compose_redis_keeps_usage_on_a_volume() -> None:
+    """The gateway keeps usage in Redis there, so Redis writes its append-only file to a
+    named volume."""
+    redis = service("redis")
+    command = redis["command"]
+    assert command[command.index("--appendonly") + 1] == "yes"
+    assert "FAIRGATE_REDIS_URL" in environment("fairgate")
+    assert any(volume.endswith(":/data") for volume in redis["volumes"])
+
+
+def test_the_image_and_the_unit_keep_usage_where_the_gateway_may_write() -> None:
+    """FAIRGATE_USAGE_DB is in a directory the image's user owns, and in the unit's
+    StateDirectory (the rest of the system is read-only to it)."""
+    database = Path(dockerfile_env()["FAIRGATE_USAGE_DB"])
+    user = dict(dockerfile())["USER"]
+    made = [args for keyword, args in dockerfile() if keyword == "RUN" and "install -d" in args]
+    assert any(f"-o {user}" in args and str(database.parent) in args for args in made)
+    unit = unit_settings(DEPLOY / "systemd" / "fairgate.service")
+    state = Path("/var/lib") / unit["StateDirectory"][0]
+    assert (
+        Path(unit_environment(DEPLOY / "systemd" / "fairgate.service")["FAIRGATE_USAGE_DB"]).parent
+        == state
+    )
+
+
 @pytest.mark.parametrize("path", sorted(DEPLOY.glob("*.yaml")), ids=lambda path: path.name)
 def test_every_example_policy_passes_check_config(
     path: Path, capsys: pytest.CaptureFixture[str]

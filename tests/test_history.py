@@ -1,8 +1,8 @@
-"""The house page's memory: the last hour by minute, recent refusals, each user's day."""
+"""The house page's memory: the last hour by minute, and recent refusals."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from gateway.access import RequestRecord
 from gateway.history import MINUTES, RECENT_REFUSALS, History
@@ -78,10 +78,9 @@ class TestLastHour:
         history.observe(RequestRecord("r", "GET", "/status", user="bob"))
         snapshot = history.snapshot()
         assert sum(m.requests for m in snapshot.minutes) == 0
-        assert snapshot.today == {}
 
 
-class TestRefusalsAndDays:
+class TestRefusals:
     def test_recent_refusals_come_newest_first_with_their_reason(self) -> None:
         """The ring holds the last refusals, newest first, each with who and why."""
         clock = Clock()
@@ -92,26 +91,3 @@ class TestRefusalsAndDays:
         first, second = history.snapshot().refusals
         assert (first.user, first.reason, first.at) == (None, Reason.UNAUTHORIZED, NOON + 1)
         assert (second.user, second.reason) == ("bob", Reason.USER_QUEUE_FULL)
-
-    def test_a_users_day_counts_requests_tokens_and_refusals_and_restarts_at_midnight(
-        self,
-    ) -> None:
-        """Requests, tokens and refusals add up per user until local midnight."""
-        clock = Clock()
-        history = History(clock)
-        history.observe(served("bob", tokens=10))
-        history.observe(served("bob", ttft=None, tokens=5))
-        history.observe(refused("bob"))
-        history.observe(refused(None))  # nobody to charge it to
-        today = history.snapshot().today
-        assert set(today) == {"bob"}
-        bob = today["bob"]
-        assert (bob.requests, bob.refused) == (2, 1)
-        assert (bob.prompt_tokens, bob.completion_tokens) == (15, 30)
-        midnight = datetime(2025, 3, 15).timestamp()
-        clock.now = midnight - 1
-        assert history.snapshot().today["bob"].requests == 2
-        clock.now = midnight + timedelta(minutes=1).total_seconds()
-        assert history.snapshot().today == {}
-        history.observe(served("carol"))
-        assert set(history.snapshot().today) == {"carol"}

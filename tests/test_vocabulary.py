@@ -32,6 +32,7 @@ users:
   alice: {{keys: [alice-key], models: [{MODEL}]}}
   bob: {{keys: [bob-key], max_queued: 5}}
   carol: {{keys: [carol-key], max_queued: 5}}
+  dave: {{keys: [dave-key], budget: {{requests_per_hour: 0}}}}
 """
 CORE = (
     "gateway.admission",
@@ -88,6 +89,7 @@ async def provoke_request_refusals(gateway: Gateway) -> None:
             == 403
         )
         assert await status_of(session, "POST", url + "/api/pull", "bob-key", json=chat) == 403
+        assert await status_of(session, "POST", url + "/api/generate", "dave-key", json=chat) == 429
         peer = {"X-Test-Peer": "192.0.2.7"}
         assert await status_of(session, "GET", url + "/status", "bob-key", headers=peer) == 403
         missing = {**chat, "model": "nope:1b"}

@@ -18,15 +18,11 @@ import contextlib
 import uuid
 from typing import Any
 
-import redis.asyncio as aioredis
 import structlog
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.holds.base import Hold, StoreUnavailable
+from gateway.shared_redis import connect
 from gateway.tasks import Background, repeat
 
 __all__ = ["RedisHolds"]
@@ -89,16 +85,8 @@ class RedisHolds:
     """Shared holds in Redis, with leases, renewal and a fallback when Redis is away."""
 
     def __init__(self, url: str, lease_seconds: float = 12.0) -> None:
-        # One retry covers a pooled connection that died with a restarted Redis; every
-        # script is idempotent for a hold id, so running one twice does no harm.
-        self._redis = aioredis.Redis.from_url(
-            url,
-            socket_connect_timeout=1.0,
-            socket_timeout=2.0,
-            health_check_interval=10,
-            retry=Retry(NoBackoff(), 1),
-            retry_on_error=[RedisConnectionError, RedisTimeoutError],
-        )
+        # Every script is idempotent for a hold id, so the client's one retry does no harm.
+        self._redis = connect(url)
         self._lease_ms = int(lease_seconds * 1000)
         self._take = self._redis.register_script(_TAKE)
         self._renew = self._redis.register_script(_RENEW)

@@ -2,6 +2,21 @@
 
 import { askKey, clock, count, duration, el, fill, getJSON, poll, row } from "./common.js";
 
+// The policy's budget fields, as the page says them.
+const BUDGET_WORDS = {
+  tokens_per_day: "budget: tokens per day",
+  requests_per_minute: "budget: requests per minute",
+  requests_per_hour: "budget: requests per hour",
+  slot_seconds_per_day: "budget: slot time per day",
+};
+
+// "1200 left of 5000, renews 00:00" (slot time as a duration).
+function left(name, limit) {
+  const amount = name === "slot_seconds_per_day" ? duration : count;
+  const renews = new Date(limit.renews_at * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+  return `${amount(limit.remaining)} left of ${amount(limit.limit)}, renews ${renews}`;
+}
+
 async function tick() {
   const reply = await getJSON("/ui/me.json");
   if (reply.ok) {
@@ -51,6 +66,8 @@ function draw(me) {
     row("requests today", count(today.requests)),
     row("tokens today", `${count(today.prompt_tokens)} in, ${count(today.completion_tokens)} out`),
     row("refused today", count(today.refused)),
+    row("slot time today", duration(today.slot_seconds)),
+    ...Object.entries(me.budget).map(([name, limit]) => row(BUDGET_WORDS[name] ?? name, left(name, limit))),
   );
   document.getElementById("me").hidden = false;
 }

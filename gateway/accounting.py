@@ -1,0 +1,176 @@
+"""Who used the box: every finished request counted per user, model and hour, kept across
+restarts, and each user's figures in the current day, hour and minute for budgets.
+
+Fed once per finished request by the access log (``Services.on_finished``) at a fixed cost,
+a few dictionary additions; nothing on the request path waits for storage. Every
+``FAIRGATE_USAGE_FLUSH_SECONDS`` a background loop hands what accumulated to the store
+(SQLite in a thread of its own, or Redis) as one batch and takes back each user's totals,
+which with Redis include every replica's. So a crash loses at most one interval, a failed
+write keeps its batch for the next try, and a budget sees the other replicas' use within
+one interval.
+
+Tokens are the backend's own counts. When a reply carries none (an OpenAI stream without
+``stream_options.include_usage``), the prompt is the gateway's estimate and the reply's
+tokens are those counted as they streamed: a client cannot spend tokens unseen by leaving
+the counts out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import structlog
+
+from gateway.access import RequestRecord
+from gateway.budget_policy import Budget
+from gateway.budgets import BudgetState, budget_states, over_budget
+from gateway.refusals import Refusal
+from gateway.tasks import Background, repeat
+from gateway.usage import Batch, Counts, StoreError, Tally, UsageStore
+from gateway.vocabulary import REFUSALS
+from gateway.windows import Calendar
+
+__all__ = ["Ledger"]
+
+log = structlog.get_logger("fairgate.usage")
+
+# Rows waiting for a write, at most: what a long outage of the store may hold in memory. A
+# model name comes from the client; past this, new rows go under OTHER_MODEL.
+MAX_PENDING_ROWS = 10_000
+OTHER_MODEL = "(other)"
+_MODEL_CHARS = 200
+
+
+class Ledger:
+    """Counts in memory since the last write, the store's totals as of that write, and the
+    loop that writes one to the other."""
+
+    def __init__(self, store: UsageStore, calendar: Calendar, flush_seconds: float) -> None:
+        self.store = store
+        self.calendar = calendar
+        self._every = flush_seconds
+        self._batch = Batch()
+        self._since: dict[str, Tally] = {}  # by user: counted since the last write began
+        self._base: dict[str, Tally] = {}  # by user: the store's totals after that write
+        self._lock = asyncio.Lock()
+        self._writing: asyncio.Task[None] | None = None
+        self._loops = Background("usage")
+        self.failing = False
+
+    async def start(self) -> None:
+        """Open the store and read today's totals; then write every interval."""
+        try:
+            self._base = await self.store.open(self.calendar.now())
+        except StoreError as exc:
+            if not self.store.shared:
+                raise  # a file that cannot be opened is the admin's to fix before serving
+            self._failed(exc)  # Redis away: count in memory until it is back
+        self._loops.start("flush", repeat(self._every, self.flush))
+
+    def observe(self, record: RequestRecord) -> None:
+        """Count one finished request (a listener of the access log)."""
+        if record.dispatched_at is not None:  # it held a slot, whatever became of it
+            self._served(record, record.dispatched_at)
+        elif record.reason in REFUSALS:
+            windows = self.calendar.now()
+            user = record.user or ""
+            self._batch.refused[(windows.day, windows.hour, user, str(record.reason))] += 1
+            self._tally(user).refused += 1
+
+    def _served(self, record: RequestRecord, dispatched_at: float) -> None:
+        windows = self.calendar.now()
+        user = record.user or ""
+        prompt = record.prompt_tokens
+        completion = record.completion_tokens
+        counts = Counts(
+            1,
+            (record.input_estimate or 0) if prompt is None else prompt,
+            record.streamed_tokens if completion is None else completion,
+            max(0.0, record.finished - dispatched_at),
+        )
+        key = (windows.day, windows.hour, user, (record.model or "")[:_MODEL_CHARS])
+        batch = self._batch
+        if key not in batch.served and len(batch.served) >= MAX_PENDING_ROWS:
+            key = (*key[:3], OTHER_MODEL)
+        batch.served.setdefault(key, Counts()).add(counts)
+        batch.minutes[(windows.minute, user)] += 1
+        tally = self._tally(user)
+        tally.requests += 1
+        tally.hour_requests += 1
+        tally.minute_requests += 1
+        tally.prompt_tokens += counts.prompt_tokens
+        tally.completion_tokens += counts.completion_tokens
+        tally.slot_seconds += counts.slot_seconds
+
+    def _tally(self, user: str) -> Tally:
+        tally = self._since.get(user)
+        if tally is None:
+            tally = self._since[user] = Tally()
+        tally.roll(self.calendar.now())
+        return tally
+
+    def used(self, user: str) -> Tally:
+        """``user``'s figures in the current windows: the store's, and what came since."""
+        figures = Tally()
+        figures.roll(self.calendar.now())
+        for part in (self._base.get(user), self._since.get(user)):
+            if part is not None:
+                figures.absorb(part)
+        return figures
+
+    def budgets(self, user: str, budget: Budget, in_flight: int) -> list[BudgetState]:
+        """Each of ``budget``'s limits against what ``user`` has used (and has running or
+        waiting, ``in_flight``: those will count when they end)."""
+        return budget_states(budget, self.used(user), in_flight, self.calendar.now())
+
+    def refusal(self, user: str, budget: Budget, in_flight: int) -> Refusal | None:
+        """The 429 for a request of ``user`` now, or None while every budget has room."""
+        if not budget:
+            return None
+        return over_budget(user, self.budgets(user, budget, in_flight), self.calendar)
+
+    def snapshot(self) -> dict[str, Tally]:
+        """Every user with figures in the current windows."""
+        return {user: self.used(user) for user in sorted({*self._base, *self._since})}
+
+    async def flush(self) -> None:
+        """Write what accumulated; the write finishes even if the caller is cancelled."""
+        self._writing = asyncio.ensure_future(self._write())
+        await asyncio.shield(self._writing)
+
+    async def _write(self) -> None:
+        async with self._lock:  # one write at a time: the loop's, and the last one at close
+            if not self._batch and not self.store.shared:
+                return  # nothing new, and nobody else writes: the totals stand
+            batch, since = self._batch, self._since
+            self._batch, self._since = Batch(), {}
+            try:
+                self._base = await self.store.add(batch, self.calendar.now())
+            except StoreError as exc:
+                batch.merge(self._batch)  # kept, with what came meanwhile, for the next try
+                self._batch = batch
+                for user, tally in since.items():
+                    tally.absorb(self._since.get(user) or Tally())
+                    self._since[user] = tally
+                self._failed(exc)
+                return
+        if self.failing:
+            self.failing = False
+            log.info("usage_store_restored")
+
+    async def close(self) -> None:
+        """Stop the loop, then write what is left (a drained gateway loses nothing)."""
+        await self._loops.close()
+        if self._writing is not None:
+            with contextlib.suppress(Exception):
+                await self._writing
+        await self.flush()
+        if self.failing:
+            log.error("usage_lost_at_close", rows=len(self._batch.served))
+        await self.store.close()
+
+    def _failed(self, exc: StoreError) -> None:
+        if not self.failing:
+            log.error("usage_store_unavailable", error=str(exc), kept=len(self._batch.served))
+        self.failing = True

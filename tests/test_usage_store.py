@@ -1,0 +1,102 @@
+"""One contract, two usage stores: SQLite (one gateway) and Redis (replicas sharing counters)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from gateway.usage import Batch, Counts, RedisUsage, SqliteUsage, StoreError, UsageStore
+from gateway.windows import Calendar, zone_named
+from tests.redis_server import RedisServer, redis_server, redis_url  # noqa: F401 (fixtures)
+
+UTC = Calendar(zone_named("UTC"))
+NOON = UTC.at(1741953600.0)  # 2025-03-14 12:00 UTC
+ODD = 'a"b:c\tdé'  # a name with quotes, separators and more than ASCII
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+async def store(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    redis_url: str,  # noqa: F811
+) -> AsyncIterator[UsageStore]:
+    chosen: UsageStore = (
+        SqliteUsage(tmp_path / "usage.db") if request.param == "sqlite" else RedisUsage(redis_url)
+    )
+    await chosen.open(NOON)
+    yield chosen
+    await chosen.close()
+
+
+def batch(
+    day: str = "2025-03-14", hour: int = 12, user: str = "alice", model: str = "m", n: int = 1
+) -> Batch:
+    added = Batch()
+    added.served[(day, hour, user, model)] = Counts(n, 10 * n, 20 * n, 1.5 * n)
+    added.minutes[(f"{day}T{hour:02d}:00", user)] = n
+    return added
+
+
+class TestUsageStoreContract:
+    async def test_batches_add_up_and_the_totals_come_back_with_each_write(
+        self, store: UsageStore
+    ) -> None:
+        """Two writes for one user add; the totals after each include it."""
+        first = await store.add(batch(n=2), NOON)
+        assert first["alice"].requests == 2
+        totals = await store.add(batch(n=3, model="other"), NOON)
+        alice = totals["alice"]
+        assert (alice.requests, alice.prompt_tokens, alice.completion_tokens) == (5, 50, 100)
+        assert alice.slot_seconds == pytest.approx(7.5)
+        assert (alice.hour_requests, alice.minute_requests) == (5, 5)
+        assert (alice.day, alice.hour, alice.minute) == ("2025-03-14", "2025-03-14T12", NOON.minute)
+
+    async def test_totals_count_only_the_windows_asked_for(self, store: UsageStore) -> None:
+        """Use in an earlier hour counts for the day, not for this hour or minute."""
+        await store.add(batch(hour=9, n=4), NOON)
+        alice = (await store.add(batch(n=1), NOON))["alice"]
+        assert (alice.requests, alice.hour_requests, alice.minute_requests) == (5, 1, 1)
+        tomorrow = UTC.at(NOON.day_ends + 1)
+        assert (await store.add(Batch(), tomorrow)).get("alice") is None
+
+    async def test_refusals_count_per_user_and_reason_and_in_the_days_total(
+        self, store: UsageStore
+    ) -> None:
+        """Refusals are rows of their own and the day's ``refused``."""
+        refusals = Batch()
+        refusals.refused[("2025-03-14", 12, "bob", "user_queue_full")] = 2
+        refusals.refused[("2025-03-14", 12, "", "unauthorized")] = 1
+        totals = await store.add(refusals, NOON)
+        assert totals["bob"].refused == 2 and totals["bob"].requests == 0
+        _, rows = await store.rows(("2025-03-14", 0))
+        assert {(r.user, r.reason, r.count) for r in rows} == {
+            ("bob", "user_queue_full", 2),
+            ("", "unauthorized", 1),
+        }
+
+    async def test_rows_come_back_from_a_given_hour_with_any_names(self, store: UsageStore) -> None:
+        """Rows since (day, hour), in order; names with quotes and colons survive."""
+        for day, hour in (("2025-03-13", 23), ("2025-03-14", 8), ("2025-03-14", 12)):
+            await store.add(batch(day, hour, user=ODD, model=ODD), NOON)
+        rows, _ = await store.rows(("2025-03-14", 8))
+        assert [(r.day, r.hour, r.user, r.model, r.requests) for r in rows] == [
+            ("2025-03-14", 8, ODD, ODD, 1),
+            ("2025-03-14", 12, ODD, ODD, 1),
+        ]
+        assert rows[0].slot_seconds == pytest.approx(1.5)
+
+
+async def test_a_stopped_redis_is_a_store_error_and_a_restarted_one_serves_again(
+    redis_server: RedisServer,  # noqa: F811
+) -> None:
+    """StoreError while Redis is away (the ledger keeps its batch); writes work once back."""
+    store = RedisUsage(redis_server.url)
+    await store.open(NOON)
+    await redis_server.stop()
+    with pytest.raises(StoreError):
+        await store.add(batch(), NOON)
+    await redis_server.start()
+    assert (await store.add(batch(), NOON))["alice"].requests == 1
+    await store.close()
