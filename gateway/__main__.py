@@ -1,4 +1,4 @@
-"""The ``fairgate`` command: serve, check-config, keys, status, sim, demo, plan."""
+"""The ``fairgate`` command: serve, check-config, keys, status, usage, sim, demo, plan."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from gateway.logs import configure_logging
 from gateway.policy import PolicyError, load_policy
 from gateway.settings import Settings, describe_settings, settings_errors
 from gateway.status_cli import add_status_arguments, run_status
+from gateway.usage_cli import add_usage_arguments, run_usage
 
 __all__ = ["main"]
 
@@ -70,6 +71,15 @@ def _parser() -> argparse.ArgumentParser:
     status = commands.add_parser("status", help="who runs and who waits, as a table")
     add_status_arguments(status)
     status.set_defaults(run=run_status)
+
+    usage = commands.add_parser(
+        "usage",
+        help="who used the box: requests, tokens, slot time, refusals",
+        description="Usage per user (and model or day), read from FAIRGATE_USAGE_DB, or from "
+        "Redis with FAIRGATE_REDIS_URL; settings and .env as for serve.",
+    )
+    add_usage_arguments(usage)
+    usage.set_defaults(run=run_usage)
 
     _add_tool_commands(commands)
     return parser

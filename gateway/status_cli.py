@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-__all__ = ["add_status_arguments", "render_text", "run_status"]
+__all__ = ["add_status_arguments", "duration_text", "render_text", "run_status", "table"]
 
 _CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear the screen: one frame per refresh
 
@@ -90,7 +90,7 @@ def render_text(status: dict[str, Any]) -> str:
     slots = sum(b["slots"] for b in backends.values())
     head = f"{busy} of {slots} slots busy, {queue['depth']} waiting"
     if queue["depth"]:
-        head += f" (oldest {_seconds(queue['oldest_wait_seconds'])})"
+        head += f" (oldest {duration_text(queue['oldest_wait_seconds'])})"
     parts = [head, _backends(backends), _running(status["running"]), _waiting(queue["waiting"])]
     parts.append(_users(status["users"]))
     if status["refusals"]:
@@ -117,7 +117,8 @@ def _running(running: list[dict[str, Any]]) -> str:
     if not running:
         return "nothing running"
     rows = [
-        [r["user"], r["model"], r["backend"], r["class"], _seconds(r["seconds"])] for r in running
+        [r["user"], r["model"], r["backend"], r["class"], duration_text(r["seconds"])]
+        for r in running
     ]
     return table(["RUNNING", "MODEL", "BACKEND", "CLASS", "FOR"], rows)
 
@@ -131,8 +132,8 @@ def _waiting(waiting: list[dict[str, Any]]) -> str:
             w["user"],
             w["model"],
             w["class"],
-            _seconds(w["waited_seconds"]),
-            "~" + _seconds(w["estimated_start_seconds"]),
+            duration_text(w["waited_seconds"]),
+            "~" + duration_text(w["estimated_start_seconds"]),
         ]
         for w in waiting
     ]
@@ -180,7 +181,7 @@ def _of(value: int, limit: int | None) -> str:
     return str(value) if limit is None else f"{value}/{limit}"
 
 
-def _seconds(seconds: float) -> str:
+def duration_text(seconds: float) -> str:
     if seconds < 10:
         return f"{seconds:.1f}s"
     if seconds < 60:
