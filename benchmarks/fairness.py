@@ -28,7 +28,7 @@ from fairsim import SimConfig, Simulator
 from gateway.app import bound_url, create_app, start_server
 from gateway.logs import configure_logging
 from gateway.policy import parse_policy
-from gateway.settings import Settings
+from gateway.settings import IN_MEMORY, Settings
 
 __all__ = ["Run", "compare", "main"]
 
@@ -82,7 +82,9 @@ async def _run(
     url, keys = sim_url, None
     if scheduling is not None:
         policy = parse_policy(_policy(sim_url, scheduling, heavy_slots, mix))
-        gateway, url = await _serve(create_app(Settings(log_level="WARNING"), policy))
+        gateway, url = await _serve(
+            create_app(Settings(log_level="WARNING", usage_db=IN_MEMORY), policy)
+        )
         runners.append(gateway)
         keys = {user: f"{user}-key" for user in policy.users}
     started = time.perf_counter()

@@ -108,6 +108,7 @@ async def _run(args: argparse.Namespace, workdir: Path) -> None:
         f"backends:\n  - {{name: sim, url: http://127.0.0.1:{sim_port}, kind: ollama, slots: 2}}\n"
     )
     env = {**os.environ, "FAIRGATE_CONFIG": str(policy), "FAIRGATE_LOG_LEVEL": "WARNING"}
+    env["FAIRGATE_USAGE_DB"] = str(workdir / "usage.db")
     env["FAIRGATE_LISTEN"] = f"127.0.0.1:{gateway_port}"
     env["FAIRGATE_MAX_BODY_BYTES"] = str(args.mib * 2 * 1024 * 1024)
     gateway = await asyncio.create_subprocess_exec(

@@ -110,6 +110,8 @@ async def _load(
             "FAIRGATE_CONFIG": str(policy),
             "FAIRGATE_LISTEN": f"127.0.0.1:{gateway_port}",
             "FAIRGATE_LOG_LEVEL": "WARNING",
+            # A real file: what the gateway adds includes counting usage and writing it.
+            "FAIRGATE_USAGE_DB": str(workdir / "usage.db"),
         }
         gateway = await spawn_pinned(0, sys.executable, "-m", "gateway", "serve", env=env)
         bare = ["benchmarks.bare_relay", "--port", str(bare_port), "--upstream", stub_url]

@@ -67,6 +67,7 @@ async def main(factor: int, seconds: float) -> None:
         "FAIRGATE_CONFIG": str(policy),
         "FAIRGATE_LISTEN": f"127.0.0.1:{gateway_port}",
         "FAIRGATE_LOG_LEVEL": "WARNING",
+        "FAIRGATE_USAGE_DB": str(workdir / "usage.db"),
     }
     sim_command = ["-m", "gateway", "sim", "--port", str(sim_port), "--parallel", str(SLOTS)]
     sim_command += ["--prefill-tps", "0", "--decode-tps", "200", "--output-tokens", "8"]

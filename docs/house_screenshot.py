@@ -18,7 +18,7 @@ from fairsim import SimConfig, Simulator
 from gateway.app import bound_url, create_app, start_server
 from gateway.logs import configure_logging
 from gateway.policy import parse_policy
-from gateway.settings import Settings
+from gateway.settings import IN_MEMORY, Settings
 
 OUT = Path(__file__).resolve().parent / "house.png"
 MODEL = "llama3.2:3b"
@@ -52,7 +52,8 @@ async def main() -> None:
     sim = Simulator(SimConfig(parallel=2, decode_tokens_per_s=40.0, default_output_tokens=8))
     backend = await start_server(sim.make_app(), "127.0.0.1", 0)
     app = create_app(
-        Settings(log_level="WARNING"), parse_policy(POLICY.format(url=bound_url(backend)))
+        Settings(log_level="WARNING", usage_db=IN_MEMORY),
+        parse_policy(POLICY.format(url=bound_url(backend))),
     )
     gateway = await start_server(app, "127.0.0.1", 0)
     url = bound_url(gateway)

@@ -13,7 +13,7 @@ from fairsim import SimConfig, Simulator
 from gateway.app import bound_url, create_app, start_server
 from gateway.logs import configure_logging
 from gateway.policy import BackendConfig, Policy
-from gateway.settings import Settings
+from gateway.settings import IN_MEMORY, Settings
 
 __all__ = ["run_demo"]
 
@@ -26,7 +26,10 @@ def run_demo(gateway_port: int, backend_port: int) -> None:
 async def _demo(gateway_port: int, backend_port: int) -> None:
     # Warnings only: the access log would interleave with the streamed reply.
     settings = Settings(
-        listen=f"127.0.0.1:{gateway_port}", log_format="console", log_level="WARNING"
+        listen=f"127.0.0.1:{gateway_port}",
+        log_format="console",
+        log_level="WARNING",
+        usage_db=IN_MEMORY,  # a demo's usage is not worth a file in the working directory
     )
     configure_logging(settings.log_format, settings.log_level)
     simulator = Simulator(SimConfig(parallel=2, decode_tokens_per_s=15.0, default_output_tokens=40))

@@ -16,7 +16,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gateway.windows import zone_named
 
-__all__ = ["Settings", "describe_settings", "parse_listen", "settings_errors"]
+__all__ = ["IN_MEMORY", "Settings", "describe_settings", "parse_listen", "settings_errors"]
+
+IN_MEMORY = Path(":memory:")
+"""FAIRGATE_USAGE_DB for usage kept in memory only (tools, demos): forgotten at exit."""
 
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
@@ -101,8 +104,8 @@ class Settings(BaseSettings):
     usage_db: Path = Field(
         default=Path("fairgate-usage.db"),
         description="SQLite file that keeps each user's usage across restarts (created if "
-        "missing; its directory must be writable). With FAIRGATE_REDIS_URL, usage is kept "
-        "in Redis instead.",
+        "missing; its directory must be writable); :memory: keeps it until exit. With "
+        "FAIRGATE_REDIS_URL, usage is kept in Redis instead.",
     )
     usage_flush_seconds: float = Field(
         default=2.0,

@@ -24,11 +24,12 @@ from gateway.app import SERVICES, create_app
 from gateway.connections import Listener
 from gateway.policy import parse_policy
 from gateway.settings import Settings
-from gateway.usage import SqliteUsage
+from gateway.usage import RedisUsage, SqliteUsage
 from gateway.vocabulary import Reason, RequestClass
 from gateway.windows import Calendar, zone_named
 from tests.conftest import Gateway, StartGateway, StartSim
 from tests.processes import free_port, until_answers
+from tests.redis_server import RedisServer, redis_server  # noqa: F401 (fixture)
 from tests.test_admission import MODEL, held, idle, until
 
 USERS = """\
@@ -203,6 +204,31 @@ class TestDays:
             ("2025-03-14", 23, "bob", 2),
             ("2025-03-15", 0, "carol", 1),
         ]
+
+
+class TestOutages:
+    async def test_counts_wait_in_memory_while_redis_is_away_and_are_written_when_it_returns(
+        self,
+        redis_server: RedisServer,  # noqa: F811
+    ) -> None:
+        """A failed write keeps its batch; budgets still see it; the next good write has all."""
+        ledger = Ledger(RedisUsage(redis_server.url), Calendar(PARIS), 60.0)
+        await ledger.start()
+        ledger.observe(served("bob"))
+        await redis_server.stop()
+        ledger.observe(served("bob"))
+        await ledger.flush()
+        assert ledger.failing
+        ledger.observe(served("bob"))
+        assert ledger.used("bob").requests == 3
+        await redis_server.start()
+        await ledger.flush()
+        assert not ledger.failing
+        await ledger.close()
+        store = RedisUsage(redis_server.url)
+        rows, _ = await store.rows(("2000-01-01", 0))
+        await store.close()
+        assert sum(row.requests for row in rows) == 3
 
 
 def served(user: str, tokens: int = 10) -> RequestRecord:
