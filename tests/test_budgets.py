@@ -64,6 +64,8 @@ class TestPolicy:
             "users:\n"
             "  kids: {keys: [k], budget: {requests_per_hour: 20, slot_seconds_per_day: 1h30m}}\n"
             "  agent: {keys: [a], budget: {tokens_per_day: unlimited, requests_per_minute: 1.5k}}\n"
+            "  root:\n    keys: [b]\n"
+            "    budget: {tokens_per_day: unlimited, requests_per_hour: unlimited}\n"
             "backends: [{name: b, url: 'http://127.0.0.1:1', slots: 1}]\n"
         )
         kids, agent, guest = (policy.budget_of(u) for u in ("kids", "agent", "guest"))
@@ -71,6 +73,7 @@ class TestPolicy:
         assert kids.slot_seconds_per_day == 5400.0
         assert (agent.tokens_per_day, agent.requests_per_minute) == (None, 1500)
         assert (guest.tokens_per_day, guest.requests_per_hour) == (2_000_000, 50)
+        assert not policy.budget_of("root")  # every default lifted
         assert not parse_policy("backends: [{name: b, url: 'http://x', slots: 1}]").budget_of("x")
 
     def test_a_budget_that_is_not_a_count_is_refused_at_its_line(self) -> None:

@@ -31,7 +31,7 @@ scheduling: {scheduling}
 defaults: {{max_concurrent: 1, max_queued: 3}}
 users:
   alice: {{keys: [alice-key], admin: true}}
-  bob: {{keys: [bob-key]}}
+  bob: {{keys: [bob-key], budget: {{requests_per_hour: 100}}}}
   agent: {{keys: [agent-key]}}
   carol: {{keys: [carol-key], max_queued: 5, weight: 2}}
 backends:
@@ -314,6 +314,9 @@ class TestHousePage:
             )
             await expect(page.locator("#running tr td").first).to_have_text(MODEL)
             await expect(page.locator("#house-link")).to_be_hidden()
+            # The running request counts already: what is left of the hour, and when.
+            budget = page.locator("#limits tr", has_text="budget: requests per hour")
+            await expect(budget).to_contain_text("99 left of 100, renews")
 
             await page.goto(url + "/ui")
             await expect(form).to_be_visible()
