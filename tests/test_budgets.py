@@ -187,6 +187,32 @@ class TestRequestsInFlight:
         await until(gateway.services.admission, idle)
         assert (await generate(gateway, "alice-key"))[0] == 429
 
+    async def test_each_person_of_a_front_end_has_the_front_ends_budget_for_themself(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """One request an hour for owui: alice through it uses hers, bob still has his."""
+        _, sim_url = await start_sim()
+        owui = (
+            "  owui:\n    keys: [owui-key]\n    budget: {requests_per_hour: 1}\n"
+            "    on_behalf: {header: X-OpenWebUI-User-Email}\n"
+        )
+        text = house(sim_url, "").replace("users:\n", "users:\n" + owui)
+        gateway = await start_gateway(text)
+
+        async def as_person(email: str) -> int:
+            body = {"model": MODEL, "prompt": "hi", "stream": False}
+            headers = {"Authorization": "Bearer owui-key", "X-OpenWebUI-User-Email": email}
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(gateway.url + "/api/generate", json=body, headers=headers) as reply,
+            ):
+                return reply.status
+
+        assert await as_person("alice@example.com") == 200
+        await until(gateway.services.admission, idle)
+        assert await as_person("alice@example.com") == 429
+        assert await as_person("bob@example.com") == 200
+
 
 class TestReloadAndViews:
     async def test_a_reload_applies_a_changed_budget_at_once_and_keeps_the_counts(
