@@ -412,6 +412,17 @@ class Policy(Strict):
                     raise problem_at((name, "keys", index), said, first=(owner, "keys", earlier))
         return users
 
+    @model_validator(mode="after")
+    def _keep_warm_names_models(self) -> Policy:
+        # Pings go to the backend as written, and a backend knows no alias: say so here
+        # rather than log a failed ping every minute.
+        for index, backend in enumerate(self.backends):
+            for position, model in enumerate(backend.keep_warm):
+                if model in self.aliases:
+                    message = f"{model!r} is an alias: name the model, {self.aliases[model]!r}"
+                    raise problem_at(("backends", index, "keep_warm", position), message)
+        return self
+
     @field_validator("aliases")
     @classmethod
     def _aliases_name_models(cls, aliases: dict[str, str]) -> dict[str, str]:

@@ -193,6 +193,21 @@ class TestAliasesInThePolicy:
             "house.yaml:4: aliases.family: names another alias, 'smart': name the model itself"
         )
 
+    def test_an_alias_kept_warm_is_refused_with_its_model_named(self) -> None:
+        """keep_warm pings go to the backend as written, so they must name the model."""
+        from gateway.policy import PolicyError, parse_policy
+
+        text = (
+            "aliases: {family: llama3.2:3b}\nbackends:\n"
+            "  - {name: gpu, url: http://127.0.0.1:1, slots: 1, keep_warm: [family]}\n"
+        )
+        with pytest.raises(PolicyError) as refused:
+            parse_policy(text, source="house.yaml")
+        assert str(refused.value) == (
+            "house.yaml:3: backends[0].keep_warm[0]: 'family' is an alias: name the model, "
+            "'llama3.2:3b'"
+        )
+
     def test_a_misspelt_aliases_section_gets_a_suggestion(self) -> None:
         """alias: is an unknown field; did you mean 'aliases'?"""
         from gateway.policy import PolicyError, parse_policy
