@@ -149,10 +149,33 @@ def _users(users: dict[str, Any]) -> str:
             str(u["today"]["requests"]),
             str(u["today"]["prompt_tokens"] + u["today"]["completion_tokens"]),
             str(u["today"]["refused"]),
+            duration_text(u["today"]["slot_seconds"]),
+            _budget_left(u["budget"]),
         ]
         for name, u in users.items()
     ]
-    return table(["USER", "RUNNING", "QUEUED", "REQUESTS TODAY", "TOKENS", "REFUSED"], rows)
+    header = ["USER", "RUNNING", "QUEUED", "REQUESTS TODAY", "TOKENS", "REFUSED", "SLOT TIME"]
+    return table([*header, "BUDGET LEFT"], rows)
+
+
+_BUDGET_UNITS = {
+    "tokens_per_day": "tokens/day",
+    "requests_per_minute": "req/min",
+    "requests_per_hour": "req/h",
+    "slot_seconds_per_day": "slot/day",
+}
+
+
+def _budget_left(budget: dict[str, Any]) -> str:
+    """``99/100 req/h, 1h20m/2h slot/day``: what is left of each limit, or -."""
+    parts = []
+    for name, limit in budget.items():
+        if name == "slot_seconds_per_day":
+            left = f"{duration_text(limit['remaining'])}/{duration_text(limit['limit'])}"
+        else:
+            left = f"{limit['remaining']:,.0f}/{limit['limit']:,.0f}"
+        parts.append(f"{left} {_BUDGET_UNITS.get(name, name)}")
+    return ", ".join(parts) or "-"
 
 
 def _refusals(refusals: list[dict[str, Any]]) -> str:

@@ -51,6 +51,8 @@ class TestStatusCommand:
         assert row_of(out, "RUNNING", "bob")[:4] == ["bob", MODEL, "gpu", "light"]  # running
         assert row_of(out, "#", "1")[:4] == ["1", "carol", MODEL, "light"]  # waiting, first
         assert row_of(out, "USER", "carol")[:3] == ["carol", "0/1", "1/5"]  # against her limits
+        assert row_of(out, "USER", "carol")[-1] == "-"  # no budget
+        assert " ".join(row_of(out, "USER", "bob")).endswith("99/100 req/h")  # his one runs
 
     async def test_watch_redraws_until_interrupted(
         self, start_sim: StartSim, start_gateway: StartGateway
