@@ -47,8 +47,9 @@ run: $(RUNTIME_STAMP)
 test: lint $(LLAMA_STAMP) services
 	$(BIN)/pytest -q
 
-# What the gateway adds to every streamed reply, direct vs gateway (vs nginx when installed).
-bench: $(DEV_STAMP)
+# What the gateway adds to every streamed reply: direct, gateway, a bare aiohttp relay and
+# nginx (Debian's, installed by `services`), side by side.
+bench: $(DEV_STAMP) services
 	$(BIN)/python -m benchmarks.overhead
 
 # Real servers the tests start on loopback: Prometheus (and promtool) and redis-server, from

@@ -7,15 +7,16 @@ worker, ``proxy_buffering off``, upstream keep-alive) when it is installed. Thre
 each against every target in turn, in the same run:
 
 - one stream at a time: what the path adds to a request when nothing else is happening.
-- zero-delay: the backend streams its tokens as fast as it can, K clients in a closed loop.
-  This finds the most chunks per second the path can relay.
-- paced: every stream gets a token per decode step (``--interval``, as a GPU's batched decode
-  does), so nothing is saturated and the added TTFT and ITL are the path's own.
+- zero-delay: the backend streams its tokens as fast as it can, ``--concurrency`` clients in
+  a closed loop. This finds the most requests per second the path can relay.
+- paced: ``--paced`` streams each get a token per decode step (``--interval``, as a GPU's
+  batched decode does), so nothing is saturated and the added TTFT and ITL are the path's own.
 
-Prints TTFT and ITL p50/p99, requests/s, chunks/s, and the CPU per request of the gateway
-and of the bare relay.
+Prints TTFT and ITL p50/p99, requests/s, chunks/s, the CPU per request of the gateway and of
+the bare relay, and the gateway's figures over nginx's. ``--rounds`` measures every target
+again in the same processes, to show the noise.
 
-    make bench   # or: .venv/bin/python -m benchmarks.overhead [--concurrency 100] [--seconds 5]
+    make bench   # or: .venv/bin/python -m benchmarks.overhead [--concurrency 16] [--paced 100]
 """
 
 from __future__ import annotations
@@ -90,8 +91,9 @@ async def client_figures(
 
 async def _load(
     workdir: Path, args: argparse.Namespace, interval: float, concurrency: int
-) -> dict[str, dict[str, Any]]:
-    """Start the stub, the gateway, the bare relay and nginx; measure each; stop them."""
+) -> list[dict[str, dict[str, Any]]]:
+    """Start the stub, the gateway, the bare relay and nginx; measure each, ``--rounds``
+    times; stop them."""
     stub_port, gateway_port, nginx_port = free_port(), free_port(), free_port()
     bare_port = free_port()
     processes = []
@@ -102,7 +104,8 @@ async def _load(
         stub_url = f"http://127.0.0.1:{stub_port}"
         policy = workdir / "fairgate.yaml"
         policy.write_text(
-            f"defaults: {{max_concurrent: {args.concurrency * 2}, max_queued: 0}}\n"
+            f"defaults: {{max_concurrent: {max(args.concurrency, args.paced) * 2}, "
+            "max_queued: 0}\n"
             f"backends:\n  - {{name: stub, url: {stub_url}, kind: ollama, slots: 100000}}\n"
         )
         env = {
@@ -130,20 +133,30 @@ async def _load(
             targets["nginx"] = f"http://127.0.0.1:{nginx_port}"
         for url in targets.values():
             await until_answers(url + "/", 20)
-        figures = {}
-        for name, url in targets.items():
-            pid = pids.get(name)
-            cpu_before = _cpu_seconds(pid) if pid else 0.0
-            figures[name] = await client_figures(url, concurrency, args.seconds)
-            figures[name]["cpu"] = _cpu_seconds(pid) - cpu_before if pid else None
-        return figures
+        rounds = []
+        for _ in range(args.rounds):
+            figures = {}
+            for name, url in targets.items():
+                pid = pids.get(name)
+                cpu_before = _cpu_seconds(pid) if pid else 0.0
+                figures[name] = await client_figures(url, concurrency, args.seconds)
+                figures[name]["cpu"] = _cpu_seconds(pid) - cpu_before if pid else None
+            rounds.append(figures)
+        return rounds
     finally:
         for process in reversed(processes):
             await stop(process)
 
 
-def _report(title: str, figures: dict[str, dict[str, Any]], seconds: float) -> None:
+def _report(title: str, rounds: list[dict[str, dict[str, Any]]], seconds: float) -> None:
     print(title)
+    for number, figures in enumerate(rounds, 1):
+        if len(rounds) > 1:
+            print(f" round {number}")
+        _figures(figures, seconds)
+
+
+def _figures(figures: dict[str, dict[str, Any]], seconds: float) -> None:
     print("  target   TTFT p50  TTFT p99   ITL p50   ITL p99  requests/s   chunks/s")
     for name, f in figures.items():
         print(
@@ -161,6 +174,12 @@ def _report(title: str, figures: dict[str, dict[str, Any]], seconds: float) -> N
                 f"p99 {added['ttft_p99']:+.2f} ms; ITL p99 "
                 f"{(f['itl_p99'] - direct['itl_p99']) * 1e3:+.2f} ms"
             )
+    if "nginx" in figures:
+        gateway, nginx = figures["gateway"], figures["nginx"]
+        print(
+            f"  gateway / nginx: TTFT p50 {gateway['ttft_p50'] / nginx['ttft_p50']:.2f}x, "
+            f"requests/s {gateway['requests_per_s'] / nginx['requests_per_s']:.2f}x"
+        )
     for name in ("gateway", "aiohttp"):
         f = figures[name]
         # The CPU was counted over the warm-up too, at about the same rate.
@@ -177,9 +196,8 @@ def _report(title: str, figures: dict[str, dict[str, Any]], seconds: float) -> N
 async def main(args: argparse.Namespace) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="fairgate-bench-"))
     print(
-        f"overhead: {args.concurrency} concurrent streaming chats of {args.tokens} tokens, "
-        f"{args.seconds:g} s per target; {os.cpu_count()} cores; gateway and nginx on core 0, "
-        "backend stub and client on core 1"
+        f"overhead: streaming chats of {args.tokens} tokens, {args.seconds:g} s per target; "
+        f"{os.cpu_count()} cores; gateway and nginx on core 0, backend stub and client on core 1"
     )
     one = await _load(workdir, args, 0.0, 1)
     _report("one stream at a time, zero-delay backend (the path's own latency):", one, args.seconds)
@@ -189,9 +207,9 @@ async def main(args: argparse.Namespace) -> None:
         zero,
         args.seconds,
     )
-    paced = await _load(workdir, args, args.interval, args.concurrency)
+    paced = await _load(workdir, args, args.interval, args.paced)
     _report(
-        f"{args.concurrency} streams, paced backend (a token per stream every "
+        f"{args.paced} streams, paced backend (a token per stream every "
         f"{args.interval * 1e3:g} ms):",
         paced,
         args.seconds,
@@ -200,8 +218,10 @@ async def main(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--concurrency", type=int, default=100)
+    parser.add_argument("--concurrency", type=int, default=16, help="zero-delay streams")
+    parser.add_argument("--paced", type=int, default=100, help="paced streams")
     parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--tokens", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--interval", type=float, default=0.02)
     asyncio.run(main(parser.parse_args()))

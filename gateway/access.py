@@ -15,7 +15,7 @@ from aiohttp.typedefs import Handler, Middleware
 from gateway.errors import GatewayError, error_body, retry_after_header
 from gateway.forwarded import Client
 from gateway.logs import printable
-from gateway.relay import Progress
+from gateway.pump import Progress
 from gateway.vocabulary import Api, Lane, Reason, RequestClass, api_of
 
 __all__ = [

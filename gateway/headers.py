@@ -9,7 +9,6 @@ themselves. aiohttp hands the handler a body already decompressed, so the client
 
 from __future__ import annotations
 
-import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
 
 __all__ = ["forwarded_headers", "returned_headers"]
@@ -46,12 +45,12 @@ def forwarded_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
     return forwarded
 
 
-def returned_headers(upstream: aiohttp.ClientResponse) -> CIMultiDict[str]:
-    dropped = _NOT_RETURNED | _named_by_connection(upstream.headers)
-    return CIMultiDict((k, v) for k, v in upstream.headers.items() if k.lower() not in dropped)
+def returned_headers(upstream: CIMultiDict[str]) -> CIMultiDict[str]:
+    dropped = _NOT_RETURNED | _named_by_connection(upstream)
+    return CIMultiDict((k, v) for k, v in upstream.items() if k.lower() not in dropped)
 
 
-def _named_by_connection(headers: CIMultiDictProxy[str]) -> frozenset[str]:
+def _named_by_connection(headers: CIMultiDict[str] | CIMultiDictProxy[str]) -> frozenset[str]:
     """The headers a Connection header names: they were meant for this hop only."""
     return frozenset(
         name.strip().lower()

@@ -175,7 +175,7 @@ class Reads:
         record = request[RECORD]
         record.backend = backend.name
         timeouts = self._services.policy.current.policy.timeouts
-        relay = Relay(self._services.upstream.session, Target(backend.url + request.path, timeouts))
+        relay = Relay(self._services.upstream.replies, Target(backend.url + request.path, timeouts))
         try:
             return await relay.run(request, body)
         finally:

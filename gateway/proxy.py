@@ -131,7 +131,7 @@ class Generation:
     ) -> web.StreamResponse:
         record = request[RECORD]
         record.backend = permit.backend.name
-        relay = Relay(self._services.upstream.session, target, meter=permit.add_output)
+        relay = Relay(self._services.upstream.replies, target, meter=permit.add_output)
         streams = self._services.streams
         streams.add(relay)  # so that a shutdown can end it with an in-band error
         try:

@@ -64,7 +64,8 @@ class Settings(BaseSettings):
     upstream_pool_size: int = Field(
         default=256,
         ge=1,
-        description="Most connections kept open to all backends together.",
+        description="Most connections kept open to all backends together for relayed replies "
+        "(probes, listings and keep-warm pings use up to 16 more).",
     )
 
     max_connections: int = Field(

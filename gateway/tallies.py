@@ -17,12 +17,7 @@ TALLY_WINDOW = 16 * 1024
 """Bytes at the end of a reply that hold its tallies: Ollama's final line or fields,
 OpenAI's ``usage``, llama.cpp's last event (its ``generation_settings`` run to a few KiB)."""
 
-# Inside a JSON string every quote is escaped, so a text that merely mentions
-# "eval_count" cannot match a quoted key followed by a colon.
-_TALLY = re.compile(
-    rb'"(prompt_eval_count|eval_count|load_duration|prompt_tokens|completion_tokens'
-    rb'|tokens_evaluated|tokens_predicted)"\s*:\s*(\d+)'
-)
+_VALUE = re.compile(rb"\s*:\s*(\d+)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,18 +29,36 @@ class FinalCounts:
 
 def final_counts(tail: bytes) -> FinalCounts:
     """The backend's own tallies from the end of a reply (the last of each wins)."""
-    found = {match[1]: int(match[2]) for match in _TALLY.finditer(tail[-TALLY_WINDOW:])}
-    if found.keys() & {b"eval_count", b"prompt_eval_count", b"load_duration"}:  # Ollama
-        return FinalCounts(
-            found.get(b"prompt_eval_count"),
-            found.get(b"eval_count"),
-            _seconds(found.get(b"load_duration")),
-        )
-    if b"prompt_tokens" in found or b"completion_tokens" in found:  # OpenAI-compatible
-        return FinalCounts(found.get(b"prompt_tokens"), found.get(b"completion_tokens"))
-    if b"tokens_evaluated" in found:  # llama.cpp native /completion
-        return FinalCounts(found[b"tokens_evaluated"], found.get(b"tokens_predicted"))
+    tail = tail[-TALLY_WINDOW:]
+    prompt, output = _last(tail, b"prompt_eval_count"), _last(tail, b"eval_count")
+    load = _last(tail, b"load_duration")
+    if prompt is not None or output is not None or load is not None:  # Ollama
+        return FinalCounts(prompt, output, _seconds(load))
+    prompt, output = _last(tail, b"prompt_tokens"), _last(tail, b"completion_tokens")
+    if prompt is not None or output is not None:  # OpenAI-compatible
+        return FinalCounts(prompt, output)
+    prompt = _last(tail, b"tokens_evaluated")
+    if prompt is not None:  # llama.cpp native /completion
+        return FinalCounts(prompt, _last(tail, b"tokens_predicted"))
     return FinalCounts()
+
+
+def _last(tail: bytes, name: bytes) -> int | None:
+    """The last ``"name": number`` in ``tail``.
+
+    Searched from the end with ``rfind``, where the tallies are: a few microseconds a reply,
+    where a regular expression over the window tried a match at every quote (60 us).
+    Inside a JSON string every quote is escaped, so a text that merely mentions
+    "eval_count" cannot match a quoted name followed by a colon.
+    """
+    quoted = b'"' + name + b'"'
+    end = len(tail)
+    while (at := tail.rfind(quoted, 0, end)) >= 0:
+        value = _VALUE.match(tail, at + len(quoted))
+        if value is not None:
+            return int(value[1])
+        end = at
+    return None
 
 
 def _seconds(nanoseconds: int | None) -> float | None:

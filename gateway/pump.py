@@ -1,0 +1,265 @@
+"""A reply's body on its way from the backend to the client, and what is learned on the way.
+
+Once the head and the first bytes have gone out through aiohttp, a chunked reply (every
+stream) is passed on from the backend connection's own callback: each read's bytes, joined,
+go to the client in one send, with no task wake-up between; the relay's task wakes only at
+the end, on a failure, or when the client's buffer is full. Per read, and not per token,
+the gaps between reads are noted (ITL), the bytes counted, the tail kept for the tallies and
+the newlines counted for the fair scheduler's meter. Chunk boundaries are not part of NDJSON
+or SSE, so joining reads changes no byte a client parses.
+
+Two timers watch every reply, each waking once per period rather than per read: the
+backend's silence (``timeouts.idle``) and a client that stops reading
+(``timeouts.client_stall``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import structlog
+from aiohttp import web
+
+from gateway.backend_client import Reply
+from gateway.policy import Timeouts
+from gateway.tallies import TALLY_WINDOW, FinalCounts, final_counts
+from gateway.vocabulary import Reason
+
+__all__ = ["Progress", "pump"]
+
+log = structlog.get_logger("fairgate.relay")
+
+_METER_EVERY = 8  # tokens between charges to the fair scheduler
+# Bytes the client's socket buffer may hold before the backend is paused (uvloop's and
+# asyncio's high-water mark): a client that reads slowly holds the backend, not our memory.
+_CLIENT_HIGH_WATER = 64 * 1024
+
+
+@dataclass(slots=True)
+class Progress:
+    """What happened to one relayed reply, for the handler to read when it ends."""
+
+    first_byte_at: float | None = None
+    bytes_out: int = 0
+    gaps: list[float] = field(default_factory=list)  # seconds between reads of the reply
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    load_seconds: float | None = None  # Ollama's load_duration: the reply paid for a load
+    failure: Reason | None = None  # the reply was cut after its first byte
+    client_gone: bool = False
+
+
+async def pump(
+    request: web.Request,
+    response: web.StreamResponse,
+    upstream: Reply,
+    first: bytes,
+    progress: Progress,
+    timeouts: Timeouts,
+    meter: Callable[[int], None] | None,
+) -> None:
+    """Send ``first``, the rest of the body and its end to the prepared ``response``, the
+    tallies into ``progress``. Raises what failed the reply (ConnectionResetError: the
+    client has gone)."""
+    loop = asyncio.get_running_loop()
+    passing = _Passing(request, upstream, progress, meter, loop.time())
+    watch = _silence_watch(upstream, timeouts.idle)
+    stall = _stall_watch(request, timeouts.client_stall, progress)
+    passing.watch = watch
+    try:
+        stall.since = loop.time()
+        await response.write(first)  # the head and the first bytes, through aiohttp
+        stall.since = None
+        passing.count(first)
+        if response.headers.get("Transfer-Encoding") == "chunked":
+            watch.since = loop.time()
+            upstream.pass_to(passing)
+            while not await upstream.passed():
+                # The client's buffer is full: the backend is paused until it drains. Only
+                # the backend's silence counts against `idle`.
+                watch.since, stall.since = None, loop.time()
+                await request.writer.drain()
+                watch.since, stall.since = loop.time(), None
+                upstream.hold(False)
+        else:  # a declared length (or an HTTP/1.0 client): aiohttp's writer keeps count
+            while True:
+                watch.since = loop.time()
+                chunk = await upstream.read()
+                watch.since = None
+                if not chunk:
+                    break
+                passing.gap()
+                stall.since = loop.time()
+                await response.write(chunk)
+                stall.since = None
+                passing.count(chunk)
+        counts = passing.tail.counts()
+        progress.prompt_tokens, progress.completion_tokens = (
+            counts.prompt_tokens,
+            counts.completion_tokens,
+        )
+        progress.load_seconds = counts.load_seconds
+        stall.since = loop.time()
+        await response.write_eof()
+    finally:
+        watch.stop()
+        stall.stop()
+        if passing.meter is not None:
+            passing.meter.flush()  # a reply without final counts is charged every token it sent
+
+
+class _Passing:
+    """The sink of a chunked reply: each read's bytes to the client, framed as one chunk."""
+
+    __slots__ = (
+        "_gaps",
+        "_last",
+        "_loop",
+        "_progress",
+        "_request",
+        "_upstream",
+        "meter",
+        "tail",
+        "watch",
+    )
+
+    def __init__(
+        self,
+        request: web.Request,
+        upstream: Reply,
+        progress: Progress,
+        charge: Callable[[int], None] | None,
+        now: float,
+    ) -> None:
+        self._request = request
+        self._upstream = upstream
+        self._progress = progress
+        self._gaps = progress.gaps
+        self._loop = asyncio.get_running_loop()
+        self._last = now
+        self.tail = _Tail()
+        content_type = upstream.headers.get("Content-Type", "")
+        self.meter = _Meter(charge, content_type) if charge is not None else None
+        self.watch: _Watch | None = None
+
+    def __call__(self, data: bytes) -> None:
+        transport = self._request.transport
+        if transport is None or transport.is_closing():
+            raise ConnectionResetError("the client has gone")
+        self.gap()
+        if self.watch is not None:
+            self.watch.since = self._last
+        transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        self.count(data)
+        if transport.get_write_buffer_size() > _CLIENT_HIGH_WATER:
+            self._upstream.hold(True)
+
+    def gap(self) -> None:
+        now = self._loop.time()
+        self._gaps.append(now - self._last)
+        self._last = now
+
+    def count(self, data: bytes) -> None:
+        self._progress.bytes_out += len(data)
+        self.tail.add(data)
+        if self.meter is not None:
+            self.meter.add(data)
+
+
+class _Tail:
+    """The reply's last TALLY_WINDOW bytes (or a little more), where the tallies are."""
+
+    __slots__ = ("_chunks", "_size")
+
+    def __init__(self) -> None:
+        self._chunks: deque[bytes] = deque()
+        self._size = 0
+
+    def add(self, chunk: bytes) -> None:
+        self._chunks.append(chunk)
+        self._size += len(chunk)
+        while self._size - len(self._chunks[0]) >= TALLY_WINDOW:
+            self._size -= len(self._chunks.popleft())
+
+    def counts(self) -> FinalCounts:
+        return final_counts(b"".join(self._chunks))
+
+
+class _Meter:
+    """Counts tokens by the newlines that end them and charges them in batches."""
+
+    __slots__ = ("_charge", "_per_token", "_unmetered")
+
+    def __init__(self, charge: Callable[[int], None], content_type: str) -> None:
+        self._charge = charge
+        self._per_token = 2 if content_type.startswith("text/event-stream") else 1
+        self._unmetered = 0
+
+    def add(self, chunk: bytes) -> None:
+        self._unmetered += chunk.count(b"\n")
+        if self._unmetered >= _METER_EVERY * self._per_token:
+            self._charge(self._unmetered // self._per_token)
+            self._unmetered %= self._per_token
+
+    def flush(self) -> None:
+        if self._unmetered >= self._per_token:
+            self._charge(self._unmetered // self._per_token)
+        self._unmetered = 0
+
+
+class _Watch:
+    """Calls ``expire`` once ``since`` (a wait's start, None when not waiting) is
+    ``period`` seconds old.
+
+    Re-arming a timer on every read would cost a timer handle per token; this one wakes at
+    most once per period and looks at when the current wait began.
+    """
+
+    def __init__(self, period: float, expire: Callable[[float], None]) -> None:
+        self.since: float | None = None
+        self._period = period
+        self._expire = expire
+        self._loop = asyncio.get_running_loop()
+        self._timer = self._loop.call_at(self._loop.time() + period, self._check)
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        since = self.since
+        if since is not None and now - since >= self._period:
+            self._expire(now - since)
+            return
+        self._timer = self._loop.call_at(
+            (now if since is None else since) + self._period, self._check
+        )
+
+    def stop(self) -> None:
+        self._timer.cancel()
+
+
+def _silence_watch(reply: Reply, idle: float) -> _Watch:
+    """Fails the reply with TimeoutError once the backend has been silent for ``idle``
+    seconds while the relay waited on it (a client that reads slowly does not count)."""
+    return _Watch(idle, lambda _: reply.set_exception(TimeoutError()))
+
+
+def _stall_watch(request: web.Request, stall: float, progress: Progress) -> _Watch:
+    """Ends a reply whose client has left it unread for ``stall`` seconds.
+
+    A write waits only when the socket and the transport's buffer are full, so the bytes
+    held for one stream stay bounded (the transport's high-water mark plus a read); a
+    client that stops reading would otherwise hold its slot, and the backend's, forever.
+    Aborting the transport (a close would wait to flush what cannot be flushed) cancels the
+    handler, which closes the upstream request and releases the permit.
+    """
+
+    def expire(unread_for: float) -> None:
+        log.warning("client_stalled", unread_for=round(unread_for, 1))
+        progress.failure = Reason.CLIENT_STALLED
+        progress.client_gone = True
+        if request.transport is not None:
+            request.transport.abort()
+
+    return _Watch(stall, expire)

@@ -1,0 +1,235 @@
+"""The relay's own HTTP/1.1 client, against raw loopback servers that answer as written."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+from multidict import CIMultiDict
+
+from gateway.backend_client import BackendClient, BackendClosed, MalformedReply, Reply
+
+# One raw backend: given each request's head (and body) and the writer, answers as it likes.
+Answer = Callable[[bytes, asyncio.StreamWriter], Awaitable[None]]
+
+
+class RawBackend:
+    """A loopback server that reads requests one after another on each connection."""
+
+    def __init__(self, answer: Answer) -> None:
+        self.answer = answer
+        self.connections = 0
+        self.requests: list[bytes] = []
+        self.url = ""
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while head := await reader.readuntil(b"\r\n\r\n"):
+                length = next(
+                    (
+                        int(line.split(b":")[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    ),
+                    0,
+                )
+                request = head + await reader.readexactly(length)
+                self.requests.append(request)
+                await self.answer(request, writer)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+@asynccontextmanager
+async def raw_backend(answer: Answer) -> AsyncIterator[RawBackend]:
+    backend = RawBackend(answer)
+    server = await asyncio.start_server(backend._serve, "127.0.0.1", 0)
+    backend.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    async with server:
+        yield backend
+        server.close()
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[BackendClient]:
+    client = BackendClient(limit=8)
+    yield client
+    await client.close()
+
+
+def _chunked(*pieces: bytes) -> bytes:
+    return b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for piece in pieces) + b"0\r\n\r\n"
+
+
+_STREAM_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n"
+
+
+async def _body(reply: Reply) -> bytes:
+    async with reply:
+        return await reply.read_up_to(1 << 20)
+
+
+async def _post(client: BackendClient, url: str, close: bool = False) -> Reply:
+    headers = CIMultiDict({"Content-Type": "application/json"})
+    return await client.request("POST", url + "/api/chat", headers, b"{}", 5.0, close=close)
+
+
+class TestReplies:
+    async def test_a_chunked_reply_arrives_byte_for_byte(self, client: BackendClient) -> None:
+        """The de-chunked body is the bytes the backend framed, whatever the chunking."""
+        lines = [b'{"n":%d}\n' % n for n in range(50)]
+
+        async def answer(_: bytes, writer: asyncio.StreamWriter) -> None:
+            writer.write(_STREAM_HEAD + b"Transfer-Encoding: chunked\r\n\r\n")
+            for line in lines:  # split mid-line too: boundaries carry no meaning
+                writer.write(_chunked(line[:3], line[3:])[: -len(b"0\r\n\r\n")])
+                await writer.drain()
+            writer.write(b"0\r\n\r\n")
+
+        async with raw_backend(answer) as backend:
+            reply = await _post(client, backend.url)
+            assert reply.status == 200 and reply.content_length is None
+            assert await _body(reply) == b"".join(lines)
+
+    async def test_a_body_without_a_length_ends_with_the_connection(
+        self, client: BackendClient
+    ) -> None:
+        """No Content-Length and no chunking: the body is everything up to the close."""
+
+        async def answer(_: bytes, writer: asyncio.StreamWriter) -> None:
+            writer.write(_STREAM_HEAD + b"Connection: close\r\n\r\n" + b'{"a":1}\n{"b":2}\n')
+            await writer.drain()
+            writer.close()
+
+        async with raw_backend(answer) as backend:
+            assert await _body(await _post(client, backend.url)) == b'{"a":1}\n{"b":2}\n'
+
+    async def test_a_reply_cut_short_fails_after_its_bytes(self, client: BackendClient) -> None:
+        """A close inside a declared length: the bytes sent are read, then BackendClosed."""
+
+        async def answer(_: bytes, writer: asyncio.StreamWriter) -> None:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + b"partial")
+            await writer.drain()
+            writer.close()
+
+        async with raw_backend(answer) as backend:
+            reply = await _post(client, backend.url)
+            async with reply:
+                assert reply.content_length == 100
+                received = b""
+                with pytest.raises(BackendClosed):
+                    while more := await reply.read():
+                        received += more
+                assert received == b"partial"
+
+    async def test_a_reply_to_head_ends_with_its_head(self, client: BackendClient) -> None:
+        """A HEAD reply's Content-Length describes a body that never comes."""
+
+        async def answer(_: bytes, writer: asyncio.StreamWriter) -> None:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 20\r\n\r\n")
+
+        async with raw_backend(answer) as backend:
+            reply = await client.request(
+                "HEAD", backend.url + "/api/version", CIMultiDict(), None, 5
+            )
+            assert reply.status == 200
+            assert await asyncio.wait_for(_body(reply), timeout=5) == b""
+
+
+class TestConnections:
+    async def test_replies_in_a_row_share_one_keep_alive_connection(
+        self, client: BackendClient
+    ) -> None:
+        """A complete reply gives its connection back for the next request."""
+
+        async def answer(_: bytes, writer: asyncio.StreamWriter) -> None:
+            writer.write(_STREAM_HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + _chunked(b"x\n"))
+
+        async with raw_backend(answer) as backend:
+            for _ in range(3):
+                assert await _body(await _post(client, backend.url)) == b"x\n"
+            assert backend.connections == 1 and len(backend.requests) == 3
+
+    async def test_a_reply_asked_to_close_is_not_reused(self, client: BackendClient) -> None:
+        """close=True (llama-server, which hangs up after a stream whatever it promised):
+        each request gets a new connection."""
+
+        async def answer(_: bytes, writer: asyncio.StreamWriter) -> None:
+            writer.write(_STREAM_HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + _chunked(b"x\n"))
+
+        async with raw_backend(answer) as backend:
+            for _ in range(2):
+                assert await _body(await _post(client, backend.url, close=True)) == b"x\n"
+            assert backend.connections == 2
+
+    async def test_bytes_after_a_reply_spoil_its_connection(self, client: BackendClient) -> None:
+        """What follows a complete reply is not taken as the next request's reply."""
+
+        async def answer(request: bytes, writer: asyncio.StreamWriter) -> None:
+            extra = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstale"
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok" + extra)
+
+        async with raw_backend(answer) as backend:
+            assert await _body(await _post(client, backend.url)) == b"ok"
+            assert await _body(await _post(client, backend.url)) == b"ok"
+            assert backend.connections == 2
+
+    async def test_the_pool_opens_no_more_than_its_limit(self) -> None:
+        """At the limit, a request waits for a connection to be given back, then uses it."""
+
+        async def answer(_: bytes, writer: asyncio.StreamWriter) -> None:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+        client = BackendClient(limit=1)
+        async with raw_backend(answer) as backend:
+            first = await _post(client, backend.url)
+            second = asyncio.create_task(_post(client, backend.url))
+            await asyncio.sleep(0)  # the second runs up to its wait: it does no I/O before
+            assert client.waiting == 1 and backend.connections == 1
+            assert await _body(first) == b"ok"
+            assert await _body(await second) == b"ok"
+            assert backend.connections == 1 and client.waiting == 0
+        await client.close()
+
+
+class TestHostileBackends:
+    async def test_an_endless_head_is_cut_at_64_kib(self, client: BackendClient) -> None:
+        """A backend that never ends its headers gets MalformedReply, not our memory."""
+
+        async def answer(_: bytes, writer: asyncio.StreamWriter) -> None:
+            writer.write(b"HTTP/1.1 200 OK\r\n")
+            for n in range(1_000):
+                writer.write(b"X-Filler-%d: %s\r\n" % (n, b"y" * 100))
+                await writer.drain()
+            writer.write(b"Content-Length: 2\r\n\r\nok")
+
+        async with raw_backend(answer) as backend:
+            with pytest.raises(MalformedReply, match="64 KiB"):
+                await _post(client, backend.url)
+
+    async def test_a_header_with_a_line_break_is_never_sent(self, client: BackendClient) -> None:
+        """A CR or LF inside a header value cannot smuggle a header or a request."""
+
+        async def answer(_: bytes, writer: asyncio.StreamWriter) -> None:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+        async with raw_backend(answer) as backend:
+            headers = CIMultiDict({"X-Note": "a\r\nX-Admin: yes"})
+            with pytest.raises(ValueError, match="line break"):
+                await client.request("POST", backend.url + "/api/chat", headers, b"{}", 5)
+            assert backend.requests == []
+
+    async def test_not_http_is_a_malformed_reply(self, client: BackendClient) -> None:
+        """Bytes that are not an HTTP reply fail the request with MalformedReply."""
+
+        async def answer(_: bytes, writer: asyncio.StreamWriter) -> None:
+            writer.write(b"SSH-2.0-OpenSSH_9.6\r\n")
+
+        async with raw_backend(answer) as backend:
+            with pytest.raises(MalformedReply):
+                await _post(client, backend.url)
