@@ -256,7 +256,7 @@ class Admission:
             id=uuid.uuid4().hex,
             user=f"{ticket.user}/background" if background else ticket.user,
             user_cap=self.room.caps(ticket.user, ticket.lane)[0],
-            backend=backend.key,
+            backend=backend.group(ticket.model),
             slots=backend.slots,
             heavy=ticket.heavy,
             heavy_slots=policy.classes.heavy.slots_on(backend.slots),

@@ -27,6 +27,7 @@ from prometheus_client.registry import Collector
 
 from gateway.access import RequestRecord
 from gateway.backends import model_key
+from gateway.model_metrics import model_families
 from gateway.policy import ANONYMOUS, UNKNOWN
 from gateway.reload import LivePolicy
 from gateway.snapshot import GatewaySnapshot
@@ -196,6 +197,7 @@ class _SnapshotCollector(Collector):
         yield from _backends(snapshot)
         yield from _holds_and_reloads(snapshot)
         yield from _warmth(snapshot)
+        yield from model_families(snapshot)
 
 
 def _room(snapshot: GatewaySnapshot) -> Iterator[Metric]:

@@ -31,6 +31,7 @@ from gateway.lanes import Lanes
 from gateway.origins import CorsPolicy
 from gateway.policy_base import SlotShare, Strict, slots_on
 from gateway.policy_file import PolicyError, describe, environment, problem_at, read_yaml
+from gateway.sizes import Size
 from gateway.vocabulary import Lane
 
 __all__ = [
@@ -80,7 +81,8 @@ class BackendConfig(Strict):
     slots: int | None = Field(
         default=None,
         ge=1,
-        description="Requests it runs at once; must equal OLLAMA_NUM_PARALLEL (or -np).",
+        description="Requests it runs at once: llama-server's -np; for ollama, per loaded "
+        "model, as OLLAMA_NUM_PARALLEL (which must equal it) applies to each.",
     )
     keep_warm: list[str] = Field(
         default_factory=list,
@@ -88,6 +90,28 @@ class BackendConfig(Strict):
     )
     keep_alive: Duration = Field(
         default=1800.0, description="How long each ping holds a keep_warm model; -1: pinned."
+    )
+    max_loaded_models: int | None = Field(
+        default=None,
+        ge=1,
+        description="ollama: models loaded at once, at most (OLLAMA_MAX_LOADED_MODELS if set, "
+        "else its automatic 3 per GPU); the gateway plans swaps to stay within it.",
+    )
+    memory: Size | None = Field(
+        default=None,
+        description="ollama: what its loaded models may take together (24GiB), as /api/ps "
+        "counts them (weights and KV cache); the gateway plans swaps to stay within it.",
+    )
+    resident: list[str] = Field(
+        default_factory=list,
+        description="ollama: models the gateway never unloads to make room for another "
+        "(keep_warm models neither).",
+    )
+    default_num_ctx: int = Field(
+        default=4096,
+        ge=4,
+        description="ollama: the context a request without num_ctx gets: OLLAMA_CONTEXT_LENGTH, "
+        "else 4096 (32768 from 24 GiB of VRAM, 262144 from 48 GiB).",
     )
 
     @field_validator("url")
@@ -102,6 +126,11 @@ class BackendConfig(Strict):
         # Ollama does not expose OLLAMA_NUM_PARALLEL, so the admin has to state it.
         if self.kind == "ollama" and self.slots is None:
             raise ValueError("an ollama backend needs slots (its OLLAMA_NUM_PARALLEL)")
+        if self.kind != "ollama":
+            given = [name for name in ("max_loaded_models", "memory") if getattr(self, name)]
+            given += ["resident"] if self.resident else []
+            if given:
+                raise ValueError(f"{', '.join(given)}: only for an ollama backend")
         return self
 
 

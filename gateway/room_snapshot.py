@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from gateway.residency import ResidentsSnapshot
 from gateway.scheduler import Ordering
 from gateway.vocabulary import Lane, RequestClass
 
@@ -51,7 +52,7 @@ class WaitingRequest:
 class RoomSnapshot:
     """The room at one instant, for /status, metrics and the house page."""
 
-    backends: dict[str, tuple[int, int]]  # name -> (busy, slots)
+    backends: dict[str, tuple[int, int]]  # name -> (busy, slots); Ollama: every model's
     users: dict[str, tuple[int, int]]  # name -> (running, queued), interactive
     queue_depth: int  # both lanes
     oldest_wait: float
@@ -61,6 +62,8 @@ class RoomSnapshot:
     background_users: dict[str, tuple[int, int]] = field(default_factory=dict)
     running: tuple[RunningRequest, ...] = ()  # oldest first
     waiting: tuple[WaitingRequest, ...] = ()  # in the order the ordering would pick them
+    model_busy: dict[tuple[str, str], int] = field(default_factory=dict)  # (backend, model)
+    residents: dict[str, ResidentsSnapshot] = field(default_factory=dict)  # Ollama, by name
 
 
 def room_snapshot(room: WaitingRoom, now: float) -> RoomSnapshot:
@@ -71,12 +74,21 @@ def room_snapshot(room: WaitingRoom, now: float) -> RoomSnapshot:
         for waiter in queue:
             by_class[waiter.ticket.user, waiter.ticket.request_class] += 1
     return RoomSnapshot(
-        backends={b.name: (room.busy[b.key], b.slots) for b in room.pool.backends},
+        backends={b.name: (room.busy_on(b), b.slots) for b in room.pool.backends},
+        model_busy={
+            (b.name, model): count
+            for b in room.pool.backends
+            if b.per_model
+            for model, count in room.by_model(b).items()
+        },
         users=_counts(room.running, room.waiting),
         background_users=_counts(room.background_running, room.background),
         queue_depth=room.depth,
         oldest_wait=now - oldest,
-        heavy_running={b.name: room.heavy[b.key] for b in room.pool.backends},
+        heavy_running={b.name: room.busy_on(b, room.heavy) for b in room.pool.backends},
+        residents={
+            b.name: room.residency.snapshot(b, room.busy) for b in room.pool.backends if b.per_model
+        },
         queued_by_class=dict(by_class),
         fair_counters=dict(room.ordering.counters()),
         running=_running(room, now),

@@ -16,6 +16,7 @@ from gateway.history import HistorySnapshot
 from gateway.holds import HoldStore
 from gateway.policy import Policy
 from gateway.reload import ReloadSnapshot
+from gateway.residency import ResidentsSnapshot
 from gateway.room_snapshot import RoomSnapshot
 from gateway.usage import Tally
 from gateway.warmth import WarmthSnapshot
@@ -24,6 +25,7 @@ __all__ = [
     "BackendSnapshot",
     "GatewaySnapshot",
     "HoldsSnapshot",
+    "ModelSnapshot",
     "UserLimits",
     "UserUsage",
     "take",
@@ -43,6 +45,23 @@ class BackendSnapshot:
     sleeping: bool
     last_error: str | None
     heavy_slots: int = 0  # how many of its slots heavy requests may hold
+    # Ollama: slots are per loaded model; ``slots`` above counts those of the models held.
+    slots_per_model: int | None = None
+    models: tuple[ModelSnapshot, ...] = ()  # Ollama: the models it holds
+    memory_used: int = 0
+    memory: int | None = None
+    max_loaded_models: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSnapshot:
+    """A model an Ollama backend holds: its requests, context per slot and size."""
+
+    model: str
+    busy: int
+    num_ctx: int
+    size: int
+    expires_at: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,18 +149,34 @@ def _backend(backend: Backend, room: RoomSnapshot, heavy_slots: int) -> BackendS
     name = backend.name
     busy, slots = room.backends.get(name, (0, backend.slots))
     state = backend.state
+    held = room.residents.get(name)
+    models = () if held is None else _models(name, held, room)
     return BackendSnapshot(
         name=name,
         kind=backend.kind,
         url=backend.url,
         healthy=state.healthy,
         busy=busy,
-        slots=slots,
+        slots=slots * max(1, len(models)) if held is not None else slots,
         heavy_running=room.heavy_running.get(name, 0),
-        loaded=dict(state.loaded),
+        loaded={model: seen.expires_at for model, seen in state.loaded.items()},
         sleeping=state.sleeping,
         last_error=state.last_error,
         heavy_slots=heavy_slots,
+        slots_per_model=slots if held is not None else None,
+        models=models,
+        memory_used=0 if held is None else held.memory_used,
+        memory=None if held is None else held.memory,
+        max_loaded_models=None if held is None else held.max_loaded_models,
+    )
+
+
+def _models(name: str, held: ResidentsSnapshot, room: RoomSnapshot) -> tuple[ModelSnapshot, ...]:
+    return tuple(
+        ModelSnapshot(
+            r.model, room.model_busy.get((name, r.model), 0), r.num_ctx, r.size, r.expires_at
+        )
+        for r in held.residents
     )
 
 

@@ -114,6 +114,26 @@ def _backend(backend: BackendSnapshot, snapshot: GatewaySnapshot) -> dict[str, A
             for (name, model), count in warmth.cold_starts.items()
             if name == backend.name
         },
+        **({} if backend.slots_per_model is None else _models(backend)),
+    }
+
+
+def _models(backend: BackendSnapshot) -> dict[str, Any]:
+    """An Ollama backend's models in memory: each with its own slots, context and size."""
+    return {
+        "slots_per_model": backend.slots_per_model,
+        "max_loaded_models": backend.max_loaded_models,
+        "memory": {"used": backend.memory_used, "budget": backend.memory},
+        "models": {
+            m.model: {
+                "busy": m.busy,
+                "slots": backend.slots_per_model,
+                "num_ctx": m.num_ctx,
+                "size": m.size,
+                "expires_at": m.expires_at,
+            }
+            for m in backend.models
+        },
     }
 
 

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from gateway.sizes import format_size
+
 __all__ = ["add_status_arguments", "duration_text", "render_text", "run_status", "table"]
 
 _CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear the screen: one frame per refresh
@@ -106,11 +108,25 @@ def _backends(backends: dict[str, Any]) -> str:
             ("sleeping" if b["sleeping"] else "up") if b["healthy"] else "down",
             f"{b['busy']}/{b['slots']}",
             f"{b['heavy_running']}/{b['heavy_slots']}",
-            ", ".join(b["loaded"]) or "-",
+            _in_memory(b),
         ]
         for name, b in backends.items()
     ]
     return table(["BACKEND", "KIND", "STATE", "SLOTS", "HEAVY", "IN MEMORY"], rows)
+
+
+def _in_memory(backend: dict[str, Any]) -> str:
+    """Ollama's models with their context and size against the budget: "llama3.2:3b (4k,
+    2.3 GiB) = 2.3 of 8.0 GiB"; other kinds: what they list as loaded."""
+    models = backend.get("models")
+    if models is None:
+        return ", ".join(backend["loaded"]) or "-"
+    held = ", ".join(
+        f"{name} ({m['num_ctx'] // 1024}k, {format_size(m['size'])})" for name, m in models.items()
+    )
+    memory = backend["memory"]
+    budget = "" if memory["budget"] is None else f" of {format_size(memory['budget'])}"
+    return f"{held or '-'} = {format_size(memory['used'])}{budget}"
 
 
 def _running(running: list[dict[str, Any]]) -> str:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from gateway.backends.pool import Backend, BackendPool
 from gateway.policy import Policy
+from gateway.residency import Residency
 from gateway.room_snapshot import RoomSnapshot, in_order, room_snapshot
 from gateway.scheduler import Candidate, Fair, Fifo, Ordering
 from gateway.vocabulary import Api, Lane, Reason, RequestClass
@@ -43,6 +44,7 @@ class Ticket:
     class_weight: float = 1.0
     credential: str = ""  # how the user was identified (identity.Caller), for revocation
     lane: Lane = Lane.INTERACTIVE
+    num_ctx: int | None = None  # the options.num_ctx forwarded (Ollama loads with it)
 
     @property
     def heavy(self) -> bool:
@@ -80,13 +82,15 @@ class WaitingRoom:
         self.background_running: Counter[str] = Counter()
         # Requests past the quick refusal that are still reading their bodies, by user.
         self.arriving: Counter[str] = Counter()
-        # By backend key (its URL): a reload that renames a backend keeps what runs there.
+        # By slot group (Backend.group: the server's URL, and on Ollama the model): a reload
+        # that renames a backend keeps what runs there.
         self.busy: Counter[str] = Counter()
-        self.heavy: Counter[str] = Counter()  # heavy requests, by backend key
-        self._background_busy: Counter[str] = Counter()  # background requests, by backend key
+        self.heavy: Counter[str] = Counter()  # heavy requests, by slot group
+        self._background_busy: Counter[str] = Counter()  # background requests, by slot group
         self._seq = itertools.count()
         self._on_change = on_change
         self._clock = clock
+        self.residency = Residency(clock)  # what each Ollama backend holds
         # Who holds each busy slot, and since when, for the house page: by the ticket's
         # identity, since two requests can be alike field for field. The ticket is kept so
         # that its id stays unique while it is here.
@@ -180,13 +184,13 @@ class WaitingRoom:
             return None  # a person's request would displace background work
         if self.runs(lane)[user] >= self.caps(user, lane)[0]:
             return reason
-        if all(self.busy[b.key] >= b.slots for b in self.pool.backends):
+        if all(self.busy_on(b) >= b.capacity for b in self.pool.backends):
             return reason
         return None
 
     def dispatch(self) -> None:
         """Give every free slot that a waiting request can use to the one the ordering picks."""
-        if not any(self.busy[b.key] < b.slots for b in self.pool.backends):
+        if not any(self.busy_on(b) < b.capacity for b in self.pool.backends):
             return  # every slot is taken: nobody waiting can start (the common overload case)
         while self.waiting or self.background:
             choice = self._next_turn()
@@ -207,31 +211,47 @@ class WaitingRoom:
         # one who cannot take this slot (the heavy lane is full): the slot is theirs when the
         # lane frees, and background work would slow their stream meanwhile.
         wanted = self._wanted_by_people() if background else frozenset()
+        model = ticket.model
         return [
             backend
-            for backend in self.pool.serving(ticket.api, ticket.model)
-            if self.busy[backend.key] < backend.slots
+            for backend in self.pool.serving(ticket.api, model)
+            if self.busy[group := backend.group(model)] < backend.slots
             and backend.key not in wanted
-            and not (ticket.heavy and self.heavy[backend.key] >= heavy_slots(backend.slots))
-            and not (
-                background and self._background_busy[backend.key] >= background_slots(backend.slots)
-            )
+            and not (ticket.heavy and self.heavy[group] >= heavy_slots(backend.slots))
+            and not (background and self._background_busy[group] >= background_slots(backend.slots))
         ]
 
+    def busy_on(self, backend: Backend, counter: Counter[str] | None = None) -> int:
+        """Requests running on ``backend`` (of ``counter``: busy, heavy), every model."""
+        counter = self.busy if counter is None else counter
+        if not backend.per_model:
+            return counter[backend.key]
+        return sum(self.by_model(backend, counter).values())
+
+    def by_model(self, backend: Backend, counter: Counter[str] | None = None) -> dict[str, int]:
+        """Requests running on an Ollama ``backend`` by model key (of ``counter``)."""
+        counter = self.busy if counter is None else counter
+        prefix = backend.key + " "
+        return {g[len(prefix) :]: n for g, n in counter.items() if g.startswith(prefix)}
+
     def take(self, ticket: Ticket, backend: Backend) -> None:
-        self.busy[backend.key] += 1
+        group = backend.group(ticket.model)
+        residency = self.residency
+        residency.sent(backend, ticket.model, residency.num_ctx(backend, ticket.num_ctx))
+        self.busy[group] += 1
         if ticket.heavy:
-            self.heavy[backend.key] += 1
+            self.heavy[group] += 1
         if ticket.lane is Lane.BACKGROUND:
-            self._background_busy[backend.key] += 1
+            self._background_busy[group] += 1
         self._hold(ticket, backend)
 
     def give_back(self, ticket: Ticket, backend: Backend) -> None:
-        _decrement(self.busy, backend.key)
+        group = backend.group(ticket.model)
+        _decrement(self.busy, group)
         if ticket.heavy:
-            _decrement(self.heavy, backend.key)
+            _decrement(self.heavy, group)
         if ticket.lane is Lane.BACKGROUND:
-            _decrement(self._background_busy, backend.key)
+            _decrement(self._background_busy, group)
         held = self.holders.get(id(ticket))
         if held is not None and held[1] == backend.name:
             del self.holders[id(ticket)]
@@ -284,7 +304,8 @@ class WaitingRoom:
         return offers[chosen.seq]
 
     def _wanted_by_people(self) -> frozenset[str]:
-        """The backends an interactive request waits for (its user has a free place)."""
+        """The backends an interactive request waits for (its user has a free place): on
+        Ollama too, whatever the model, as they share one GPU."""
         return frozenset(
             backend.key
             for user, queue in self.waiting.items()

@@ -86,7 +86,7 @@ class KeepWarm:
 
     async def _check(self, config: BackendConfig, state: BackendState) -> None:
         horizon = 2 * self._settings.interval
-        loaded = {model: _expiry(expires) for model, expires in state.loaded.items()}
+        loaded = {model: _expiry(seen.expires_at) for model, seen in state.loaded.items()}
         now = datetime.now(UTC)
         for model in config.keep_warm:
             expires = loaded.get(model_key(model), now)

@@ -7,12 +7,13 @@ after ``healthy_after`` good ones, so one lost packet does not make it flap.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 import structlog
 
 from gateway.backends.failures import sentence
-from gateway.backends.pool import BackendState, BackendStates
+from gateway.backends.pool import BackendState, BackendStates, LoadedModel
 from gateway.backends.probes import Observation, ProbeFailed, probe
 from gateway.policy import BackendConfig, Monitoring
 from gateway.tasks import KeyedTasks, repeat
@@ -70,6 +71,7 @@ class BackendMonitor:
 
     async def check(self, config: BackendConfig, state: BackendState) -> None:
         """Probe once and update ``state``."""
+        started = time.monotonic()
         try:
             seen = await probe(
                 self._upstream.session, config.kind, config.url, self._settings.timeout
@@ -77,7 +79,7 @@ class BackendMonitor:
         except ProbeFailed as exc:
             self._failed(config, state, str(exc))
         else:
-            self._succeeded(config, state, seen)
+            self._succeeded(config, state, seen, started)
 
     def report_failure(self, name: str, reason: str) -> None:
         """A request found the backend failing: count it like a failed probe. When probes
@@ -101,12 +103,22 @@ class BackendMonitor:
             )
             self._on_change()
 
-    def _succeeded(self, config: BackendConfig, state: BackendState, seen: Observation) -> None:
+    def _succeeded(
+        self, config: BackendConfig, state: BackendState, seen: Observation, started: float
+    ) -> None:
         state.successes += 1
         state.failures = 0
         state.last_error = None
-        changed = (state.slots, state.models) != (seen.slots, seen.models)
+        # What Ollama holds decides what can be dispatched without a swap: a change wakes
+        # the waiting room as a change of slots or models does.
+        changed = (state.slots, state.models, _held(state.loaded)) != (
+            seen.slots,
+            seen.models,
+            _held(seen.loaded),
+        )
         state.slots, state.models, state.loaded = seen.slots, seen.models, seen.loaded
+        # What the gateway sent after the probe started is newer than what it read.
+        state.sizes, state.observed_at = seen.sizes, started
         state.sleeping = seen.sleeping
         if not state.healthy and state.successes >= self._settings.healthy_after:
             state.healthy = True
@@ -114,3 +126,8 @@ class BackendMonitor:
             log.info("backend_up", backend=config.name, url=config.url)
         if changed:
             self._on_change()
+
+
+def _held(loaded: dict[str, LoadedModel]) -> dict[str, tuple[int, int | None]]:
+    """Models in memory with their sizes and contexts; not when they expire, which moves."""
+    return {model: (seen.size, seen.context_length) for model, seen in loaded.items()}

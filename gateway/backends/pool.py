@@ -8,12 +8,33 @@ from dataclasses import dataclass, field
 from gateway.policy import BackendConfig
 from gateway.vocabulary import Api
 
-__all__ = ["Backend", "BackendPool", "BackendState", "BackendStates", "model_key"]
+__all__ = [
+    "OLLAMA_AUTOMATIC_MAX_LOADED",
+    "Backend",
+    "BackendPool",
+    "BackendState",
+    "BackendStates",
+    "LoadedModel",
+    "model_key",
+]
+
+OLLAMA_AUTOMATIC_MAX_LOADED = 3
+"""Models Ollama keeps loaded at most without OLLAMA_MAX_LOADED_MODELS: 3 per GPU
+(server/sched.go defaultModelsPerGPU), taken for one GPU."""
 
 
 def model_key(name: str) -> str:
     """Ollama treats ``llama3.2`` and ``llama3.2:latest`` as one model."""
     return name if ":" in name else f"{name}:latest"
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    """One model in Ollama's /api/ps: when it unloads, its size, its context per slot."""
+
+    expires_at: str | None = None
+    size: int = 0  # bytes: weights and KV cache (size_vram of them on the GPU)
+    context_length: int | None = None
 
 
 @dataclass(slots=True)
@@ -25,7 +46,9 @@ class BackendState:
     successes: int = 0  # consecutive good probes
     slots: int | None = None  # as the backend reports them (llama.cpp /props)
     models: frozenset[str] | None = None  # model keys it serves; None: not known yet
-    loaded: dict[str, str | None] = field(default_factory=dict)  # model key -> expires_at
+    loaded: dict[str, LoadedModel] = field(default_factory=dict)  # by model key
+    sizes: dict[str, int] = field(default_factory=dict)  # model key -> bytes on disk (tags)
+    observed_at: float = float("-inf")  # when the probe that read `loaded` started
     sleeping: bool = False
     last_error: str | None = None
 
@@ -60,17 +83,38 @@ class Backend:
     kind: str
     configured_slots: int | None
     state: BackendState
+    max_loaded_models: int | None = None
+    memory: int | None = None
+    protected: frozenset[str] = frozenset()  # model keys never unloaded for another
+    default_num_ctx: int = 4096
 
     @property
     def key(self) -> str:
-        """What its running requests are counted under: the server (its URL), not the name,
-        so that a reload renaming a backend cannot forget what runs on it."""
+        """The server (its URL), not the name: a reload renaming a backend cannot forget
+        what runs on it."""
         return self.url.rstrip("/")
 
     @property
+    def per_model(self) -> bool:
+        """Ollama's parallel slots belong to each loaded model (OLLAMA_NUM_PARALLEL)."""
+        return self.kind == "ollama"
+
+    def group(self, model: str) -> str:
+        """What a request's slot is counted under: the server and, on Ollama, the model."""
+        return f"{self.key} {model_key(model)}" if self.per_model else self.key
+
+    @property
     def slots(self) -> int:
-        """How many requests it runs at once: configured, else reported, else one."""
+        """How many requests it runs at once (per model on Ollama): configured, else
+        reported, else one."""
         return self.configured_slots or self.state.slots or 1
+
+    @property
+    def capacity(self) -> int:
+        """Requests it can run at once, every model together."""
+        if not self.per_model:
+            return self.slots
+        return self.slots * (self.max_loaded_models or OLLAMA_AUTOMATIC_MAX_LOADED)
 
     def speaks(self, api: Api) -> bool:
         """Ollama's native API is served only by Ollama; every kind speaks /v1."""
@@ -94,7 +138,18 @@ class BackendPool:
     def __init__(self, configs: list[BackendConfig], states: BackendStates) -> None:
         # The states are shared with the monitor and with pools of later policy versions.
         self.backends = [
-            Backend(c.name, c.url, c.kind, c.slots, states.of(c.name)) for c in configs
+            Backend(
+                c.name,
+                c.url,
+                c.kind,
+                c.slots,
+                states.of(c.name),
+                c.max_loaded_models,
+                c.memory,
+                frozenset(map(model_key, [*c.resident, *c.keep_warm])),
+                c.default_num_ctx,
+            )
+            for c in configs
         ]
 
     def serving(self, api: Api, model: str) -> list[Backend]:
@@ -102,12 +157,13 @@ class BackendPool:
         return [b for b in self.backends if b.state.healthy and b.speaks(api) and b.serves(model)]
 
     def prefer(self, free: list[Backend], model: str, busy: Mapping[str, int]) -> Backend:
-        """Where ``model`` is loaded now (a cold load costs seconds), then the most free slots.
+        """Where ``model`` is loaded now (a cold load costs seconds), then the most free slots
+        (``busy``: by slot group).
 
         The one rule for choosing among backends, for requests and for reads alike."""
         return max(
             free,
-            key=lambda b: (b.has_loaded(model), b.slots - busy.get(b.key, 0)),
+            key=lambda b: (b.has_loaded(model), b.slots - busy.get(b.group(model), 0)),
         )
 
     def known_nowhere(self, api: Api, model: str) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 
 from gateway.backends.failures import cause_of, http_cause
-from gateway.backends.pool import model_key
+from gateway.backends.pool import LoadedModel, model_key
 
 __all__ = ["Observation", "ProbeFailed", "entries_of", "probe"]
 
@@ -28,7 +28,8 @@ class ProbeFailed(Exception):
 @dataclass(frozen=True, slots=True)
 class Observation:
     models: frozenset[str]
-    loaded: dict[str, str | None] = field(default_factory=dict)
+    loaded: dict[str, LoadedModel] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)  # model -> bytes on disk (Ollama)
     slots: int | None = None
     sleeping: bool = False
 
@@ -60,8 +61,23 @@ async def _ollama(get: Getter) -> Observation:
     running = _entries(await get("/api/ps"), "models")
     return Observation(
         models=frozenset(model_key(str(entry.get("name"))) for entry in tags),
-        loaded={model_key(str(e.get("name"))): e.get("expires_at") for e in running},
+        loaded={model_key(str(e.get("name"))): _loaded(e) for e in running},
+        sizes={model_key(str(e.get("name"))): _count(e.get("size")) or 0 for e in tags},
     )
+
+
+def _loaded(entry: dict[str, Any]) -> LoadedModel:
+    """An /api/ps entry (api.ProcessModelResponse): expiry, size, context per slot."""
+    expires = entry.get("expires_at")
+    return LoadedModel(
+        expires_at=expires if isinstance(expires, str) else None,
+        size=_count(entry.get("size")) or 0,
+        context_length=_count(entry.get("context_length")),
+    )
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 async def _llamacpp(get: Getter) -> Observation:

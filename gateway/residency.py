@@ -1,0 +1,120 @@
+"""Which models each Ollama backend holds in memory, with which context, and at what size.
+
+Ollama says it in ``/api/ps`` (each model's ``size`` with its KV cache, its
+``context_length`` per slot, ``expires_at``), which the monitor reads every few seconds.
+Between two probes the gateway knows better than the last probe what it has itself sent:
+a model it dispatched a request to is loaded (or loading) with the context that request
+asked for. So the view is the last probe, overlaid with the gateway's own dispatches made
+since that probe started, and with every model that has requests running.
+
+Pure: no I/O; the clock and the running counts are passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from gateway.backends.pool import OLLAMA_AUTOMATIC_MAX_LOADED, Backend, model_key
+
+__all__ = ["Residency", "Resident", "ResidentsSnapshot"]
+
+# A model never seen loaded is guessed at its file size plus this much for the KV cache
+# and compute buffers (a 3B model at 4096 tokens and 1 slot: about 23%).
+_UNSEEN_OVERHEAD = 1.25
+
+
+@dataclass(frozen=True, slots=True)
+class Resident:
+    """A model the backend holds, or is loading, as the gateway sees it."""
+
+    model: str  # model key
+    num_ctx: int  # context per slot
+    size: int  # bytes: /api/ps, else an estimate
+    expires_at: str | None = None  # from /api/ps; None when only the gateway's dispatch says so
+
+
+@dataclass(frozen=True, slots=True)
+class ResidentsSnapshot:
+    """One Ollama backend's models at one instant, for /status and metrics."""
+
+    residents: tuple[Resident, ...]
+    memory_used: int
+    memory: int | None
+    max_loaded_models: int
+
+
+@dataclass(slots=True)
+class _Sent:
+    """A dispatch the last probe may not show yet."""
+
+    num_ctx: int
+    at: float
+
+
+@dataclass(slots=True)
+class _Backend:
+    sent: dict[str, _Sent] = field(default_factory=dict)  # by model key
+    sizes: dict[str, tuple[int, int]] = field(default_factory=dict)  # model -> (num_ctx, size)
+
+
+class Residency:
+    """The gateway's view of what every Ollama backend holds; state kept by server (URL)."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._backends: dict[str, _Backend] = {}
+
+    def num_ctx(self, backend: Backend, asked: int | None) -> int:
+        """The context a request asking for ``asked`` (None: nothing) gets on ``backend``."""
+        return max(4, backend.default_num_ctx if asked is None else asked)
+
+    def residents(self, backend: Backend, busy: Mapping[str, int]) -> dict[str, Resident]:
+        """The models ``backend`` holds now (``busy``: running requests by slot group)."""
+        state, mine = backend.state, self._of(backend)
+        view: dict[str, Resident] = {}
+        for model, seen in state.loaded.items():
+            num_ctx = seen.context_length or backend.default_num_ctx
+            if seen.size:
+                mine.sizes[model] = (num_ctx, seen.size)
+            size = seen.size or self.estimate(backend, model, num_ctx)
+            view[model] = Resident(model, num_ctx, size, seen.expires_at)
+        for model, sent in list(mine.sent.items()):
+            running = busy.get(backend.group(model), 0) > 0
+            if sent.at <= state.observed_at and not running:
+                del mine.sent[model]  # the probe since knows better
+                continue
+            earlier = view.get(model)
+            expires_at = earlier.expires_at if earlier is not None else None
+            size = self.estimate(backend, model, sent.num_ctx)
+            view[model] = Resident(model, sent.num_ctx, size, expires_at)
+        return view
+
+    def estimate(self, backend: Backend, model: str, num_ctx: int) -> int:
+        """Bytes ``model`` takes loaded with ``num_ctx``: as /api/ps last said, scaled for
+        another context; else its file size plus an allowance."""
+        seen = self._of(backend).sizes.get(model)
+        on_disk = backend.state.sizes.get(model, 0)
+        if seen is not None:
+            seen_ctx, seen_size = seen
+            if seen_ctx == num_ctx or not on_disk or seen_size <= on_disk:
+                return seen_size
+            return on_disk + (seen_size - on_disk) * num_ctx // seen_ctx
+        return int(on_disk * _UNSEEN_OVERHEAD)
+
+    def sent(self, backend: Backend, model: str, num_ctx: int) -> None:
+        """A request for ``model`` with ``num_ctx`` was dispatched to ``backend``."""
+        if backend.per_model:
+            self._of(backend).sent[model_key(model)] = _Sent(num_ctx, self._clock())
+
+    def snapshot(self, backend: Backend, busy: Mapping[str, int]) -> ResidentsSnapshot:
+        residents = self.residents(backend, busy)
+        return ResidentsSnapshot(
+            residents=tuple(sorted(residents.values(), key=lambda r: r.model)),
+            memory_used=sum(r.size for r in residents.values()),
+            memory=backend.memory,
+            max_loaded_models=backend.max_loaded_models or OLLAMA_AUTOMATIC_MAX_LOADED,
+        )
+
+    def _of(self, backend: Backend) -> _Backend:
+        return self._backends.setdefault(backend.key, _Backend())
