@@ -12,10 +12,14 @@ llama.cpp's batches do). Prints, per user and per class: requests, 503s, TTFT p5
 ITL p95, tokens; Jain's fairness index over the light users' TTFT; throughput.
 
     .venv/bin/python -m benchmarks.fairness
+
+With ``--engine llama-server`` the household runs against the real llama-server the tests
+build instead (benchmarks/real_engine.py: four runs of a minute each, about six minutes).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import statistics
 import time
@@ -23,6 +27,8 @@ from dataclasses import dataclass, replace
 
 from aiohttp import web
 
+from benchmarks import real_engine
+from benchmarks.chat_household import Household
 from benchmarks.household import Mix, Outcome, p95, run_mix
 from fairsim import SimConfig, Simulator
 from gateway.app import bound_url, create_app, start_server
@@ -147,7 +153,33 @@ def report(runs: list[Run]) -> str:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--engine",
+        choices=["simulator", "llama-server"],
+        default="simulator",
+        help="the simulated backend (seconds), or the real llama-server the tests build "
+        "(four runs of --seconds each, plus their drains)",
+    )
+    parser.add_argument("--seconds", type=float, default=60.0, help="llama-server: load time")
+    parser.add_argument("--seed", type=int, default=23, help="llama-server: the household's seed")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="llama-server: the four runs this many times, pooled"
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=2,
+        help="llama-server: CPU threads (-t; 2 as in the tests; 1 holds up better on a busy "
+        "machine, where a thread that waits for a descheduled one spins)",
+    )
+    args = parser.parse_args()
     configure_logging("json", "WARNING")
+    if args.engine == "llama-server":
+        real_engine.main(
+            Household(load_seconds=args.seconds, seed=args.seed), args.rounds, args.threads
+        )
+        return
     print(__doc__.split("\n\n")[0])
     print(report(asyncio.run(compare())))
 

