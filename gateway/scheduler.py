@@ -5,8 +5,19 @@ waiting request; the ordering picks one. FIFO is what Ollama and llama.cpp do th
 
 Fair is the Virtual Token Counter (VTC) of Sheng et al., "Fairness in Serving Large Language
 Models", OSDI 2024 (https://arxiv.org/abs/2401.00588): each user has a counter of the service
-it received, in weighted tokens divided by its weight, and the user with the smallest counter
-goes next. Time is virtual: the counters move only when tokens are charged.
+it received, in weighted tokens divided by its weight. Time is virtual: the counters move
+only when tokens are charged. Among the candidates, the one whose counter would be smallest
+once its prompt is charged goes next: its virtual finish time, as in weighted fair queueing
+(Demers, Keshav, Shenker, SIGCOMM 1989; WF2Q, Bennett and Zhang, INFOCOM 1996), where VTC
+compares the counters alone, before the charge.
+
+Why the finish: users who come back to the waiting room are lifted to the counter of the
+least-served user waiting, so a returning user with a short question and a heavy user
+waiting with a long prompt often start level. Compared at the start, they tie and go in
+arrival order, and the question waits for a prefill of thousands of tokens. Compared at the
+finish, the question goes first; the long prompt goes as soon as the question's user's
+counter has caught up with its own finish, so it waits at most its own cost's worth of
+others' service (the bound in tests/test_scheduler.py).
 """
 
 from __future__ import annotations
@@ -111,11 +122,13 @@ class Fifo:
 
 
 class Fair:
-    """Weighted fair sharing of service: the Virtual Token Counter.
+    """Weighted fair sharing of service: the Virtual Token Counter, ordered by finish.
 
     A user's counter grows by ``w_in`` per prompt token and ``w_out`` per output token,
-    divided by the request's weight; the user with the smallest counter goes next, the
-    earlier request on a tie. State is one float per user ever seen.
+    divided by the request's weight. The candidate with the smallest finish (its user's
+    counter plus its own prompt's charge) goes next, the earlier request on a tie. Output
+    is left out of the finish: it is not known before the reply, and is charged as it
+    streams. State is one float per user ever seen.
     """
 
     def __init__(self, w_in: float = 1.0, w_out: float = 2.0) -> None:
@@ -128,7 +141,11 @@ class Fair:
         self._last_dispatched: str | None = None
 
     def choose(self, candidates: Sequence[Candidate]) -> Candidate:
-        return min(candidates, key=lambda candidate: (self._counter(candidate.user), candidate.seq))
+        return min(candidates, key=lambda candidate: (self.finish(candidate), candidate.seq))
+
+    def finish(self, candidate: Candidate) -> float:
+        """The user's counter once ``candidate``'s prompt is charged (``on_dispatch``)."""
+        return self._counter(candidate.user) + self._prompt_charge(candidate)
 
     def on_arrival(self, user: str, active_users: Collection[str]) -> None:
         # The lift: a user who starts waiting joins at the level of the least-served user
@@ -146,8 +163,11 @@ class Fair:
         self._charge(user, max(0.0, level - self._counter(user)))
 
     def on_dispatch(self, candidate: Candidate) -> None:
-        self._charge(candidate.user, self._w_in * candidate.input_tokens / candidate.weight)
+        self._charge(candidate.user, self._prompt_charge(candidate))
         self._last_dispatched = candidate.user
+
+    def _prompt_charge(self, candidate: Candidate) -> float:
+        return self._w_in * candidate.input_tokens / candidate.weight
 
     def on_output(self, user: str, weight: float, tokens: float) -> None:
         self._charge(user, self._w_out * tokens / weight)

@@ -135,8 +135,8 @@ class TestCapsAndQueues:
         self, start_sim: StartSim, start_gateway: StartGateway
     ) -> None:
         """A reply that started at once says position 0; one that arrived behind two of
-        carol's says position 2 (the fair ordering puts dave before carol's second) and how
-        long it waited."""
+        carol's says position 1 (lifted level with carol, dave's shorter prompt finishes
+        first in the fair ordering) and how long it waited."""
         _, sim_url = await start_sim(parallel=8)
         gateway = await start_gateway(policy(sim_url, slots=1))
         admission = gateway.services.admission
@@ -154,7 +154,7 @@ class TestCapsAndQueues:
                 await until(admission, queued("dave", 1))
             async with await reply as r:
                 assert r.status == 200
-                assert r.headers["X-Fairgate-Queue-Position"] == "2"
+                assert r.headers["X-Fairgate-Queue-Position"] == "1"
                 assert float(r.headers["X-Fairgate-Queue-Wait"]) > 0
             await asyncio.gather(*ahead)
         await until(admission, idle)

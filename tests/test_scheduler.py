@@ -158,23 +158,28 @@ def request_cost(jobs: Sequence[Job], weight: float) -> float:
 
 
 # The wait bound, under the contract (on_arrival whenever a user's queue was empty, against
-# the users waiting). R is request_cost for the smallest weight, S the number of slots.
-# 1. While anyone waits, the smallest counter m among waiting users never decreases, and no
-#    user's counter plus what its running requests will still be charged exceeds m by more
-#    than S*R: users are dispatched at m, at most S requests run, a lift sets at most m.
-# 2. While u's first request waits, every slot is busy (u is always a candidate), and another
-#    user v is dispatched only at a counter <= u's, which stays <= m0 + S*R (m0: m when the
-#    wait began). v's counter is >= m0 at its first such dispatch, so the requests v starts
-#    meanwhile are charged at most 2*S*R in all, w_out/w_v for each step they hold a slot.
-# 3. Those take at most sum_v 2*S*R*w_v/w_out slot-steps, the requests already running at
-#    most S*O (O: the largest output); over S slots, u waits at most
-#    O + 2*R*sum_v(w_v)/w_out steps, however many slots there are.
-def wait_bound(weights: dict[str, float], jobs: Sequence[Job], user: str) -> float:
+# the users waiting). R is request_cost for the smallest weight, S the number of slots. Fair
+# dispatches the candidate with the smallest finish: its user's counter plus its prompt's
+# charge, at most R above the counter.
+# 1. While anyone waits, the smallest counter m among waiting users never decreases: counters
+#    only grow, and a lift sets at most m. A user is dispatched at a finish no greater than
+#    that of the user at m, so its counter is then at most m + R; with at most S requests
+#    running, no user's counter plus what its running requests will still be charged
+#    exceeds m by more than (S + 1) * R.
+# 2. While u's first request waits, every slot is busy (u is always a candidate), u's
+#    counter stays <= m0 + (S + 1) * R (m0: m when the wait began) and its finish
+#    <= m0 + (S + 2) * R. Another user v is dispatched only at a finish <= u's, starting
+#    from a counter >= m0 (it was waiting), so the requests v starts meanwhile are charged
+#    at most (2 * S + 2) * R in all, w_out/w_v for each step they hold a slot.
+# 3. Those take at most sum_v (2*S + 2)*R*w_v/w_out slot-steps, the requests already running
+#    at most S*O (O: the largest output); over S slots, u waits at most
+#    O + (2 + 2/S)*R*sum_v(w_v)/w_out steps.
+def wait_bound(weights: dict[str, float], jobs: Sequence[Job], user: str, slots: int) -> float:
     """Steps ``user``'s first waiting request can wait before a slot is chosen for it."""
     users = {job.user for job in jobs}
     costliest = request_cost(jobs, min(weights[each] for each in users))
     others = sum(weights[other] for other in users - {user})
-    return max(job.output_tokens for job in jobs) + 2 * costliest * others / W_OUT
+    return max(job.output_tokens for job in jobs) + (2 + 2 / slots) * costliest * others / W_OUT
 
 
 def spread(per_weight: dict[str, float]) -> float:
@@ -210,7 +215,7 @@ def test_every_request_is_dispatched_within_the_wait_bound(
     run = Simulation(Fair(W_IN, W_OUT), slots, weights, jobs).run()
     assert len(run.waits) == len(jobs)
     for job, waited in run.waits:
-        assert waited <= wait_bound(weights, jobs, job.user)
+        assert waited <= wait_bound(weights, jobs, job.user, slots)
 
 
 def steady_user_then_burst(lift: Lift) -> tuple[int, float]:
@@ -222,7 +227,7 @@ def steady_user_then_burst(lift: Lift) -> tuple[int, float]:
     jobs += [Job("steady", 15 * 59 + 5, 0, 16)] * 200
     run = Simulation(Fair(W_IN, W_OUT), 8, weights, jobs, lift).run(until=1300)
     longest = max(waited for job, waited in run.waits if job.user != "steady")
-    return longest, wait_bound(weights, jobs, "a")
+    return longest, wait_bound(weights, jobs, "a", 8)
 
 
 def test_a_user_that_never_goes_idle_cannot_bank_credit_under_the_contract() -> None:
@@ -297,15 +302,18 @@ def test_choose_returns_one_of_the_candidates_whatever_happened_before(
 
 @settings(max_examples=200, deadline=None)
 @given(HISTORY, candidate_lists())
-def test_fair_picks_the_smallest_counter_and_the_earlier_request_on_a_tie(
+def test_fair_picks_the_smallest_finish_and_the_earlier_request_on_a_tie(
     history: list[tuple[object, ...]], candidates: list[Candidate]
 ) -> None:
-    """Fair's choice is the candidate with the smallest reported counter, then smallest seq."""
+    """Fair's choice has the smallest reported counter plus its own prompt's charge, then seq."""
     fair = Fair(W_IN, W_OUT)
     replay(fair, history)
     counters = fair.counters()
-    expected = min(candidates, key=lambda each: (counters.get(each.user, 0.0), each.seq))
-    assert fair.choose(candidates) == expected
+
+    def finish(each: Candidate) -> tuple[float, int]:
+        return counters.get(each.user, 0.0) + W_IN * each.input_tokens / each.weight, each.seq
+
+    assert fair.choose(candidates) == min(candidates, key=finish)
 
 
 # -- 3. proportional service -------------------------------------------------------------
@@ -353,14 +361,16 @@ def burst_excess(
 
     The excess is b's service minus a's, each per unit of weight, over the WINDOW steps
     after b arrives. Lifted to a's counter, b can be ahead by at most its in-flight
-    requests at the window's end: slots * request_cost.
+    requests at the window's end, slots * request_cost, and, ordered by finish, by a's
+    next prompt: b goes first while its counter plus its own prompt is below a's plus a's.
     """
     jobs = backlog("a", sizes, 0, slots * (IDLE + WINDOW)) + backlog(
         "b", sizes, IDLE, slots * WINDOW
     )
     run = Simulation(ordering, slots, weights, jobs, lift).run(until=IDLE + WINDOW)
     ahead = {user: run.served(user, IDLE) / weights[user] for user in weights}
-    return ahead["b"] - ahead["a"], slots * request_cost(jobs, weights["b"])
+    a_prompt = W_IN * max(prompt for prompt, _ in sizes) / weights["a"]
+    return ahead["b"] - ahead["a"], slots * request_cost(jobs, weights["b"]) + a_prompt
 
 
 @settings(max_examples=20, deadline=None)
@@ -394,7 +404,76 @@ def test_a_light_user_first_back_after_a_quiet_spell_gets_no_credit_from_its_pas
     assert ahead["light"] - ahead["heavy"] <= 2 * request_cost(jobs, 1.0)
 
 
-# -- 5. corrections ----------------------------------------------------------------------
+# -- 5. a short question goes ahead of a long prompt at an equal start -------------------
+
+
+class CounterOnly(Fair):
+    """VTC compared at the start: the smallest counter, whatever the request will cost."""
+
+    def choose(self, candidates: Sequence[Candidate]) -> Candidate:
+        counters = self.counters()
+        return min(candidates, key=lambda each: (counters.get(each.user, 0.0), each.seq))
+
+
+def question_waits(
+    ordering: Ordering,
+    slots: int,
+    heavy: list[tuple[int, int]],
+    question: tuple[int, int],
+    spacing: int,
+) -> tuple[int, int]:
+    """Two users keep long prompts waiting; a third asks a question every ``spacing`` steps.
+
+    The longest wait of the questions, and the longest heavy output: the most steps before
+    some slot frees.
+    """
+    weights = {"h1": 1.0, "h2": 1.0, "asker": 1.0}
+    questions = [Job("asker", 20 + k * spacing, *question) for k in range(20)]
+    end = questions[-1].arrival + spacing
+    jobs = [job for user in ("h1", "h2") for job in backlog(user, heavy, 0, slots * end)]
+    run = Simulation(ordering, slots, weights, jobs + questions).run(until=end)
+    waits = [waited for job, waited in run.waits if job.user == "asker"]
+    assert len(waits) == len(questions)
+    return max(waits), max(output for _, output in heavy)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 3),
+    st.lists(st.tuples(st.integers(100, 400), st.integers(1, 16)), min_size=1, max_size=3),
+    st.tuples(st.integers(0, 24), st.integers(1, 8)),
+    st.integers(30, 60),
+)
+def test_a_returning_users_question_takes_the_next_free_slot_ahead_of_long_prompts(
+    slots: int, heavy: list[tuple[int, int]], question: tuple[int, int], spacing: int
+) -> None:
+    """Lifted level with backlogged long prompts, a cheaper question finishes first, so it waits
+    only for a slot to free."""
+    # The asker's counter is at most the lift level plus one question's charge (40), its
+    # finish at most 64 above it; a long prompt's finish is at least 100 above it.
+    longest, slot_frees = question_waits(Fair(W_IN, W_OUT), slots, heavy, question, spacing)
+    assert longest <= slot_frees
+
+
+def test_compared_at_the_start_a_question_waits_behind_long_prompts() -> None:
+    """Ordered by counter alone, a lifted question ties with a long prompt and loses on arrival."""
+    longest, slot_frees = question_waits(CounterOnly(W_IN, W_OUT), 1, [(200, 16)], (8, 4), 40)
+    assert longest > slot_frees
+
+
+def test_a_long_prompt_goes_once_the_questions_have_caught_up_with_its_finish() -> None:
+    """A question goes first at an equal counter; once its user's counter passes the long
+    prompt's finish, the long prompt goes."""
+    fair = Fair(W_IN, W_OUT)
+    fair.on_output("heavy", 1.0, 100)  # 200
+    fair.on_arrival("light", ["heavy"])  # lifted to 200
+    long_prompt, question = Candidate(1, "heavy", 1.0, 1200), Candidate(2, "light", 1.0, 40)
+    assert fair.choose([long_prompt, question]) is question
+    fair.on_output("light", 1.0, 600)  # 1400: the question would finish at 1440
+    assert fair.choose([long_prompt, question]) is long_prompt
+
+
+# -- 6. corrections ----------------------------------------------------------------------
 
 
 def test_charges_follow_the_costs_and_the_weight() -> None:
