@@ -5,7 +5,8 @@
 2. fifo: the heavy user floods (several long prompts at once) through the gateway with
    first-come-first-served ordering and no class limit, which is what Ollama does.
 3. fair: the same flood through the gateway with the weighted fair scheduler and heavy
-   requests limited to one of the two slots.
+   requests limited to one of the two slots, each waiting (2 s at most) for the light
+   requests running beside it to end before its prefill stalls them.
 
 The backend is the simulator: 2 slots, a long prompt's prefill stalls every stream (as
 llama.cpp's batches do). Prints, per user and per class: requests, 503s, TTFT p50/p95,
@@ -64,9 +65,12 @@ class Run:
 def _policy(sim_url: str, scheduling: str, heavy_slots: int, mix: Mix) -> str:
     users = [f"light{n}" for n in range(mix.light_users)] + ["heavy"]
     entries = "".join(f"  {user}: {{keys: [{user}-key]}}\n" for user in users)
+    # fifo stands for the backend on its own: heavy requests start whenever a slot is free.
+    wait = 0 if scheduling == "fifo" else "2s"
     return (
         f"scheduling: {scheduling}\n"
-        f"classes: {{heavy: {{min_prompt_tokens: 1000, max_slots: {heavy_slots}}}}}\n"
+        f"classes: {{heavy: {{min_prompt_tokens: 1000, max_slots: {heavy_slots}, "
+        f"wait_for_light: {wait}}}}}\n"
         f"defaults: {{max_concurrent: {mix.heavy_streams}, max_queued: 8}}\n"
         "queue: {max_depth: 32, max_wait: 60s}\n"
         f"users:\n{entries}"

@@ -123,9 +123,10 @@ class Admission:
     ) -> None:
         self.clock = clock
         self.holds = holds
-        self.room = WaitingRoom(policy, pool, self._notify)
+        self.room = WaitingRoom(policy, pool, self._notify, wake_in=self._wake_in)
         self.hold_timer = HoldTimer()
         self._change: asyncio.Future[None] | None = None
+        self._wake_timer: asyncio.TimerHandle | None = None
         self._unsent: defaultdict[str, float] = defaultdict(float)
 
     def reconfigure(self, policy: Policy, pool: BackendPool) -> None:
@@ -327,6 +328,20 @@ class Admission:
         """Something outside changed (a backend came back, its slots became known)."""
         self._notify()
         self.room.dispatch()
+
+    def _wake_in(self, delay: float) -> None:
+        """Dispatch again in ``delay`` seconds: one timer, the earliest asked for."""
+        loop = asyncio.get_running_loop()
+        timer = self._wake_timer
+        if timer is not None and timer.when() <= loop.time() + delay:
+            return
+        if timer is not None:
+            timer.cancel()
+        self._wake_timer = loop.call_later(delay, self._woken)
+
+    def _woken(self) -> None:
+        self._wake_timer = None
+        self.wake()
 
     def changed(self) -> asyncio.Future[None]:
         """A future resolved at the next change of counts (for /status watchers and tests)."""

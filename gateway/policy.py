@@ -298,6 +298,13 @@ class HeavyClass(Strict):
         description="Slots of each backend heavy requests may hold: a count, or a share (50%).",
     )
     weight: float = Field(default=1.0, gt=0, description="Share multiplier for heavy requests.")
+    wait_for_light: Duration = Field(
+        default=2.0,
+        ge=0,
+        description="How long a heavy request that could start waits for the light requests "
+        "running on its backend to end: its prefill would stall them all (llama.cpp and Ollama "
+        "batch every slot together). 0: start at once.",
+    )
 
     def slots_on(self, backend_slots: int) -> int:
         """How many of ``backend_slots`` heavy requests may hold; at least one."""
@@ -328,7 +335,8 @@ class Policy(Strict):
 
     scheduling: Literal["fair", "fifo"] = Field(
         default="fair",
-        description="fair: weighted virtual token counters; fifo: first come, first served.",
+        description="fair: weighted virtual token counters, the smallest finish first; fifo: "
+        "first come, first served.",
     )
     classes: Classes = Classes()
     costs: Costs = Costs()

@@ -5,8 +5,9 @@ counts it keeps are never seen half-updated. It is the one ledger of this replic
 running requests and busy slots; the cross-replica hold store only confirms them.
 
 A request runs only when its user has fewer than ``max_concurrent`` running and a backend
-that serves it has a free slot (heavy requests: a free heavy slot too). Dispatch looks only
-at users with requests waiting, and the ordering (FIFO or fair) picks among them.
+that serves it has a free slot (heavy requests: a free heavy slot too, and no light request
+running there, for at most ``classes.heavy.wait_for_light``: ``prefill_gate.py``). Dispatch
+looks only at users with requests waiting, and the ordering (FIFO or fair) picks among them.
 
 Two lanes (``lanes.py``): each user has an interactive and a background queue, with their
 own bounds. A slot goes to background work only when no interactive request can take it,
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 
 from gateway.backends.pool import Backend, BackendPool
 from gateway.policy import Policy
+from gateway.prefill_gate import PrefillGate
 from gateway.residency import Residency
 from gateway.room_snapshot import RoomSnapshot, in_order, room_snapshot
 from gateway.scheduler import Candidate, Fair, Fifo, Ordering
@@ -71,7 +73,10 @@ class WaitingRoom:
         pool: BackendPool,
         on_change: Callable[[], None],
         clock: Callable[[], float] = time.monotonic,
+        wake_in: Callable[[float], None] = lambda delay: None,
     ) -> None:
+        """``wake_in(delay)``: call ``dispatch`` again after ``delay`` seconds (when a held
+        heavy request may start anyway; nothing else changes then)."""
         self.policy = policy
         self.pool = pool
         self.ordering = ordering_for(policy)
@@ -91,6 +96,8 @@ class WaitingRoom:
         self._on_change = on_change
         self._clock = clock
         self.residency = Residency(clock)  # what each Ollama backend holds
+        self._wake_in = wake_in
+        self._gate = PrefillGate()
         # Who holds each busy slot, and since when, for the house page: by the ticket's
         # identity, since two requests can be alike field for field. The ticket is kept so
         # that its id stays unique while it is here.
@@ -195,13 +202,27 @@ class WaitingRoom:
         while self.waiting or self.background:
             choice = self._next_turn()
             if choice is None:
-                return
+                break
             waiter, backend = choice
             self.runs(waiter.ticket.lane)[waiter.ticket.user] += 1  # the user stays active
             self.leave(waiter)
             self.take(waiter.ticket, backend)
             self.ordering.on_dispatch(waiter.candidate)
             waiter.turn.set_result(backend)
+        self._wake_for_held()
+
+    def _wake_for_held(self) -> None:
+        wait = self.policy.classes.heavy.wait_for_light
+        opens = self._gate.opens_at(wait)
+        if opens is None:
+            return
+        queues = (*self.waiting.values(), *self.background.values())
+        if not any(waiter.ticket.heavy for queue in queues for waiter in queue):
+            self._gate.clear()  # the held request went away: the next is held afresh
+            return
+        now = self._clock()
+        if opens > now:  # else open already: the next release or arrival dispatches
+            self._wake_in(opens - now)
 
     def free_backends(self, ticket: Ticket) -> list[Backend]:
         heavy_slots = self.policy.classes.heavy.slots_on
@@ -241,6 +262,7 @@ class WaitingRoom:
         self.busy[group] += 1
         if ticket.heavy:
             self.heavy[group] += 1
+            self._gate.started(group)
         if ticket.lane is Lane.BACKGROUND:
             self._background_busy[group] += 1
         self._hold(ticket, backend)
@@ -295,6 +317,9 @@ class WaitingRoom:
                 if waiter.turn.done():  # cancelled; its task is about to remove it
                     continue
                 free = self.free_backends(waiter.ticket)
+                if waiter.ticket.heavy:
+                    model = waiter.ticket.model
+                    free = [backend for backend in free if self._heavy_may_start(backend, model)]
                 if free:
                     offers[waiter.candidate.seq] = (waiter, self.prefer(free, waiter.ticket))
                     break
@@ -314,6 +339,13 @@ class WaitingRoom:
             if not waiter.turn.done()
             for backend in self.pool.serving(waiter.ticket.api, waiter.ticket.model)
         )
+
+    def _heavy_may_start(self, backend: Backend, model: str) -> bool:
+        # One batch per slot group: on Ollama each model's runner batches its own slots.
+        group = backend.group(model)
+        light_running = self.busy[group] - self.heavy[group]
+        wait = self.policy.classes.heavy.wait_for_light
+        return self._gate.may_start(group, light_running, wait, self._clock())
 
     def prefer(self, free: list[Backend], ticket: Ticket) -> Backend:
         return self.pool.prefer(free, ticket.model, self.busy)

@@ -6,6 +6,8 @@ from dataclasses import replace
 
 from benchmarks.fairness import FLOOD, REFERENCE, SIM, compare
 from benchmarks.household import p95
+from tests.conftest import StartGateway, StartSim
+from tests.test_admission import USERS, held, policy, until, waiting_chat
 
 
 async def test_fair_keeps_light_users_near_the_reference_where_fifo_does_not() -> None:
@@ -23,3 +25,26 @@ async def test_fair_keeps_light_users_near_the_reference_where_fifo_does_not() -
     assert fair_run.max_running <= 2 and fifo_run.max_running <= 2
     heavy = next(o for o in fair_run.outcomes if o.request_class == "heavy")
     assert heavy.tokens > 0 and heavy.failed == 0  # slowed, not starved
+
+
+async def test_a_heavy_request_held_beside_a_light_one_starts_when_the_hold_runs_out(
+    start_sim: StartSim, start_gateway: StartGateway
+) -> None:
+    """A free slot and a light request running: the heavy request waits, then its timer
+    starts it though the light request still runs."""
+    _, sim_url = await start_sim(parallel=2)
+    gateway = await start_gateway(
+        policy(
+            sim_url,
+            slots=2,
+            head="classes: {heavy: {min_prompt_tokens: 100, max_slots: 1, "
+            "wait_for_light: 300ms}}\n" + USERS,
+        )
+    )
+    admission = gateway.services.admission
+    async with held(gateway, "bob-key", "a light question"):
+        heavy = waiting_chat(gateway, "alice-key", "summarise " * 100)
+        await until(admission, lambda snap: snap.queue_depth == 1 and snap.backends["sim"][0] == 1)
+        await until(admission, lambda snap: snap.heavy_running.get("sim") == 1)
+        reply = await heavy
+    assert reply.done

@@ -1,0 +1,108 @@
+"""The waiting room's dispatch, on its own with an injected clock: heavy starts and light ones."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.backends import Backend, BackendPool, BackendStates
+from gateway.policy import parse_policy
+from gateway.vocabulary import Api, RequestClass
+from gateway.waiting_room import Ticket, Waiter, WaitingRoom
+
+POLICY = """\
+classes: {{heavy: {{max_slots: 1, wait_for_light: {wait}}}}}
+defaults: {{max_concurrent: 2, max_queued: 4}}
+users: {{ann: {{keys: [a]}}, bob: {{keys: [b]}}, cy: {{keys: [c]}}}}
+backends: [{{name: gpu, url: "http://127.0.0.1:1", kind: ollama, slots: 2}}]
+"""
+
+
+class Room:
+    """A waiting room with a hand-moved clock that records the wake-ups it asks for."""
+
+    def __init__(self, wait: float = 2.0) -> None:
+        policy = parse_policy(POLICY.format(wait=wait))
+        self.now = 100.0
+        self.wakes: list[float] = []
+        self.room = WaitingRoom(
+            policy,
+            BackendPool(policy.backends, BackendStates()),
+            on_change=lambda: None,
+            clock=lambda: self.now,
+            wake_in=self.wakes.append,
+        )
+
+    def join(self, user: str, heavy: bool) -> Waiter:
+        request_class = RequestClass.HEAVY if heavy else RequestClass.LIGHT
+        ticket = Ticket(user, "m", Api.OLLAMA, 3000 if heavy else 40, request_class)
+        waiter = self.room.join(ticket, self.now, asyncio.get_running_loop().create_future())
+        self.room.dispatch()
+        return waiter
+
+    def end(self, waiter: Waiter) -> None:
+        backend: Backend = waiter.turn.result()
+        self.room.release(waiter.ticket, backend)
+
+
+async def test_a_heavy_request_starts_at_once_when_no_light_request_runs() -> None:
+    """Work conservation: the gate holds heavy work only beside light work."""
+    room = Room()
+    assert room.join("ann", heavy=True).turn.done()
+    assert room.wakes == []
+
+
+async def test_a_heavy_request_waits_for_the_light_request_running_beside_it() -> None:
+    """A free slot, a light request running: the heavy one waits, and starts when it ends."""
+    room = Room()
+    light = room.join("bob", heavy=False)
+    heavy = room.join("ann", heavy=True)
+    assert light.turn.done() and not heavy.turn.done()
+    assert room.wakes == [2.0]  # asked to look again when the hold runs out
+    room.now += 0.5
+    room.end(light)
+    assert heavy.turn.done()
+
+
+async def test_a_held_heavy_request_starts_when_the_hold_runs_out() -> None:
+    """No starvation: light requests that keep running delay it by wait_for_light at most."""
+    room = Room()
+    room.join("bob", heavy=False)
+    heavy = room.join("ann", heavy=True)
+    room.now += 1.0
+    room.room.dispatch()  # something else changed: still held, asked to look in 1 s
+    assert not heavy.turn.done() and room.wakes[-1] == 1.0
+    room.now += 1.0
+    room.room.dispatch()  # what Admission's timer does
+    assert heavy.turn.done()
+
+
+async def test_a_light_request_takes_the_slot_a_heavy_one_is_held_for() -> None:
+    """While the heavy request is held, a light arrival starts at once in the free slot."""
+    room = Room()
+    room.join("bob", heavy=False)
+    heavy = room.join("ann", heavy=True)
+    assert room.join("cy", heavy=False).turn.done()
+    assert not heavy.turn.done()
+
+
+async def test_with_wait_for_light_zero_a_heavy_request_starts_beside_light_ones() -> None:
+    """The gate can be turned off, and then heavy requests start as soon as a slot is free."""
+    room = Room(wait=0.0)
+    room.join("bob", heavy=False)
+    assert room.join("ann", heavy=True).turn.done()
+    assert room.wakes == []
+
+
+async def test_a_hold_is_forgotten_when_the_held_request_leaves() -> None:
+    """A heavy request that gave up does not shorten the hold of the next one."""
+    room = Room()
+    room.join("bob", heavy=False)
+    first = room.join("ann", heavy=True)
+    room.now += 1.5
+    first.turn.cancel()
+    room.room.leave(first)
+    room.room.dispatch()
+    room.now += 1.0
+    second = room.join("ann", heavy=True)
+    assert not second.turn.done()
+    assert room.wakes[-1] == 2.0
