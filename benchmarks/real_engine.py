@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -264,9 +265,25 @@ def light_waits(access_log: Path) -> str:
     )
 
 
+async def _until_done_or_terminated(
+    household: Household, rounds: int, threads: int
+) -> list[EngineRun]:
+    # SIGTERM (and SIGINT, which a background job ignores) cancel the runs, so that the
+    # servers they started are stopped on the way out, not left running.
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, task.cancel)
+    return await compare_on_llama_server(household, rounds, threads)
+
+
 def main(household: Household, rounds: int, threads: int) -> None:
     started = time.perf_counter()
-    runs = asyncio.run(compare_on_llama_server(household, rounds, threads))
+    try:
+        runs = asyncio.run(_until_done_or_terminated(household, rounds, threads))
+    except asyncio.CancelledError:
+        raise SystemExit("cancelled; the servers it started are stopped") from None
     print(report_table(runs))
     if runs[-1].access_log is not None:
         print(light_waits(runs[-1].access_log))
