@@ -28,8 +28,9 @@ from gateway.budget_policy import Budget, BudgetConfig, merged_budget
 from gateway.durations import Duration
 from gateway.forwarded import ForwardedHeader
 from gateway.lanes import Lanes
+from gateway.load_options import ModelPolicy, NumCtxPolicy
 from gateway.origins import CorsPolicy
-from gateway.policy_base import SlotShare, Strict, slots_on
+from gateway.policy_base import SlotShare, Strict, model_key, slots_on
 from gateway.policy_file import PolicyError, describe, environment, problem_at, read_yaml
 from gateway.sizes import Size
 from gateway.vocabulary import Lane
@@ -351,6 +352,13 @@ class Policy(Strict):
     monitoring: Monitoring = Monitoring()
     warmth: Warmth = Warmth()
     keep_alive: KeepAlivePolicy = KeepAlivePolicy()
+    num_ctx: NumCtxPolicy = Field(
+        default=NumCtxPolicy(),
+        description="What Ollama requests may ask of options.num_ctx, every model.",
+    )
+    models: dict[str, ModelPolicy] = Field(
+        default_factory=dict, description="Rules for one model's requests (num_ctx)."
+    )
     redis: RedisPolicy = RedisPolicy()
     timeouts: Timeouts = Timeouts()
     lanes: Lanes = Lanes()
@@ -394,6 +402,15 @@ class Policy(Strict):
         if config is None or config.models is None:
             return True
         return self.resolve(model) in {self.resolve(allowed) for allowed in config.models}
+
+    def num_ctx_for(self, model: str) -> NumCtxPolicy:
+        """The num_ctx rules for ``model``'s requests: its own, else every model's."""
+        rules = self._model_rules.get(model_key(model))
+        return self.num_ctx if rules is None or rules.num_ctx is None else rules.num_ctx
+
+    @cached_property
+    def _model_rules(self) -> dict[str, ModelPolicy]:
+        return {model_key(name): rules for name, rules in self.models.items()}
 
     def resolve(self, model: str) -> str:
         """The model an alias names; any other name as it is."""

@@ -11,7 +11,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
-__all__ = ["SlotShare", "Strict", "slots_on"]
+__all__ = ["SlotShare", "Strict", "model_key", "slots_on"]
 
 
 class Strict(BaseModel):
@@ -39,3 +39,8 @@ def slots_on(share: int | str, backend_slots: int) -> int:
     if isinstance(share, int):
         return min(share, backend_slots)
     return max(1, backend_slots * int(share[:-1]) // 100)
+
+
+def model_key(name: str) -> str:
+    """Ollama treats ``llama3.2`` and ``llama3.2:latest`` as one model."""
+    return name if ":" in name else f"{name}:latest"

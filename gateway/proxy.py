@@ -14,12 +14,12 @@ from gateway.classify import classify
 from gateway.errors import BackendFailure, GatewayError
 from gateway.lanes import lane_of, possible_lanes
 from gateway.listings import model_forbidden, model_not_found
-from gateway.load_options import num_ctx_of
+from gateway.load_options import apply_num_ctx_policy, num_ctx_of
 from gateway.policy import Policy, Timeouts
 from gateway.relay import Relay, Target
 from gateway.services import Services
 from gateway.vocabulary import Api, Reason, api_of
-from gateway.warmth import apply_keep_alive_policy
+from gateway.warmth import apply_keep_alive_policy, kept_alive
 
 __all__ = ["GENERATION_PATHS", "Generation"]
 
@@ -71,8 +71,13 @@ class Generation:
         record.model = model = _resolved(fields, view.policy)
         _check_model_allowed(view.policy, user, model)
         _check_model_served(view.pool, api, model)
-        if api is Api.OLLAMA and apply_keep_alive_policy(fields.values, view.policy.keep_alive):
-            fields.changed()
+        if api is Api.OLLAMA:
+            policy = view.policy
+            kept = kept_alive(policy.backends, model)
+            # Both run, then one re-encoding: what they checked is what Ollama reads.
+            changed = apply_keep_alive_policy(fields.values, policy.keep_alive, kept)
+            if apply_num_ctx_policy(fields.values, policy.num_ctx_for(model)) or changed:
+                fields.changed()
         estimate = classify(fields.values, view.policy)
         record.request_class, record.input_estimate = estimate.request_class, estimate.input_tokens
         record.lane = lane = lane_of(

@@ -30,7 +30,7 @@ from gateway.policy import BackendConfig, KeepAlivePolicy, Warmth
 from gateway.tasks import KeyedTasks
 from gateway.upstream import Upstream
 
-__all__ = ["KeepWarm", "WarmthSnapshot", "apply_keep_alive_policy"]
+__all__ = ["KeepWarm", "WarmthSnapshot", "apply_keep_alive_policy", "kept_alive"]
 
 log = structlog.get_logger("fairgate.warmth")
 _MAX_BACKOFF = 5  # doublings of the interval after repeated errors
@@ -109,25 +109,56 @@ class KeepWarm:
             return reply.status == 200
 
 
-def apply_keep_alive_policy(fields: dict[str, Any], rules: KeepAlivePolicy) -> bool:
-    """Clamp or override ``fields["keep_alive"]`` in place; True when the body changed."""
-    wanted = _wanted_keep_alive(fields.get("keep_alive"), rules)
+def apply_keep_alive_policy(
+    fields: dict[str, Any], rules: KeepAlivePolicy, kept: float | None = None
+) -> bool:
+    """Clamp or override ``fields["keep_alive"]`` in place; True when the body changed.
+
+    ``kept`` (``kept_alive``): a model the policy keeps loaded is protected from a
+    client's shorter keep_alive, a ``0`` above all, which would unload it for everybody."""
+    given = fields.get("keep_alive")
+    wanted = _wanted_keep_alive(given, rules)
+    if kept is not None:
+        wanted = _protected(given if wanted is None else wanted, kept) or wanted
     if wanted is None:
         return False
     fields["keep_alive"] = _seconds(wanted)
     return True
 
 
+def kept_alive(backends: list[BackendConfig], model: str) -> float | None:
+    """How long ``model`` must stay loaded after a request: forever (-1) when a backend
+    holds it ``resident``, the longest keep-warm ``keep_alive`` when one keeps it warm."""
+    key, floors = model_key(model), []
+    for backend in backends:
+        if key in map(model_key, backend.resident):
+            return -1.0
+        if key in map(model_key, backend.keep_warm):
+            floors.append(backend.keep_alive)
+    if any(floor < 0 for floor in floors):
+        return -1.0
+    return max(floors, default=None)
+
+
+def _protected(given: object, kept: float) -> float | None:
+    """The keep_alive that keeps the model loaded for ``kept``, or None if ``given`` does.
+
+    Pinned (``kept`` negative): always -1, as a request without keep_alive leaves the
+    runner's, which a load without one sets to Ollama's 5 minutes. Kept warm: only a
+    shorter one is raised; without one the runner keeps the keep-warm pings' value."""
+    asked = _asked(given)
+    if kept < 0:
+        return None if asked is not None and asked < 0 else kept
+    return kept if asked is not None and 0 <= asked < kept else None
+
+
 def _wanted_keep_alive(given: object, rules: KeepAlivePolicy) -> float | None:
     """The keep_alive to send instead of ``given``, or None to leave the request alone."""
     if rules.override is not None:
         return rules.override
-    if given is None:
+    asked = _asked(given)
+    if asked is None:
         return None
-    try:
-        asked = _client_seconds(given)
-    except (ValueError, OverflowError):
-        return None  # Ollama answers a malformed (or absurd) keep_alive itself
     forever = asked < 0
     if rules.max is not None and (forever or asked > rules.max):
         return rules.max
@@ -136,10 +167,15 @@ def _wanted_keep_alive(given: object, rules: KeepAlivePolicy) -> float | None:
     return None
 
 
-def _client_seconds(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise ValueError("not a duration")
-    return parse_go_duration(value) if isinstance(value, str) else float(value)
+def _asked(given: object) -> float | None:
+    """The client's keep_alive in seconds; None when absent, or malformed (or absurd):
+    Ollama answers those itself."""
+    if given is None or isinstance(given, bool) or not isinstance(given, int | float | str):
+        return None
+    try:
+        return parse_go_duration(given) if isinstance(given, str) else float(given)
+    except (ValueError, OverflowError):
+        return None
 
 
 def _seconds(value: float) -> int | float:

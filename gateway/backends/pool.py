@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gateway.policy import BackendConfig
+from gateway.policy_base import model_key
 from gateway.vocabulary import Api
 
 __all__ = [
@@ -21,11 +22,6 @@ __all__ = [
 OLLAMA_AUTOMATIC_MAX_LOADED = 3
 """Models Ollama keeps loaded at most without OLLAMA_MAX_LOADED_MODELS: 3 per GPU
 (server/sched.go defaultModelsPerGPU), taken for one GPU."""
-
-
-def model_key(name: str) -> str:
-    """Ollama treats ``llama3.2`` and ``llama3.2:latest`` as one model."""
-    return name if ":" in name else f"{name}:latest"
 
 
 @dataclass(frozen=True, slots=True)
