@@ -199,21 +199,28 @@ async def main(args: argparse.Namespace) -> None:
         f"overhead: streaming chats of {args.tokens} tokens, {args.seconds:g} s per target; "
         f"{os.cpu_count()} cores; gateway and nginx on core 0, backend stub and client on core 1"
     )
-    one = await _load(workdir, args, 0.0, 1)
-    _report("one stream at a time, zero-delay backend (the path's own latency):", one, args.seconds)
-    zero = await _load(workdir, args, 0.0, args.concurrency)
-    _report(
-        f"{args.concurrency} streams, zero-delay backend (as many chunks as the path can relay):",
-        zero,
-        args.seconds,
-    )
-    paced = await _load(workdir, args, args.interval, args.paced)
-    _report(
-        f"{args.paced} streams, paced backend (a token per stream every "
-        f"{args.interval * 1e3:g} ms):",
-        paced,
-        args.seconds,
-    )
+    loads = set(args.loads.split(","))
+    if "one" in loads:
+        one = await _load(workdir, args, 0.0, 1)
+        _report(
+            "one stream at a time, zero-delay backend (the path's own latency):", one, args.seconds
+        )
+    if "zero" in loads:
+        zero = await _load(workdir, args, 0.0, args.concurrency)
+        _report(
+            f"{args.concurrency} streams, zero-delay backend (as many chunks as the path can "
+            "relay):",
+            zero,
+            args.seconds,
+        )
+    if "paced" in loads:
+        paced = await _load(workdir, args, args.interval, args.paced)
+        _report(
+            f"{args.paced} streams, paced backend (a token per stream every "
+            f"{args.interval * 1e3:g} ms):",
+            paced,
+            args.seconds,
+        )
 
 
 if __name__ == "__main__":
@@ -224,4 +231,5 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--interval", type=float, default=0.02)
+    parser.add_argument("--loads", default="one,zero,paced", help="which loads to run")
     asyncio.run(main(parser.parse_args()))

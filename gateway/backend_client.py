@@ -25,7 +25,14 @@ from urllib.parse import urlsplit
 import httptools
 from multidict import CIMultiDict
 
-__all__ = ["BackendClient", "BackendClosed", "MalformedReply", "Reply", "UpstreamError"]
+__all__ = [
+    "BackendClient",
+    "BackendClosed",
+    "ConnectTimeout",
+    "MalformedReply",
+    "Reply",
+    "UpstreamError",
+]
 
 _HIGH_WATER = 64 * 1024  # body bytes held for a slow relay before the backend is paused
 _MAX_HEAD = 64 * 1024  # a reply's status line and headers, at most
@@ -42,6 +49,10 @@ class BackendClosed(UpstreamError):
 
 class MalformedReply(UpstreamError):
     """The backend sent bytes that are not an HTTP/1.1 reply (or a head over 64 KiB)."""
+
+
+class ConnectTimeout(TimeoutError):
+    """No connection to the backend within the connect timeout."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,11 +268,12 @@ class _Connection(asyncio.Protocol):
 class Reply:
     """A backend's reply to one request: its head, and its body as it arrives."""
 
-    __slots__ = ("_close", "_conn", "content_length", "headers", "reason", "status")
+    __slots__ = ("_close", "_conn", "_deadline", "content_length", "headers", "reason", "status")
 
-    def __init__(self, conn: _Connection, close: bool) -> None:
+    def __init__(self, conn: _Connection, close: bool, deadline: asyncio.TimerHandle) -> None:
         self._conn: _Connection | None = conn
         self._close = close
+        self._deadline: asyncio.TimerHandle | None = deadline
         self.status = conn.status
         self.reason = conn.reason
         self.headers: CIMultiDict[str] = CIMultiDict(
@@ -290,6 +302,14 @@ class Reply:
             if conn.complete:
                 return b""
             await conn.wait()
+
+    async def first(self) -> bytes:
+        """The first body bytes (b"" for an empty body), still within the first-byte
+        deadline; from then on only the relay's own watches time the reply."""
+        try:
+            return await self.read()
+        finally:
+            self._disarm()
 
     async def read_up_to(self, limit: int) -> bytes:
         """The body, or its first ``limit`` bytes or a little more."""
@@ -337,11 +357,17 @@ class Reply:
     def release(self) -> None:
         """Done with the reply: its connection goes back to the pool if it can serve
         another request, else it is closed (which tells the backend to stop)."""
+        self._disarm()
         conn, self._conn = self._conn, None
         if conn is None:
             return
         reusable = conn.complete and conn.keep_alive and conn.exception is None
         conn._client.put_back(conn, reusable and not self._close)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
 
     async def __aenter__(self) -> Reply:
         return self
@@ -374,15 +400,27 @@ class BackendClient:
         headers: CIMultiDict[str],
         body: bytes | None,
         connect_timeout: float,
+        first_byte: float,
         close: bool = False,
     ) -> Reply:
-        """Send the request and wait for the reply's head. OSError (or TimeoutError) if the
-        backend cannot be reached, UpstreamError if it fails before its head."""
+        """Send the request and wait for the reply's head.
+
+        OSError if the backend cannot be reached (ConnectTimeout: not within
+        ``connect_timeout``), UpstreamError if it fails before its head, TimeoutError if the
+        head, and then the first body bytes (``Reply.first``), take over ``first_byte``.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + first_byte
         origin = _origin(url)
         head = _head(method, origin, headers, body)
-        conn = await self._connection(origin, connect_timeout)
+        conn = self._idle_connection(origin.key)
+        if conn is None:
+            async with asyncio.timeout_at(deadline):
+                conn = await self._connection(origin, connect_timeout)
         conn.reset(method == "HEAD")
         conn.active = True
+        # One timer for the whole first byte, where asyncio.timeout costs a few times more.
+        expiry = loop.call_at(deadline, conn.fail, TimeoutError())
         try:
             assert conn.transport is not None
             conn.transport.write(head if body is None else head + body)
@@ -391,21 +429,29 @@ class BackendClient:
                     raise conn.exception
                 await conn.wait()
         except BaseException:
+            expiry.cancel()
             conn.close()
             self.put_back(conn, False)
             raise
-        return Reply(conn, close)
+        return Reply(conn, close, expiry)
+
+    def _idle_connection(self, key: tuple[str, int, bool]) -> _Connection | None:
+        idle = self._idle.get(key)
+        while idle:
+            conn = idle.pop()
+            if conn.idle_timer is not None:
+                conn.idle_timer.cancel()
+            if not conn.closed:
+                return conn
+        return None
 
     async def _connection(self, origin: _Origin, connect_timeout: float) -> _Connection:
+        """An idle connection, once one is given back, or a new one once there is room."""
         loop = asyncio.get_running_loop()
         while True:
-            idle = self._idle.get(origin.key)
-            while idle:
-                conn = idle.pop()
-                if conn.idle_timer is not None:
-                    conn.idle_timer.cancel()
-                if not conn.closed:
-                    return conn
+            conn = self._idle_connection(origin.key)
+            if conn is not None:
+                return conn
             if self._open < self._limit:
                 break
             self._close_an_idle_one()  # its ``lost`` wakes a waiter
@@ -425,9 +471,11 @@ class BackendClient:
                     origin.port,
                     ssl=self._tls_context() if origin.tls else None,
                 )
-        except BaseException:
+        except BaseException as exc:
             self._open -= 1
             self._wake_one()
+            if isinstance(exc, TimeoutError):  # this timeout's, not the caller's (a cancel)
+                raise ConnectTimeout(f"no connection within {connect_timeout:g}s") from exc
             raise
         return conn
 

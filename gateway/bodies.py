@@ -47,6 +47,8 @@ async def read_body(request: web.Request, limit: int, deadline: float) -> bytes:
             await request.writer.write(_CONTINUE)
             request.writer.output_size = 0  # the interim reply is not the reply's body
     try:
+        if request.content.is_eof():  # all here already (a chat's body comes with its head)
+            return await request.read()
         async with asyncio.timeout(deadline):
             return await request.read()
     except (HttpProcessingError, RequestPayloadError) as exc:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address
 from typing import Literal, Protocol
 
@@ -85,6 +86,7 @@ class _Headers(Protocol):
     def getall(self, name: str, default: list[str], /) -> list[str]: ...
 
 
+@lru_cache(maxsize=4096)  # the same few peers and hops, request after request
 def address_of(text: str | None) -> Address | None:
     """The IP address in a peer or a hop, without port, brackets or quotes; an IPv4-mapped
     IPv6 address (a dual-stack socket) as IPv4; None when there is none."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from itertools import accumulate
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -23,6 +24,7 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 from gateway.access import RequestRecord
@@ -98,6 +100,7 @@ class Metrics:
         )  # fmt: skip
         r.register(_SnapshotCollector(snapshot))
         self._policy = policy
+        self._children: dict[tuple[MetricWrapperBase, tuple[str, ...]], Any] = {}
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_get("/metrics", self.endpoint)
@@ -110,30 +113,39 @@ class Metrics:
         """Account for one finished request."""
         user, request_class = self._user(record.user), record.request_class or RequestClass.LIGHT
         if record.reason in REFUSALS:
-            self.rejections.labels(user, record.reason).inc()
+            self._child(self.rejections, user, record.reason).inc()
         if not record.path.startswith(_GENERATION) or record.model is None:
             return
         model = self._model(record.model)
-        self.requests.labels(user, model, request_class, str(record.status)).inc()
+        self._child(self.requests, user, model, request_class, str(record.status)).inc()
         if record.reason is Reason.BACKEND_FAILED_MID_STREAM and record.backend is not None:
-            self.stream_failures.labels(record.backend).inc()
+            self._child(self.stream_failures, record.backend).inc()
         if record.reason is Reason.CLIENT_STALLED:
-            self.client_stalls.labels(user).inc()
+            self._child(self.client_stalls, user).inc()
         if record.queue_wait is not None:
-            self.queue_wait.labels(request_class).observe(record.queue_wait)
+            self._child(self.queue_wait, request_class).observe(record.queue_wait)
         if record.first_byte_at is not None:
-            self.ttft.labels(request_class).observe(record.first_byte_at - record.arrived)
+            self._child(self.ttft, request_class).observe(record.first_byte_at - record.arrived)
             if record.dispatched_at is not None:
-                self.ttft_dispatch.labels(request_class).observe(
+                self._child(self.ttft_dispatch, request_class).observe(
                     record.first_byte_at - record.dispatched_at
                 )
-            self.duration.labels(request_class).observe(record.finished - record.arrived)
+            self._child(self.duration, request_class).observe(record.finished - record.arrived)
         if record.gaps:
             self.gap.observe_all(request_class, record.gaps)
         if record.prompt_tokens:
-            self.prompt_tokens.labels(user, model).inc(record.prompt_tokens)
+            self._child(self.prompt_tokens, user, model).inc(record.prompt_tokens)
         if record.completion_tokens:
-            self.completion_tokens.labels(user, model).inc(record.completion_tokens)
+            self._child(self.completion_tokens, user, model).inc(record.completion_tokens)
+
+    def _child(self, metric: MetricWrapperBase, *labels: str) -> Any:
+        """``metric.labels(*labels)``, remembered: labels() validates and takes a lock on
+        every call, and the same few label sets come back request after request."""
+        key = (metric, labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     def _user(self, user: str | None) -> str:
         # Not anonymous: that is a user of its own, and 401s from a stranger's key counted

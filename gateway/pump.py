@@ -8,8 +8,8 @@ the gaps between reads are noted (ITL), the bytes counted, the tail kept for the
 the newlines counted for the fair scheduler's meter. Chunk boundaries are not part of NDJSON
 or SSE, so joining reads changes no byte a client parses.
 
-Two timers watch every reply, each waking once per period rather than per read: the
-backend's silence (``timeouts.idle``) and a client that stops reading
+One timer watches every reply, waking once per period rather than per read: for the
+backend's silence (``timeouts.idle``) and for a client that stops reading
 (``timeouts.client_stall``).
 """
 
@@ -65,36 +65,34 @@ async def pump(
     tallies into ``progress``. Raises what failed the reply (ConnectionResetError: the
     client has gone)."""
     loop = asyncio.get_running_loop()
-    passing = _Passing(request, upstream, progress, meter, loop.time())
-    watch = _silence_watch(upstream, timeouts.idle)
-    stall = _stall_watch(request, timeouts.client_stall, progress)
-    passing.watch = watch
+    watch = _Watch(request, upstream, timeouts, progress)
+    passing = _Passing(request, upstream, progress, meter, watch, loop.time())
     try:
-        stall.since = loop.time()
+        watch.unread_since = loop.time()
         await response.write(first)  # the head and the first bytes, through aiohttp
-        stall.since = None
+        watch.unread_since = None
         passing.count(first)
         if response.headers.get("Transfer-Encoding") == "chunked":
-            watch.since = loop.time()
+            watch.silent_since = loop.time()
             upstream.pass_to(passing)
             while not await upstream.passed():
                 # The client's buffer is full: the backend is paused until it drains. Only
                 # the backend's silence counts against `idle`.
-                watch.since, stall.since = None, loop.time()
+                watch.silent_since, watch.unread_since = None, loop.time()
                 await request.writer.drain()
-                watch.since, stall.since = loop.time(), None
+                watch.silent_since, watch.unread_since = loop.time(), None
                 upstream.hold(False)
         else:  # a declared length (or an HTTP/1.0 client): aiohttp's writer keeps count
             while True:
-                watch.since = loop.time()
+                watch.silent_since = loop.time()
                 chunk = await upstream.read()
-                watch.since = None
+                watch.silent_since = None
                 if not chunk:
                     break
                 passing.gap()
-                stall.since = loop.time()
+                watch.unread_since = loop.time()
                 await response.write(chunk)
-                stall.since = None
+                watch.unread_since = None
                 passing.count(chunk)
         counts = passing.tail.counts()
         progress.prompt_tokens, progress.completion_tokens = (
@@ -102,11 +100,10 @@ async def pump(
             counts.completion_tokens,
         )
         progress.load_seconds = counts.load_seconds
-        stall.since = loop.time()
+        watch.unread_since = loop.time()
         await response.write_eof()
     finally:
         watch.stop()
-        stall.stop()
         if passing.meter is not None:
             passing.meter.flush()  # a reply without final counts is charged every token it sent
 
@@ -121,9 +118,9 @@ class _Passing:
         "_progress",
         "_request",
         "_upstream",
+        "_watch",
         "meter",
         "tail",
-        "watch",
     )
 
     def __init__(
@@ -132,6 +129,7 @@ class _Passing:
         upstream: Reply,
         progress: Progress,
         charge: Callable[[int], None] | None,
+        watch: _Watch,
         now: float,
     ) -> None:
         self._request = request
@@ -143,15 +141,14 @@ class _Passing:
         self.tail = _Tail()
         content_type = upstream.headers.get("Content-Type", "")
         self.meter = _Meter(charge, content_type) if charge is not None else None
-        self.watch: _Watch | None = None
+        self._watch = watch
 
     def __call__(self, data: bytes) -> None:
         transport = self._request.transport
         if transport is None or transport.is_closing():
             raise ConnectionResetError("the client has gone")
         self.gap()
-        if self.watch is not None:
-            self.watch.since = self._last
+        self._watch.silent_since = self._last
         transport.write(b"%x\r\n%b\r\n" % (len(data), data))
         self.count(data)
         if transport.get_write_buffer_size() > _CLIENT_HIGH_WATER:
@@ -211,42 +208,13 @@ class _Meter:
 
 
 class _Watch:
-    """Calls ``expire`` once ``since`` (a wait's start, None when not waiting) is
-    ``period`` seconds old.
+    """Two waits watched by one timer: the backend's silence while the relay waits on it
+    (``idle``: the reply fails with TimeoutError) and a client that leaves the reply
+    unread (``client_stall``: its connection is aborted). ``silent_since`` and
+    ``unread_since`` are when the current wait began, None when there is none.
 
     Re-arming a timer on every read would cost a timer handle per token; this one wakes at
-    most once per period and looks at when the current wait began.
-    """
-
-    def __init__(self, period: float, expire: Callable[[float], None]) -> None:
-        self.since: float | None = None
-        self._period = period
-        self._expire = expire
-        self._loop = asyncio.get_running_loop()
-        self._timer = self._loop.call_at(self._loop.time() + period, self._check)
-
-    def _check(self) -> None:
-        now = self._loop.time()
-        since = self.since
-        if since is not None and now - since >= self._period:
-            self._expire(now - since)
-            return
-        self._timer = self._loop.call_at(
-            (now if since is None else since) + self._period, self._check
-        )
-
-    def stop(self) -> None:
-        self._timer.cancel()
-
-
-def _silence_watch(reply: Reply, idle: float) -> _Watch:
-    """Fails the reply with TimeoutError once the backend has been silent for ``idle``
-    seconds while the relay waited on it (a client that reads slowly does not count)."""
-    return _Watch(idle, lambda _: reply.set_exception(TimeoutError()))
-
-
-def _stall_watch(request: web.Request, stall: float, progress: Progress) -> _Watch:
-    """Ends a reply whose client has left it unread for ``stall`` seconds.
+    most once per period and looks at when the current waits began.
 
     A write waits only when the socket and the transport's buffer are full, so the bytes
     held for one stream stay bounded (the transport's high-water mark plus a read); a
@@ -255,11 +223,40 @@ def _stall_watch(request: web.Request, stall: float, progress: Progress) -> _Wat
     handler, which closes the upstream request and releases the permit.
     """
 
-    def expire(unread_for: float) -> None:
-        log.warning("client_stalled", unread_for=round(unread_for, 1))
-        progress.failure = Reason.CLIENT_STALLED
-        progress.client_gone = True
-        if request.transport is not None:
-            request.transport.abort()
+    def __init__(
+        self, request: web.Request, reply: Reply, timeouts: Timeouts, progress: Progress
+    ) -> None:
+        self.silent_since: float | None = None
+        self.unread_since: float | None = None
+        self._request = request
+        self._reply = reply
+        self._idle, self._stall = timeouts.idle, timeouts.client_stall
+        self._progress = progress
+        self._loop = asyncio.get_running_loop()
+        self._timer = self._loop.call_at(
+            self._loop.time() + min(self._idle, self._stall), self._check
+        )
 
-    return _Watch(stall, expire)
+    def _check(self) -> None:
+        now = self._loop.time()
+        silent, unread = self.silent_since, self.unread_since
+        if silent is not None and now - silent >= self._idle:
+            self._reply.set_exception(TimeoutError())
+            return
+        if unread is not None and now - unread >= self._stall:
+            log.warning("client_stalled", unread_for=round(now - unread, 1))
+            self._progress.failure = Reason.CLIENT_STALLED
+            self._progress.client_gone = True
+            if self._request.transport is not None:
+                self._request.transport.abort()
+            return
+        self._timer = self._loop.call_at(
+            min(
+                (now if silent is None else silent) + self._idle,
+                (now if unread is None else unread) + self._stall,
+            ),
+            self._check,
+        )
+
+    def stop(self) -> None:
+        self._timer.cancel()

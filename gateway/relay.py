@@ -8,7 +8,6 @@ frees its slot, and the caller's permit is released by its ``async with``.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 import time
@@ -19,7 +18,7 @@ import structlog
 from aiohttp import web
 from multidict import CIMultiDict
 
-from gateway.backend_client import BackendClient, Reply, UpstreamError
+from gateway.backend_client import BackendClient, ConnectTimeout, Reply, UpstreamError
 from gateway.errors import BackendFailure, GatewayError, error_body, inband_error
 from gateway.headers import forwarded_headers, returned_headers
 from gateway.policy import Timeouts
@@ -141,24 +140,21 @@ async def _open(
     """The upstream reply and its first chunk, or a GatewayError saying what went wrong."""
     upstream, timeouts = None, target.timeouts
     try:
-        async with asyncio.timeout(timeouts.first_byte):
-            try:
-                upstream = await client.request(
-                    request.method,
-                    target.url,
-                    headers,
-                    body,
-                    timeouts.connect,
-                    close=target.close_connection,
-                )
-            except TimeoutError as exc:  # the connect timeout, inside the first-byte one
-                raise _ConnectTimeout from exc
-            if target.fail_fast and upstream.status >= 500:
-                detail = (await upstream.read_up_to(300)).decode("utf-8", "replace")[:300]
-                raise BackendFailure(
-                    502, Reason.BACKEND_FAILED, f"the backend answered {upstream.status}: {detail}"
-                )
-            return upstream, await upstream.read()
+        upstream = await client.request(
+            request.method,
+            target.url,
+            headers,
+            body,
+            timeouts.connect,
+            timeouts.first_byte,
+            close=target.close_connection,
+        )
+        if target.fail_fast and upstream.status >= 500:
+            detail = (await upstream.read_up_to(300)).decode("utf-8", "replace")[:300]
+            raise BackendFailure(
+                502, Reason.BACKEND_FAILED, f"the backend answered {upstream.status}: {detail}"
+            )
+        return upstream, await upstream.first()
     except BaseException as exc:
         if upstream is not None:
             upstream.release()
@@ -166,10 +162,6 @@ async def _open(
             # The backend's address and our request's headers are for the log only.
             log.warning("backend_request_failed", url=target.url, error=repr(exc))
         raise _open_error(exc, timeouts) from exc
-
-
-class _ConnectTimeout(Exception):
-    """No connection to the backend within timeouts.connect."""
 
 
 def _open_error(exc: BaseException, timeouts: Timeouts) -> BaseException:
@@ -184,7 +176,7 @@ def _open_error(exc: BaseException, timeouts: Timeouts) -> BaseException:
         return BackendFailure(
             502, Reason.BACKEND_UNREACHABLE, f"cannot reach the backend: {why.lower()}"
         )
-    if isinstance(exc, _ConnectTimeout):
+    if isinstance(exc, ConnectTimeout):
         return GatewayError(
             504,
             Reason.BACKEND_TIMEOUT,
@@ -231,10 +223,15 @@ async def _wrapped_error(request: web.Request, upstream: Reply, first: bytes) ->
     )
 
 
+class _Relayed(web.StreamResponse):
+    """A relayed reply: its head goes out with its first bytes, in one send, as aiohttp's
+    own web.Response does (a StreamResponse sends its head alone, at prepare)."""
+
+    _send_headers_immediately = False
+
+
 def _response_for(upstream: Reply) -> web.StreamResponse:
-    response = web.StreamResponse(
-        status=upstream.status, headers=returned_headers(upstream.headers)
-    )
+    response = _Relayed(status=upstream.status, headers=returned_headers(upstream.headers))
     if upstream.content_length is not None:
         response.content_length = upstream.content_length
     return response

@@ -76,7 +76,7 @@ async def _body(reply: Reply) -> bytes:
 
 async def _post(client: BackendClient, url: str, close: bool = False) -> Reply:
     headers = CIMultiDict({"Content-Type": "application/json"})
-    return await client.request("POST", url + "/api/chat", headers, b"{}", 5.0, close=close)
+    return await client.request("POST", url + "/api/chat", headers, b"{}", 5, 5, close=close)
 
 
 class TestReplies:
@@ -135,10 +135,26 @@ class TestReplies:
 
         async with raw_backend(answer) as backend:
             reply = await client.request(
-                "HEAD", backend.url + "/api/version", CIMultiDict(), None, 5
+                "HEAD", backend.url + "/api/version", CIMultiDict(), None, 5, 5
             )
             assert reply.status == 200
             assert await asyncio.wait_for(_body(reply), timeout=5) == b""
+
+    async def test_the_first_byte_deadline_runs_until_the_first_body_bytes(
+        self, client: BackendClient
+    ) -> None:
+        """A head on time is not enough: no body byte within first_byte is a TimeoutError."""
+
+        async def answer(_: bytes, writer: asyncio.StreamWriter) -> None:
+            writer.write(_STREAM_HEAD + b"Transfer-Encoding: chunked\r\n\r\n")
+
+        async with raw_backend(answer) as backend:
+            headers = CIMultiDict({"Content-Type": "application/json"})
+            url = backend.url + "/api/chat"
+            reply = await client.request("POST", url, headers, b"{}", 5, 0.2)
+            async with reply:
+                with pytest.raises(TimeoutError):
+                    await reply.first()
 
 
 class TestConnections:
@@ -221,7 +237,7 @@ class TestHostileBackends:
         async with raw_backend(answer) as backend:
             headers = CIMultiDict({"X-Note": "a\r\nX-Admin: yes"})
             with pytest.raises(ValueError, match="line break"):
-                await client.request("POST", backend.url + "/api/chat", headers, b"{}", 5)
+                await client.request("POST", backend.url + "/api/chat", headers, b"{}", 5, 5)
             assert backend.requests == []
 
     async def test_not_http_is_a_malformed_reply(self, client: BackendClient) -> None:
