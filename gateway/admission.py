@@ -26,6 +26,7 @@ from gateway.holds import Hold, HoldStore, StoreUnavailable
 from gateway.policy import Policy
 from gateway.refusals import HoldTimer, Refusal, refusal
 from gateway.room_snapshot import RoomSnapshot
+from gateway.swaps import SwapWait
 from gateway.vocabulary import Api, Lane, Reason
 from gateway.waiting_room import Ticket, Waiter, WaitingRoom
 
@@ -66,6 +67,7 @@ class Permit:
         "granted_at",
         "hold",
         "output_charged",
+        "placement",
         "queue_position",
         "queue_wait",
         "ticket",
@@ -83,6 +85,7 @@ class Permit:
         self.queue_position = waiter.position
         self.output_charged = 0.0
         self.hold: Hold | None = None  # the claim in the hold store, once confirmed
+        self.placement = waiter.placement  # how it finds its model: held, loaded, swapped
 
     def add_output(self, tokens: float) -> None:
         """Charge tokens as they stream, so a long reply counts before it ends."""
@@ -96,6 +99,17 @@ class Permit:
             ordering.on_correction(user, self.weight, input_tokens - self.ticket.input_tokens)
         if output_tokens is not None:
             self.add_output(output_tokens - self.output_charged)
+
+    def loaded(self, seconds: float | None) -> None:
+        """The reply says its model took ``seconds`` to load. If this request caused the
+        load (a load, swap or reload), its user pays for the time (``costs.load``
+        generated tokens a second) and the time is remembered for the next estimates."""
+        if seconds is None or not self.placement.loads:
+            return
+        room = self._admission.room
+        room.swaps.loaded(self.backend, self.ticket.model, seconds)
+        tokens = room.policy.costs.load * seconds
+        room.ordering.on_output(self.ticket.user, self.weight, tokens)
 
     async def __aenter__(self) -> Permit:
         return self
@@ -210,8 +224,10 @@ class Admission:
         except TimeoutError:
             if waiter.turn.done():  # granted as the timer fired: take the turn after all
                 return Permit(self, waiter, waiter.turn.result())
+            swap = room.swap_wait(ticket, self.hold_timer.seconds)
             room.leave(waiter)
-            return self._refusal(Reason.WAIT_TIMEOUT, ticket)
+            room.dispatch()  # a swap it was the last to wait for is called off
+            return self._refusal(Reason.WAIT_TIMEOUT, ticket, swap)
         except _TurnedAway as away:
             return away.refusal
         except BaseException:
@@ -284,7 +300,7 @@ class Admission:
         if not others:
             return False
         chosen = room.prefer(others, permit.ticket)
-        room.take(permit.ticket, chosen)
+        permit.placement = room.take(permit.ticket, chosen)
         room.give_back(permit.ticket, failed)
         permit.backend, permit.hold = chosen, None
         if self.holds is None:
@@ -363,7 +379,9 @@ class Admission:
         else:
             waiter.turn.cancel()
             self.room.leave(waiter)
+            self.room.dispatch()  # a swap it was the last to wait for is called off
 
-    def _refusal(self, reason: Reason, ticket: Ticket) -> Refusal:
+    def _refusal(self, reason: Reason, ticket: Ticket, swap: SwapWait | None = None) -> Refusal:
         others = self.holds.others_waiting if self.holds is not None else 0
-        return refusal(reason, ticket.user, ticket.lane, self.room, self.hold_timer, others)
+        room, hold = self.room, self.hold_timer
+        return refusal(reason, ticket.user, ticket.lane, room, hold, others, swap)

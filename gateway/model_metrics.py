@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gateway.snapshot import GatewaySnapshot
 
@@ -54,3 +54,31 @@ def model_families(snapshot: GatewaySnapshot) -> Iterator[Metric]:
             context.add_metric([backend.name, model.model], model.num_ctx)
             size.add_metric([backend.name, model.model], model.size)
     yield from (busy, context, size, used, budget)
+    yield from _swaps(snapshot)
+
+
+_COUNTERS = {
+    "loads": "Models loaded because of a request (a load beside the others, a swap, a reload).",
+    "evictions": "Models the gateway unloaded to make room for another.",
+    "reloads": "Models reloaded for a request with another num_ctx.",
+    "swaps": "Swaps done: the victims drained and unloaded, then this model sent.",
+    "swap_wait_seconds": "Seconds from planning each swap to sending its model (the drain).",
+}
+
+
+def _swaps(snapshot: GatewaySnapshot) -> Iterator[Metric]:
+    families = {
+        name: CounterMetricFamily(f"fairgate_model_{name}", text, labels=["backend", "model"])
+        for name, text in _COUNTERS.items()
+    }
+    pending = GaugeMetricFamily(
+        "fairgate_swap_pending_seconds",
+        "How long the swap under way has waited for its victims to drain.",
+        labels=["backend", "model"],
+    )
+    for backend in snapshot.backends:
+        for (model, counter), value in backend.model_counts.items():
+            families[counter].add_metric([backend.name, model], value)
+        if backend.swap is not None:
+            pending.add_metric([backend.name, backend.swap.model], backend.swap.waited)
+    yield from (*families.values(), pending)

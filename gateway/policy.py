@@ -329,6 +329,12 @@ class Costs(Strict):
     input: float = Field(default=1.0, ge=0, description="Weight of one prompt token.")
     output: float = Field(default=2.0, ge=0, description="Weight of one generated token.")
     image_tokens: int = Field(default=768, ge=0, description="Prompt tokens counted per image.")
+    load: float = Field(
+        default=50.0,
+        ge=0,
+        description="A second of model load (or reload, or swap) counts as this many generated "
+        "tokens, charged to the request that caused it.",
+    )
 
 
 class Policy(Strict):

@@ -105,11 +105,16 @@ class Generation:
             record.queue_wait, record.dispatched_at = permit.queue_wait, permit.granted_at
             record.queue_position = permit.queue_position
             timeouts = view.policy.timeouts
+            if permit.placement.unload:  # a planned swap: make the room before it goes
+                await services.warmth.unload(
+                    permit.backend, permit.placement.unload, timeouts.connect
+                )
             try:
                 response = await self._relay_with_failover(request, permit, fields.body, timeouts)
             finally:  # a reply cut short still spent what it streamed
                 record.streamed_tokens = int(permit.output_charged)
             permit.settle(record.prompt_tokens, record.completion_tokens)
+            permit.loaded(record.load_seconds)
         services.warmth.note_load(permit.backend.name, model, record.load_seconds)
         return response
 

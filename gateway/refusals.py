@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway.errors import retry_after_header
+from gateway.swaps import SwapWait
 from gateway.vocabulary import Lane, Reason
 from gateway.waiting_room import WaitingRoom
 
@@ -47,8 +48,10 @@ def refusal(
     room: WaitingRoom,
     hold: HoldTimer,
     others_waiting: int,
+    swap: SwapWait | None = None,
 ) -> Refusal:
-    """The refusal of a request that is not (or no longer) in the waiting room."""
+    """The refusal of a request that is not (or no longer) in the waiting room; ``swap``:
+    it waited for its model to be swapped in (its drain and load are the wait to come)."""
     policy = room.policy
     ahead = room.depth + others_waiting
     if reason is Reason.USER_QUEUE_FULL:
@@ -70,6 +73,9 @@ def refusal(
             "waiting ahead of you"
         )
     retry_after = min(hold.seconds * (waiting + 1) / places, _MAX_RETRY_AFTER)
+    if swap is not None:
+        said = f"{said}: {swap.said}"
+        retry_after = min(max(retry_after, swap.seconds), _MAX_RETRY_AFTER)
     # In words as well as in Retry-After: chat front ends show the text, not the header.
     message = f"{said}; try again in about {retry_after_header(retry_after)} s"
     return Refusal(reason, message, retry_after)

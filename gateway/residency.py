@@ -55,6 +55,7 @@ class _Sent:
 @dataclass(slots=True)
 class _Backend:
     sent: dict[str, _Sent] = field(default_factory=dict)  # by model key
+    gone: dict[str, float] = field(default_factory=dict)  # unloaded by the gateway, when
     sizes: dict[str, tuple[int, int]] = field(default_factory=dict)  # model -> (num_ctx, size)
 
 
@@ -73,7 +74,12 @@ class Residency:
         """The models ``backend`` holds now (``busy``: running requests by slot group)."""
         state, mine = backend.state, self._of(backend)
         view: dict[str, Resident] = {}
+        for model, at in list(mine.gone.items()):
+            if at <= state.observed_at:
+                del mine.gone[model]  # a probe since knows it is gone (or back)
         for model, seen in state.loaded.items():
+            if model in mine.gone:
+                continue
             num_ctx = seen.context_length or backend.default_num_ctx
             if seen.size:
                 mine.sizes[model] = (num_ctx, seen.size)
@@ -106,6 +112,12 @@ class Residency:
         """A request for ``model`` with ``num_ctx`` was dispatched to ``backend``."""
         if backend.per_model:
             self._of(backend).sent[model_key(model)] = _Sent(num_ctx, self._clock())
+
+    def gone(self, backend: Backend, model: str) -> None:
+        """The gateway is unloading ``model`` from ``backend``."""
+        mine = self._of(backend)
+        mine.sent.pop(model, None)
+        mine.gone[model] = self._clock()
 
     def snapshot(self, backend: Backend, busy: Mapping[str, int]) -> ResidentsSnapshot:
         residents = self.residents(backend, busy)

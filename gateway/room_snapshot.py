@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from gateway.residency import ResidentsSnapshot
 from gateway.scheduler import Ordering
+from gateway.swaps import SwapsSnapshot
 from gateway.vocabulary import Lane, RequestClass
 
 if TYPE_CHECKING:
@@ -64,6 +65,7 @@ class RoomSnapshot:
     waiting: tuple[WaitingRequest, ...] = ()  # in the order the ordering would pick them
     model_busy: dict[tuple[str, str], int] = field(default_factory=dict)  # (backend, model)
     residents: dict[str, ResidentsSnapshot] = field(default_factory=dict)  # Ollama, by name
+    swaps: SwapsSnapshot = field(default_factory=lambda: SwapsSnapshot({}, {}))  # by key
 
 
 def room_snapshot(room: WaitingRoom, now: float) -> RoomSnapshot:
@@ -87,8 +89,11 @@ def room_snapshot(room: WaitingRoom, now: float) -> RoomSnapshot:
         oldest_wait=now - oldest,
         heavy_running={b.name: room.busy_on(b, room.heavy) for b in room.pool.backends},
         residents={
-            b.name: room.residency.snapshot(b, room.busy) for b in room.pool.backends if b.per_model
+            b.name: room.swaps.residency.snapshot(b, room.busy)
+            for b in room.pool.backends
+            if b.per_model
         },
+        swaps=room.swaps.snapshot(),
         queued_by_class=dict(by_class),
         fair_counters=dict(room.ordering.counters()),
         running=_running(room, now),

@@ -26,6 +26,7 @@ __all__ = [
     "GatewaySnapshot",
     "HoldsSnapshot",
     "ModelSnapshot",
+    "PendingSwap",
     "UserLimits",
     "UserUsage",
     "take",
@@ -51,6 +52,18 @@ class BackendSnapshot:
     memory_used: int = 0
     memory: int | None = None
     max_loaded_models: int | None = None
+    # Ollama: loads, evictions, reloads, swaps, swap_wait_seconds, by (model, counter).
+    model_counts: dict[tuple[str, str], float] = field(default_factory=dict)
+    swap: PendingSwap | None = None  # the swap under way
+
+
+@dataclass(frozen=True, slots=True)
+class PendingSwap:
+    """A planned swap: the model it makes room for, the victims draining, since when."""
+
+    model: str
+    victims: tuple[str, ...]
+    waited: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +163,7 @@ def _backend(backend: Backend, room: RoomSnapshot, heavy_slots: int) -> BackendS
     busy, slots = room.backends.get(name, (0, backend.slots))
     state = backend.state
     held = room.residents.get(name)
+    pending = room.swaps.pending.get(backend.key)
     models = () if held is None else _models(name, held, room)
     return BackendSnapshot(
         name=name,
@@ -168,6 +182,12 @@ def _backend(backend: Backend, room: RoomSnapshot, heavy_slots: int) -> BackendS
         memory_used=0 if held is None else held.memory_used,
         memory=None if held is None else held.memory,
         max_loaded_models=None if held is None else held.max_loaded_models,
+        model_counts={
+            (model, counter): value
+            for (key, model, counter), value in room.swaps.counts.items()
+            if key == backend.key
+        },
+        swap=None if pending is None else PendingSwap(*pending),
     )
 
 

@@ -124,6 +124,17 @@ def _models(backend: BackendSnapshot) -> dict[str, Any]:
         "slots_per_model": backend.slots_per_model,
         "max_loaded_models": backend.max_loaded_models,
         "memory": {"used": backend.memory_used, "budget": backend.memory},
+        "swap": None
+        if backend.swap is None
+        else {
+            "model": backend.swap.model,
+            "draining": list(backend.swap.victims),
+            "waited_seconds": round(backend.swap.waited, 3),
+        },
+        "counts": {
+            model: {c: round(v, 3) for (m, c), v in backend.model_counts.items() if m == model}
+            for model in sorted({m for m, _ in backend.model_counts})
+        },
         "models": {
             m.model: {
                 "busy": m.busy,

@@ -23,12 +23,12 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gateway.backends.pool import Backend, BackendPool
+from gateway.backends.pool import Backend, BackendPool, model_key
 from gateway.policy import Policy
 from gateway.prefill_gate import PrefillGate
-from gateway.residency import Residency
 from gateway.room_snapshot import RoomSnapshot, in_order, room_snapshot
 from gateway.scheduler import Candidate, Fair, Fifo, Ordering
+from gateway.swaps import RESIDENT, Placement, SwapPlanner, SwapWait
 from gateway.vocabulary import Api, Lane, Reason, RequestClass
 
 __all__ = ["Ticket", "Waiter", "WaitingRoom", "ordering_for"]
@@ -62,6 +62,7 @@ class Waiter:
     arrived: float
     turn: asyncio.Future[Backend]
     position: int = 0  # where it stood in the room when it arrived (0: it started at once)
+    placement: Placement = RESIDENT  # how its dispatch found the model (swaps.py)
 
 
 class WaitingRoom:
@@ -95,7 +96,7 @@ class WaitingRoom:
         self._seq = itertools.count()
         self._on_change = on_change
         self._clock = clock
-        self.residency = Residency(clock)  # what each Ollama backend holds
+        self.swaps = SwapPlanner(clock)  # what each Ollama backend holds, loads and unloads
         self._wake_in = wake_in
         self._gate = PrefillGate()
         # Who holds each busy slot, and since when, for the house page: by the ticket's
@@ -197,6 +198,7 @@ class WaitingRoom:
 
     def dispatch(self) -> None:
         """Give every free slot that a waiting request can use to the one the ordering picks."""
+        self.swaps.keep_only(self._waits())
         if not any(self.busy_on(b) < b.capacity for b in self.pool.backends):
             return  # every slot is taken: nobody waiting can start (the common overload case)
         while self.waiting or self.background:
@@ -206,7 +208,7 @@ class WaitingRoom:
             waiter, backend = choice
             self.runs(waiter.ticket.lane)[waiter.ticket.user] += 1  # the user stays active
             self.leave(waiter)
-            self.take(waiter.ticket, backend)
+            waiter.placement = self.take(waiter.ticket, backend)
             self.ordering.on_dispatch(waiter.candidate)
             waiter.turn.set_result(backend)
         self._wake_for_held()
@@ -240,6 +242,7 @@ class WaitingRoom:
             and backend.key not in wanted
             and not (ticket.heavy and self.heavy[group] >= heavy_slots(backend.slots))
             and not (background and self._background_busy[group] >= background_slots(backend.slots))
+            and self.swaps.admits(backend, model, ticket.num_ctx, self.busy)
         ]
 
     def busy_on(self, backend: Backend, counter: Counter[str] | None = None) -> int:
@@ -255,10 +258,10 @@ class WaitingRoom:
         prefix = backend.key + " "
         return {g[len(prefix) :]: n for g, n in counter.items() if g.startswith(prefix)}
 
-    def take(self, ticket: Ticket, backend: Backend) -> None:
+    def take(self, ticket: Ticket, backend: Backend) -> Placement:
+        """Count ``ticket``'s request as running on ``backend``; how it finds its model."""
         group = backend.group(ticket.model)
-        residency = self.residency
-        residency.sent(backend, ticket.model, residency.num_ctx(backend, ticket.num_ctx))
+        placement = self.swaps.placed(backend, ticket.model, ticket.num_ctx, self.busy)
         self.busy[group] += 1
         if ticket.heavy:
             self.heavy[group] += 1
@@ -266,6 +269,7 @@ class WaitingRoom:
         if ticket.lane is Lane.BACKGROUND:
             self._background_busy[group] += 1
         self._hold(ticket, backend)
+        return placement
 
     def give_back(self, ticket: Ticket, backend: Backend) -> None:
         group = backend.group(ticket.model)
@@ -309,6 +313,7 @@ class WaitingRoom:
 
     def _offer(self, lane: Lane) -> tuple[Waiter, Backend] | None:
         offers: dict[int, tuple[Waiter, Backend]] = {}
+        swapping: set[int] = set()  # offers whose model needs a swap first
         running = self.runs(lane)
         for user, queue in self.queues(lane).items():
             if running[user] >= self.caps(user, lane)[0]:
@@ -323,10 +328,45 @@ class WaitingRoom:
                 if free:
                     offers[waiter.candidate.seq] = (waiter, self.prefer(free, waiter.ticket))
                     break
+                # Only a person's request may have a model unloaded for it.
+                swap = self._swap_for(waiter.ticket) if lane is Lane.INTERACTIVE else None
+                if swap is not None:
+                    offers[waiter.candidate.seq] = (waiter, swap)
+                    swapping.add(waiter.candidate.seq)
+                    break
         if not offers:
             return None
         chosen = self.ordering.choose([waiter.candidate for waiter, _ in offers.values()])
+        if chosen.seq in swapping:
+            # Its turn: drain the victims now, so that it goes as soon as they are idle
+            # (at once if they are); meanwhile the others' requests keep their turns.
+            waiter, backend = offers[chosen.seq]
+            ticket = waiter.ticket
+            self.swaps.plan(backend, ticket.model, ticket.num_ctx, self.busy, self._waits())
+            self._on_change()
+            return self._offer(lane)
         return offers[chosen.seq]
+
+    def _swap_for(self, ticket: Ticket) -> Backend | None:
+        """A backend where a swap would make room for ``ticket``'s model, if one would."""
+        backends = self.pool.serving(ticket.api, ticket.model)
+        return self.swaps.room_for(backends, ticket.model, ticket.num_ctx, self.busy, self._waits())
+
+    def swap_wait(self, ticket: Ticket, hold: float) -> SwapWait | None:
+        """Why ``ticket``'s model keeps it waiting, if memory does (for its refusal)."""
+        backends = self.pool.serving(ticket.api, ticket.model)
+        return self.swaps.wait_for(backends, ticket.model, ticket.num_ctx, self.busy, hold)
+
+    def _waits(self) -> Counter[tuple[str, str]]:
+        """Waiting requests by (backend key, model key), for each backend serving them."""
+        queues = (*self.waiting.values(), *self.background.values())
+        return Counter(
+            (backend.key, model_key(w.ticket.model))
+            for queue in queues
+            for w in queue
+            if not w.turn.done()
+            for backend in self.pool.serving(w.ticket.api, w.ticket.model)
+        )
 
     def _wanted_by_people(self) -> frozenset[str]:
         """The backends an interactive request waits for (its user has a free place): on

@@ -1,0 +1,295 @@
+"""Swaps planned by the gateway, never by accident: which model an Ollama backend loads,
+and which it unloads to make room, decided before a request is sent.
+
+Left to itself, Ollama unloads a model to make room by its own rule (the first idle one,
+by keep-alive then file path: a family's main model as likely as any), waits for the
+victim's requests to finish while more keep arriving for it, and meanwhile holds every
+request that needs a load (server/sched.go, ``processPending``). A request whose
+``num_ctx`` differs reloads the model the same way. Here instead:
+
+- a request for a model held with its context runs within that model's slots;
+- one for a model that fits beside those held is sent at once (a load);
+- one that needs room waits in the gateway's own room while the gateway drains the victims
+  (no new requests for them), then goes, after the gateway has unloaded the victims itself
+  (``keep_alive: 0``), so that Ollama has room and unloads nothing of its own choosing.
+  Requests for the models that stay keep flowing all the while;
+- ``resident`` and ``keep_warm`` models are never victims; one swap per backend at a time;
+  a swap nobody waits for any more is called off.
+
+Only interactive requests start a swap: background work runs on what is loaded, or loads
+what fits. Pure: no I/O; the clock and the running counts are passed in.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from gateway.backends.pool import OLLAMA_AUTOMATIC_MAX_LOADED, Backend, model_key
+from gateway.residency import Residency, Resident
+
+__all__ = ["RESIDENT", "Placement", "SwapPlanner", "SwapWait", "SwapsSnapshot"]
+
+_DEFAULT_LOAD_SECONDS = 10.0  # until a load of the model has been timed
+
+Kind = Literal["resident", "load", "swap", "reload"]
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """How a dispatched request finds its model: held, loaded beside the others, swapped
+    in (``unload``: the victims to unload first), or reloaded with another context."""
+
+    kind: Kind
+    unload: tuple[str, ...] = ()
+
+    @property
+    def loads(self) -> bool:
+        return self.kind != "resident"
+
+
+RESIDENT = Placement("resident")
+
+
+@dataclass(frozen=True, slots=True)
+class SwapWait:
+    """Why a request waits for its model, and about how long until it is in."""
+
+    said: str
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class SwapsSnapshot:
+    """Counters by (backend key, model), and the swaps under way by backend key."""
+
+    counts: dict[tuple[str, str, str], float]  # (key, model, loads|evictions|...) -> n
+    pending: dict[str, tuple[str, tuple[str, ...], float]]  # key -> (model, victims, waited)
+
+
+@dataclass(slots=True)
+class _Swap:
+    model: str
+    num_ctx: int
+    victims: tuple[str, ...]
+    planned_at: float
+
+
+@dataclass(slots=True)
+class _Plans:
+    swap: _Swap | None = None
+    last_used: dict[str, float] = field(default_factory=dict)
+    load_seconds: dict[str, float] = field(default_factory=dict)
+
+
+class SwapPlanner:
+    """Loads and swaps for every Ollama backend, by server (URL)."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self.residency = Residency(clock)
+        self._plans: dict[str, _Plans] = {}
+        self.counts: defaultdict[tuple[str, str, str], float] = defaultdict(float)
+
+    def admits(
+        self, backend: Backend, model: str, asked: int | None, busy: Mapping[str, int]
+    ) -> bool:
+        """Whether a request for ``model`` (``asked``: its num_ctx) may be sent now, as far
+        as memory goes; its model's slots are the waiting room's to count."""
+        if not backend.per_model:
+            return True
+        model, num_ctx = model_key(model), self.residency.num_ctx(backend, asked)
+        held = self.residency.residents(backend, busy)
+        swap = self._of(backend).swap
+        if swap is not None:
+            if (swap.model, swap.num_ctx) == (model, num_ctx):
+                return all(busy.get(backend.group(v), 0) == 0 for v in swap.victims)
+            if model in swap.victims:
+                return False  # draining
+        here = held.get(model)
+        if here is not None:
+            return here.num_ctx == num_ctx
+        return swap is None and self._fits(backend, held, (), model, num_ctx)
+
+    def plan(
+        self,
+        backend: Backend,
+        model: str,
+        asked: int | None,
+        busy: Mapping[str, int],
+        demand: Mapping[tuple[str, str], int],
+        *,
+        dry_run: bool = False,
+    ) -> bool:
+        """Plan the swap that makes room for ``model``: True if there is one (and, unless
+        ``dry_run``, it now drains its victims). ``demand``: waiting requests by backend
+        key and model key."""
+        if not backend.per_model or self._of(backend).swap is not None:
+            return False
+        if self.admits(backend, model, asked, busy):
+            return False  # memory is not what keeps it waiting: its slots are
+        model, num_ctx = model_key(model), self.residency.num_ctx(backend, asked)
+        victims = self._victims(backend, model, num_ctx, busy, demand)
+        if victims is None:
+            return False
+        if not dry_run:
+            self._of(backend).swap = _Swap(model, num_ctx, victims, self._clock())
+        return True
+
+    def placed(
+        self, backend: Backend, model: str, asked: int | None, busy: Mapping[str, int]
+    ) -> Placement:
+        """A request for ``model`` is being sent to ``backend``: how it finds its model."""
+        if not backend.per_model:
+            return RESIDENT
+        model, num_ctx = model_key(model), self.residency.num_ctx(backend, asked)
+        plans, now = self._of(backend), self._clock()
+        held = self.residency.residents(backend, busy)
+        swap = plans.swap
+        if swap is not None and (swap.model, swap.num_ctx) == (model, num_ctx):
+            plans.swap = None
+            unload = tuple(v for v in swap.victims if v != model)
+            for victim in unload:
+                self.residency.gone(backend, victim)
+                self.counts[backend.key, victim, "evictions"] += 1
+            self.counts[backend.key, model, "swaps"] += 1
+            self.counts[backend.key, model, "swap_wait_seconds"] += now - swap.planned_at
+            placement = Placement("reload" if model in swap.victims else "swap", unload)
+        elif model in held:
+            placement = RESIDENT if held[model].num_ctx == num_ctx else Placement("reload")
+        else:
+            placement = Placement("load")
+        if placement.kind == "reload":
+            self.counts[backend.key, model, "reloads"] += 1
+        if placement.loads:
+            self.counts[backend.key, model, "loads"] += 1
+        self.residency.sent(backend, model, num_ctx)
+        plans.last_used[model] = now
+        return placement
+
+    def loaded(self, backend: Backend, model: str, seconds: float) -> None:
+        """A load of ``model`` took ``seconds`` (the reply's load_duration)."""
+        self._of(backend).load_seconds[model_key(model)] = seconds
+
+    def room_for(
+        self,
+        backends: Iterable[Backend],
+        model: str,
+        asked: int | None,
+        busy: Mapping[str, int],
+        demand: Mapping[tuple[str, str], int],
+    ) -> Backend | None:
+        """The first of ``backends`` where a swap would make room for ``model``, if any."""
+        for backend in backends:
+            if self.plan(backend, model, asked, busy, demand, dry_run=True):
+                return backend
+        return None
+
+    def wait_for(
+        self,
+        backends: Iterable[Backend],
+        model: str,
+        asked: int | None,
+        busy: Mapping[str, int],
+        hold: float,
+    ) -> SwapWait | None:
+        """Why ``model`` cannot be sent to any of ``backends`` for memory (``waits``)."""
+        for backend in backends:
+            waits = self.waits(backend, model, asked, busy, hold)
+            if waits is not None:
+                return waits
+        return None
+
+    def keep_only(self, wanted: Collection[tuple[str, str]]) -> None:
+        """Call off the swaps for which no request waits any more (``wanted``: backend key
+        and model key of every waiting request)."""
+        for key, plans in self._plans.items():
+            if plans.swap is not None and (key, plans.swap.model) not in wanted:
+                plans.swap = None
+
+    def waits(
+        self, backend: Backend, model: str, asked: int | None, busy: Mapping[str, int], hold: float
+    ) -> SwapWait | None:
+        """Why a request for ``model`` cannot be sent to ``backend`` for memory, if it
+        cannot: the swap it waits for (its drain and load, estimated with ``hold``, how
+        long a request holds its slot lately), or the models that leave no room."""
+        if self.admits(backend, model, asked, busy):
+            return None
+        model, swap = model_key(model), self._of(backend).swap
+        load = self._load_seconds(backend, model)
+        if swap is None:
+            if self.plan(backend, model, asked, busy, {}, dry_run=True):
+                return SwapWait(f"{model} waits for room on {backend.name}", load)
+            protected = ", ".join(sorted(backend.protected)) or "models in use"
+            return SwapWait(f"{model} does not fit on {backend.name} beside {protected}", load)
+        running = sum(busy.get(backend.group(v), 0) for v in swap.victims)
+        drain = hold if running else 0.0
+        said = (
+            f"{model} waits for a swap on {backend.name}: draining {', '.join(swap.victims)} "
+            f"({running} running), then loading {swap.model}"
+        )
+        later = 0.0 if swap.model == model else load  # then its own swap
+        return SwapWait(said, drain + self._load_seconds(backend, swap.model) + later)
+
+    def snapshot(self) -> SwapsSnapshot:
+        now = self._clock()
+        pending = {
+            key: (plans.swap.model, plans.swap.victims, now - plans.swap.planned_at)
+            for key, plans in self._plans.items()
+            if plans.swap is not None
+        }
+        return SwapsSnapshot(dict(self.counts), pending)
+
+    def _victims(
+        self,
+        backend: Backend,
+        model: str,
+        num_ctx: int,
+        busy: Mapping[str, int],
+        demand: Mapping[tuple[str, str], int],
+    ) -> tuple[str, ...] | None:
+        """The fewest models to unload so that ``model`` fits: itself first when held with
+        another context, then the unprotected ones with the fewest requests running, then
+        waiting, then the longest unused. None when nothing would make room."""
+        held = self.residency.residents(backend, busy)
+        last_used = self._of(backend).last_used
+        chosen = [model] if model in held else []
+        candidates = sorted(
+            (m for m in held if m != model and m not in backend.protected),
+            key=lambda m: (
+                busy.get(backend.group(m), 0),
+                demand.get((backend.key, m), 0),
+                last_used.get(m, 0.0),
+            ),
+        )
+        while not self._fits(backend, held, chosen, model, num_ctx):
+            if not candidates:
+                return None
+            chosen.append(candidates.pop(0))
+        return tuple(chosen)
+
+    def _fits(
+        self,
+        backend: Backend,
+        held: Mapping[str, Resident],
+        leaving: Collection[str],
+        model: str,
+        num_ctx: int,
+    ) -> bool:
+        staying = [r for m, r in held.items() if m not in leaving and m != model]
+        if not staying:
+            return True  # alone it loads, as Ollama loads a first model whatever its size
+        if len(staying) + 1 > (backend.max_loaded_models or OLLAMA_AUTOMATIC_MAX_LOADED):
+            return False
+        if backend.memory is None:
+            return True
+        size = self.residency.estimate(backend, model, num_ctx)
+        return sum(r.size for r in staying) + size <= backend.memory
+
+    def _load_seconds(self, backend: Backend, model: str) -> float:
+        return self._of(backend).load_seconds.get(model, _DEFAULT_LOAD_SECONDS)
+
+    def _of(self, backend: Backend) -> _Plans:
+        return self._plans.setdefault(backend.key, _Plans())

@@ -1,0 +1,190 @@
+"""Swaps planned by the gateway: a model that needs room waits in the gateway while the
+victim drains, the victim is unloaded by the gateway, and nothing reaches Ollama's hold."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+
+from fairsim import Simulator
+from tests.conftest import Gateway, StartGateway, StartSim
+from tests.test_admission import until
+from tests.test_hostile_clients import status_of
+from tests.test_residency import running
+
+LLAMA, QWEN, PHI = "llama3.2:3b", "qwen2.5:7b", "phi3:3.8b"
+ONE_MODEL = 6 * 10**9  # llama3.2:3b (3.0 GB with 2 slots) or qwen2.5:7b (5.2 GB), not both
+FAST = (
+    "monitoring: {interval: 50ms, unhealthy_after: 2, healthy_after: 1}\n"
+    "defaults: {max_concurrent: 4, max_queued: 4}\n"
+)
+
+
+def backend(url: str, extra: str = "") -> str:
+    return FAST + f"backends:\n  - {{name: gpu, url: {url}, slots: 2{extra}}}\n"
+
+
+async def start(
+    start_sim: StartSim, start_gateway: StartGateway, placement: str, head: str = "", **sim: Any
+) -> tuple[Simulator, Gateway]:
+    """A simulated Ollama and a gateway that both know its memory or model count."""
+    simulator, url = await start_sim(parallel=2, **sim)
+    return simulator, await start_gateway(head + backend(url, placement))
+
+
+async def chat(gateway: Gateway, model: str, key: str | None = None, **body: Any) -> int:
+    request = {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": False}
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(gateway.url + "/api/chat", json=request | body, headers=headers) as reply,
+    ):
+        await reply.read()
+        return reply.status
+
+
+def waiting(gateway: Gateway, model: str, **body: Any) -> asyncio.Task[int]:
+    return asyncio.create_task(chat(gateway, model, **body))
+
+
+def counts(gateway: Gateway) -> dict[tuple[str, str, str], float]:
+    return dict(gateway.services.admission.room.swaps.counts)
+
+
+class TestLoads:
+    async def test_a_model_that_fits_beside_the_others_is_sent_at_once(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """Room for both: the second model loads beside the first, nothing is unloaded."""
+        sim, gateway = await start(start_sim, start_gateway, ", memory: 12GB", memory=12 * 10**9)
+        assert await chat(gateway, LLAMA) == 200
+        assert await chat(gateway, QWEN) == 200
+        assert set(sim.loaded_models()) == {LLAMA, QWEN}
+        key = gateway.services.admission.room.pool.backends[0].key
+        assert counts(gateway) == {(key, LLAMA, "loads"): 1, (key, QWEN, "loads"): 1}
+        assert sim.stats.evictions == 0
+
+
+class TestSwaps:
+    async def test_a_swap_drains_the_victim_in_the_gateway_then_unloads_it_and_sends(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """Memory for one model: qwen waits in the gateway while llama's request runs;
+        llama's next request waits too (no new work for the victim); when llama is idle the
+        gateway unloads it and sends qwen. Ollama never holds a request."""
+        memory = f", memory: {ONE_MODEL}"
+        sim, gateway = await start(start_sim, start_gateway, memory, memory=ONE_MODEL)
+        admission = gateway.services.admission
+        async with running(gateway, LLAMA):
+            swap = waiting(gateway, QWEN)
+            await until(admission, lambda s: s.queue_depth == 1)
+            after = waiting(gateway, LLAMA)
+            await until(admission, lambda s: s.queue_depth == 2)
+            assert (sim.stats.running, sim.stats.pending, sim.stats.loads) == (1, 0, 1)
+            pending = (await status_of(gateway))["backends"]["gpu"]["swap"]
+            assert (pending["model"], pending["draining"]) == (QWEN, [LLAMA])
+        assert await swap == 200
+        assert await after == 200  # swapped back once qwen's request was done
+        key = admission.room.pool.backends[0].key
+        assert counts(gateway)[key, LLAMA, "evictions"] == 1
+        assert counts(gateway)[key, QWEN, "swaps"] == 1
+        # Ollama unloaded only what the gateway asked it to, and held nobody.
+        assert (sim.stats.evictions, sim.stats.loads, sim.stats.unloads) == (0, 3, 2)
+        assert sim.stats.held_seconds < 0.5
+
+    async def test_requests_for_models_that_stay_keep_flowing_while_a_victim_drains(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """Two models held (room for two), the resident one and a busy victim: a third
+        waits for the victim, while the resident model's requests run at once."""
+        placement = f", max_loaded_models: 2, resident: [{LLAMA}]"
+        sim, gateway = await start(
+            start_sim, start_gateway, placement, models=[LLAMA, QWEN, PHI], max_loaded_models=2
+        )
+        admission = gateway.services.admission
+        async with running(gateway, LLAMA), running(gateway, QWEN):
+            swap = waiting(gateway, PHI)
+            await until(admission, lambda s: s.queue_depth == 1)
+            for _ in range(3):
+                assert await chat(gateway, LLAMA) == 200
+            assert admission.snapshot().queue_depth == 1 and not swap.done()
+        assert await swap == 200
+        assert set(sim.loaded_models()) == {LLAMA, PHI}
+        assert (sim.stats.evictions, sim.stats.pending) == (0, 0)
+
+    async def test_a_resident_model_is_never_the_victim_though_it_is_the_idle_one(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """Ollama would unload the idle model; the gateway waits for the busy one instead,
+        because the idle one is resident."""
+        placement = f", max_loaded_models: 2, resident: [{LLAMA}]"
+        sim, gateway = await start(
+            start_sim, start_gateway, placement, models=[LLAMA, QWEN, PHI], max_loaded_models=2
+        )
+        assert await chat(gateway, LLAMA) == 200
+        async with running(gateway, QWEN):
+            swap = waiting(gateway, PHI)
+            await until(gateway.services.admission, lambda s: s.queue_depth == 1)
+            assert set(sim.loaded_models()) == {LLAMA, QWEN}
+        assert await swap == 200
+        assert set(sim.loaded_models()) == {LLAMA, PHI}
+
+    async def test_another_num_ctx_drains_the_model_then_reloads_it(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """A request with another num_ctx (within the rules) waits until the model's
+        requests are done, then reloads it; in between the old context gets no new work."""
+        sim, gateway = await start(
+            start_sim, start_gateway, "", head="num_ctx: {min: 2048, max: 8192}\n"
+        )
+        admission = gateway.services.admission
+        async with running(gateway, LLAMA, num_ctx=2048):
+            bigger = waiting(gateway, LLAMA, options={"num_ctx": 8192})
+            await until(admission, lambda s: s.queue_depth == 1)
+            assert sim.stats.pending == 0
+        assert await bigger == 200
+        assert (sim.stats.loads, sim.stats.reloads) == (2, 1)
+        key = admission.room.pool.backends[0].key
+        assert counts(gateway)[key, LLAMA, "reloads"] == 1
+
+    async def test_a_request_that_cannot_get_its_model_in_time_hears_why(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """Past max_wait the 503 says a swap is pending, and Retry-After counts the drain
+        and the load; the swap is called off and the victim takes work again."""
+        memory = f", memory: {ONE_MODEL}"
+        head = "queue: {max_depth: 16, max_wait: 300ms}\n"
+        sim, gateway = await start(start_sim, start_gateway, memory, head=head, memory=ONE_MODEL)
+        async with running(gateway, LLAMA), aiohttp.ClientSession() as session:
+            body = {"model": QWEN, "prompt": "hi", "stream": False}
+            async with session.post(gateway.url + "/api/generate", json=body) as reply:
+                assert reply.status == 503
+                message = (await reply.json())["error"]
+                retry_after = int(reply.headers["Retry-After"])
+            assert "qwen2.5:7b waits for a swap on gpu: draining llama3.2:3b (1 running)" in message
+            assert retry_after >= 10  # the drain (a request's hold) and a load, 10 s untimed
+            assert admission_swap(gateway) is None
+            assert await chat(gateway, LLAMA) == 200  # the victim runs again
+        assert sim.stats.loads == 1
+
+    async def test_the_user_who_causes_a_load_pays_for_its_time(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """A load's seconds count as generated tokens (costs.load a second) for the user
+        whose request caused it: her first request costs her that much more than the next."""
+        head = "users:\n  alice: {keys: [alice-key]}\n"
+        _, gateway = await start(start_sim, start_gateway, "", head=head, load_seconds=0.2)
+        charged = []
+        for _ in range(2):
+            before = gateway.services.admission.snapshot().fair_counters.get("alice", 0.0)
+            assert await chat(gateway, LLAMA, "alice-key") == 200
+            charged.append(gateway.services.admission.snapshot().fair_counters["alice"] - before)
+        # 0.2 s of load at 50 tokens a second, at twice the cost of a prompt token.
+        assert charged[0] - charged[1] >= 0.2 * 50 * 2
+
+
+def admission_swap(gateway: Gateway) -> object:
+    snapshot = gateway.services.admission.room.swaps.snapshot()
+    return snapshot.pending.get(gateway.services.admission.room.pool.backends[0].key)
