@@ -2,19 +2,21 @@
 
 A fast Ollama stand-in (``benchmarks.wire_stub``) and a fast client (``benchmarks.wire_client``)
 run on core 1; the gateway runs on core 0 (taskset), and so do a bare aiohttp relay with no
-logic (``benchmarks.bare_relay``, the floor of the gateway's own stack) and nginx (one
-worker, ``proxy_buffering off``, upstream keep-alive) when it is installed. Three loads,
-each against every target in turn, in the same run:
+logic (``benchmarks.bare_relay``: aiohttp's server and client, what the gateway was built on)
+and nginx (one worker, ``proxy_buffering off``, upstream keep-alive) when it is installed.
+Three loads, each against every target in turn, in the same run:
 
 - one stream at a time: what the path adds to a request when nothing else is happening.
 - zero-delay: the backend streams its tokens as fast as it can, ``--concurrency`` clients in
   a closed loop. This finds the most requests per second the path can relay.
 - paced: ``--paced`` streams each get a token per decode step (``--interval``, as a GPU's
   batched decode does), so nothing is saturated and the added TTFT and ITL are the path's own.
+  The streams start evenly over one stream's length (``--together``: all at once, so that
+  every 64 ticks all of them end and ask again in the same millisecond).
 
-Prints TTFT and ITL p50/p99, requests/s, chunks/s, the CPU per request of the gateway and of
-the bare relay, and the gateway's figures over nginx's. ``--rounds`` measures every target
-again in the same processes, to show the noise.
+Prints TTFT and ITL p50/p99, requests/s, chunks/s, the CPU per request of the gateway, the
+bare relay and nginx, and the gateway's figures over nginx's. ``--rounds`` measures every
+target again in the same processes, to show the noise.
 
     make bench   # or: .venv/bin/python -m benchmarks.overhead [--concurrency 16] [--paced 100]
 """
@@ -69,17 +71,26 @@ async def spawn_pinned(core: int, *command: str, env: dict[str, str] | None = No
 
 
 def _cpu_seconds(pid: int) -> float:
+    """CPU seconds of a process and its children (nginx's worker is its master's child)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return own + sum(_cpu_seconds(int(child)) for child in children)
 
 
 async def client_figures(
-    url: str, concurrency: int, seconds: float, keys: list[str] | None = None, pause: float = 0.0
+    url: str,
+    concurrency: int,
+    seconds: float,
+    keys: list[str] | None = None,
+    pause: float = 0.0,
+    spread: float = 0.0,
 ) -> dict[str, Any]:
-    """Run ``benchmarks.wire_client`` on core 1 against ``url``; its figures."""
+    """Run ``benchmarks.wire_client`` on core 1 against ``url``; its figures. ``spread``:
+    the connections start evenly over that many seconds, all before the counting does."""
     command = [sys.executable, "-m", "benchmarks.wire_client", "--url", url]
     command += ["--concurrency", str(concurrency), "--seconds", str(seconds)]
-    command += ["--warmup", str(WARMUP)]
+    command += ["--warmup", str(WARMUP + spread), "--spread", str(spread)]
     command += ["--keys", ",".join(keys or []), "--pause", str(pause)]
     process = await asyncio.create_subprocess_exec(*_pinned(1, command), stdout=subprocess.PIPE)
     output, _ = await process.communicate()
@@ -90,7 +101,7 @@ async def client_figures(
 
 
 async def _load(
-    workdir: Path, args: argparse.Namespace, interval: float, concurrency: int
+    workdir: Path, args: argparse.Namespace, interval: float, concurrency: int, spread: float = 0.0
 ) -> list[dict[str, dict[str, Any]]]:
     """Start the stub, the gateway, the bare relay and nginx; measure each, ``--rounds``
     times; stop them."""
@@ -129,7 +140,9 @@ async def _load(
         if shutil.which("nginx"):
             conf = workdir / "nginx.conf"
             conf.write_text(NGINX_CONF.format(dir=workdir, stub=stub_port, port=nginx_port))
-            processes.append(await spawn_pinned(0, "nginx", "-c", str(conf)))
+            nginx = await spawn_pinned(0, "nginx", "-c", str(conf))
+            processes.append(nginx)
+            pids["nginx"] = nginx.pid
             targets["nginx"] = f"http://127.0.0.1:{nginx_port}"
         for url in targets.values():
             await until_answers(url + "/", 20)
@@ -139,8 +152,9 @@ async def _load(
             for name, url in targets.items():
                 pid = pids.get(name)
                 cpu_before = _cpu_seconds(pid) if pid else 0.0
-                figures[name] = await client_figures(url, concurrency, args.seconds)
+                figures[name] = await client_figures(url, concurrency, args.seconds, spread=spread)
                 figures[name]["cpu"] = _cpu_seconds(pid) - cpu_before if pid else None
+                figures[name]["counted"] = WARMUP + spread + args.seconds
             rounds.append(figures)
         return rounds
     finally:
@@ -148,15 +162,15 @@ async def _load(
             await stop(process)
 
 
-def _report(title: str, rounds: list[dict[str, dict[str, Any]]], seconds: float) -> None:
+def _report(title: str, rounds: list[dict[str, dict[str, Any]]]) -> None:
     print(title)
     for number, figures in enumerate(rounds, 1):
         if len(rounds) > 1:
             print(f" round {number}")
-        _figures(figures, seconds)
+        _figures(figures)
 
 
-def _figures(figures: dict[str, dict[str, Any]], seconds: float) -> None:
+def _figures(figures: dict[str, dict[str, Any]]) -> None:
     print("  target   TTFT p50  TTFT p99   ITL p50   ITL p99  requests/s   chunks/s")
     for name, f in figures.items():
         print(
@@ -180,11 +194,13 @@ def _figures(figures: dict[str, dict[str, Any]], seconds: float) -> None:
             f"  gateway / nginx: TTFT p50 {gateway['ttft_p50'] / nginx['ttft_p50']:.2f}x, "
             f"requests/s {gateway['requests_per_s'] / nginx['requests_per_s']:.2f}x"
         )
-    for name in ("gateway", "aiohttp"):
-        f = figures[name]
+    for name in ("gateway", "aiohttp", "nginx"):
+        f = figures.get(name)
+        if f is None:
+            continue
         # The CPU was counted over the warm-up too, at about the same rate.
-        requests = f["requests_per_s"] * (WARMUP + seconds)
-        chunks = f["lines_per_s"] * (WARMUP + seconds)
+        requests = f["requests_per_s"] * f["counted"]
+        chunks = f["lines_per_s"] * f["counted"]
         if requests:
             print(
                 f"  {name} CPU: {f['cpu']:.2f} s for about {requests:.0f} requests = "
@@ -202,24 +218,21 @@ async def main(args: argparse.Namespace) -> None:
     loads = set(args.loads.split(","))
     if "one" in loads:
         one = await _load(workdir, args, 0.0, 1)
-        _report(
-            "one stream at a time, zero-delay backend (the path's own latency):", one, args.seconds
-        )
+        _report("one stream at a time, zero-delay backend (the path's own latency):", one)
     if "zero" in loads:
         zero = await _load(workdir, args, 0.0, args.concurrency)
-        _report(
-            f"{args.concurrency} streams, zero-delay backend (as many chunks as the path can "
-            "relay):",
-            zero,
-            args.seconds,
-        )
+        title = f"{args.concurrency} streams, zero-delay backend (as many as the path can relay):"
+        _report(title, zero)
     if "paced" in loads:
-        paced = await _load(workdir, args, args.interval, args.paced)
+        # Started evenly over one stream's length, as people arrive: all at once, the 100
+        # come back together every 64 ticks, a burst that is no path's own latency.
+        spread = 0.0 if args.together else args.tokens * args.interval
+        paced = await _load(workdir, args, args.interval, args.paced, spread)
+        start = "all started at once" if args.together else f"started over {spread:g} s"
         _report(
             f"{args.paced} streams, paced backend (a token per stream every "
-            f"{args.interval * 1e3:g} ms):",
+            f"{args.interval * 1e3:g} ms; {start}):",
             paced,
-            args.seconds,
         )
 
 
@@ -232,4 +245,7 @@ if __name__ == "__main__":
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--interval", type=float, default=0.02)
     parser.add_argument("--loads", default="one,zero,paced", help="which loads to run")
+    parser.add_argument(
+        "--together", action="store_true", help="start the paced streams all at once"
+    )
     asyncio.run(main(parser.parse_args()))

@@ -7,7 +7,7 @@ client costs about as much per chunk as the gateway, so it would measure itself;
 costs a few microseconds per read. Prints one JSON document.
 
     python -m benchmarks.wire_client --url http://127.0.0.1:8080 [--concurrency 100]
-        [--seconds 5] [--warmup 1] [--keys KEY,KEY] [--pause 0]
+        [--seconds 5] [--warmup 1] [--keys KEY,KEY] [--pause 0] [--spread 0]
 """
 
 from __future__ import annotations
@@ -122,23 +122,33 @@ def _request(url: str, key: str) -> bytes:
 
 
 async def run(
-    url: str, concurrency: int, seconds: float, warmup: float, keys: list[str], pause: float = 0.0
+    url: str,
+    concurrency: int,
+    seconds: float,
+    warmup: float,
+    keys: list[str],
+    pause: float = 0.0,
+    spread: float = 0.0,
 ) -> Tally:
     started = time.perf_counter()
     tally = Tally(start=started + warmup, stop=started + warmup + seconds, pause=pause)
     requests = [_request(url, key) for key in keys or [""]]
     await asyncio.wait_for(
         asyncio.gather(
-            *(_keep_connected(url, requests[n % len(requests)], tally) for n in range(concurrency))
+            *(
+                _keep_connected(url, requests[n % len(requests)], tally, n * spread / concurrency)
+                for n in range(concurrency)
+            )
         ),
         timeout=warmup + seconds + 60,
     )
     return tally
 
 
-async def _keep_connected(url: str, request: bytes, tally: Tally) -> None:
-    """One client: a connection sending requests back to back, reopened if the server
-    closes it, until the tally's stop time."""
+async def _keep_connected(url: str, request: bytes, tally: Tally, delay: float) -> None:
+    """One client: after ``delay``, a connection sending requests back to back, reopened if
+    the server closes it, until the tally's stop time."""
+    await asyncio.sleep(delay)
     loop = asyncio.get_running_loop()
     parts = urlsplit(url)
     while time.perf_counter() < tally.stop:
@@ -180,9 +190,15 @@ if __name__ == "__main__":
         "--keys", default="", help="comma-separated API keys, one per connection in turn"
     )
     parser.add_argument("--pause", type=float, default=0.0, help="after a refusal, wait this long")
+    parser.add_argument(
+        "--spread",
+        type=float,
+        default=0.0,
+        help="start the connections evenly over this many seconds (0: all at once)",
+    )
     args = parser.parse_args()
     keys = [key for key in args.keys.split(",") if key]
     figures = asyncio.run(
-        run(args.url, args.concurrency, args.seconds, args.warmup, keys, args.pause)
+        run(args.url, args.concurrency, args.seconds, args.warmup, keys, args.pause, args.spread)
     )
     json.dump(summary(figures), sys.stdout)
