@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import structlog
 from aiohttp import web
 
-from gateway.backend_client import Reply
+from gateway.backend_connection import Reply
 from gateway.policy import Timeouts
 from gateway.tallies import TALLY_WINDOW, FinalCounts, final_counts
 from gateway.vocabulary import Reason

@@ -18,7 +18,8 @@ import structlog
 from aiohttp import web
 from multidict import CIMultiDict
 
-from gateway.backend_client import BackendClient, ConnectTimeout, Reply, UpstreamError
+from gateway.backend_client import BackendClient, ConnectTimeout
+from gateway.backend_connection import Reply, UpstreamError
 from gateway.errors import BackendFailure, GatewayError, error_body, inband_error
 from gateway.headers import forwarded_headers, returned_headers
 from gateway.policy import Timeouts

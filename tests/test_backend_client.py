@@ -9,7 +9,8 @@ from contextlib import asynccontextmanager
 import pytest
 from multidict import CIMultiDict
 
-from gateway.backend_client import BackendClient, BackendClosed, MalformedReply, Reply
+from gateway.backend_client import BackendClient
+from gateway.backend_connection import BackendClosed, MalformedReply, Reply
 
 # One raw backend: given each request's head (and body) and the writer, answers as it likes.
 Answer = Callable[[bytes, asyncio.StreamWriter], Awaitable[None]]
