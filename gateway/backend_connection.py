@@ -97,6 +97,9 @@ class Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._broken(MalformedReply(f"not an HTTP reply: {exc}"))
             return
+        except httptools.HttpParserUpgrade:  # 101: no request of ours asks to switch
+            self._broken(MalformedReply("the backend switched protocols"))
+            return
         if self.sink is not None:
             if self.pieces:
                 self.pass_on()

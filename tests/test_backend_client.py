@@ -250,3 +250,14 @@ class TestHostileBackends:
         async with raw_backend(answer) as backend:
             with pytest.raises(MalformedReply):
                 await _post(client, backend.url)
+
+    async def test_a_switch_of_protocols_is_a_malformed_reply(self, client: BackendClient) -> None:
+        """A 101 answers no request of ours: MalformedReply, not a hang to the deadline."""
+
+        async def answer(_: bytes, writer: asyncio.StreamWriter) -> None:
+            writer.write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n")
+            writer.write(b"Connection: upgrade\r\n\r\nraw bytes")
+
+        async with raw_backend(answer) as backend:
+            with pytest.raises(MalformedReply, match="switched"):
+                await asyncio.wait_for(_post(client, backend.url), timeout=4)
