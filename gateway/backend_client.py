@@ -11,11 +11,12 @@ and the reply is parsed in C.
 from __future__ import annotations
 
 import asyncio
+import base64
 import ssl
 from collections import deque
 from dataclasses import dataclass
 from functools import lru_cache
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from multidict import CIMultiDict
 
@@ -38,6 +39,9 @@ class _Origin:
     tls: bool
     host_header: str
     target: str  # the request target: path and query
+    # Basic credentials written in the backend's URL (an Ollama behind an authenticating
+    # proxy): sent with every request, as aiohttp did.
+    authorization: str | None = None
 
 
 @lru_cache(maxsize=512)
@@ -50,12 +54,19 @@ def _origin(url: str) -> _Origin:
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     if " " in target or not host:
         raise ValueError(f"not a request URL: {url!r}")
-    return _Origin((host, port, tls), host, port, tls, parts.netloc.rpartition("@")[2], target)
+    authorization = None
+    if parts.username is not None:
+        pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+        authorization = "Basic " + base64.b64encode(pair.encode()).decode()
+    host_header = parts.netloc.rpartition("@")[2]
+    return _Origin((host, port, tls), host, port, tls, host_header, target, authorization)
 
 
 def _head(method: str, origin: _Origin, headers: CIMultiDict[str], body: bytes | None) -> bytes:
     lines = [f"{method} {origin.target} HTTP/1.1\r\nHost: {origin.host_header}\r\n"]
     lines += [f"{name}: {value}\r\n" for name, value in headers.items()]
+    if origin.authorization is not None:
+        lines.append(f"Authorization: {origin.authorization}\r\n")
     if body is not None:
         if "Content-Type" not in headers:
             lines.append("Content-Type: application/octet-stream\r\n")

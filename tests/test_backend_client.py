@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -261,3 +262,18 @@ class TestHostileBackends:
         async with raw_backend(answer) as backend:
             with pytest.raises(MalformedReply, match="switched"):
                 await asyncio.wait_for(_post(client, backend.url), timeout=4)
+
+
+async def test_credentials_in_a_backends_url_go_as_basic_auth(client: BackendClient) -> None:
+    """An Ollama behind an authenticating proxy, written http://user:p%40ss@host: each
+    request carries those credentials, and the Host header does not."""
+
+    async def answer(_: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    async with raw_backend(answer) as backend:
+        url = backend.url.replace("http://", "http://user:p%40ss@")
+        assert await _body(await _post(client, url)) == b"ok"
+    head = backend.requests[0].split(b"\r\n\r\n")[0].split(b"\r\n")
+    assert b"Authorization: Basic " + base64.b64encode(b"user:p@ss") in head
+    assert b"Host: " + backend.url.removeprefix("http://").encode() in head
