@@ -72,9 +72,14 @@ class SimStats:
     evictions: int = 0
     """Ollama: models unloaded to make room for another."""
     unloads: int = 0
+    unloaded: list[str] = field(default_factory=list)
+    """Ollama: the models unloaded, in order."""
     held_seconds: float = 0.0
     """Ollama: seconds requests spent in its scheduler's queue, held until a model was
     loaded for them (their own load, a reload, an eviction's drain, or others' before)."""
+    drain_held_seconds: float = 0.0
+    """Ollama: the part of held_seconds its scheduler spent waiting for a victim's requests
+    to finish and the victim to unload (an eviction, or a reload), holding the queue."""
     prompts: list[str] = field(default_factory=list)
 
 

@@ -63,6 +63,7 @@ class _Pending:
     keep_alive: float | None
     arrived: float
     granted: asyncio.Future[Runner] = field(repr=False)
+    drained_before: float = 0.0  # the scheduler's drain time when it arrived
     reload: bool = False
 
 
@@ -85,6 +86,8 @@ class OllamaScheduler:
         self._outstanding: set[_Pending] = set()
         self._unloads: list[asyncio.Future[None]] = []
         self._worker: asyncio.Task[None] | None = None
+        self._drained = 0.0  # seconds the queue has waited for victims, evictions finished
+        self._draining_since: float | None = None
 
     # -- getRunner ------------------------------------------------------------------------
 
@@ -101,7 +104,7 @@ class OllamaScheduler:
         if len(self._queue) >= self.config.max_queue:
             raise QueueFull
         granted: asyncio.Future[Runner] = asyncio.get_running_loop().create_future()
-        request = _Pending(model, wanted, keep_alive, self.clock(), granted)
+        request = _Pending(model, wanted, keep_alive, self.clock(), granted, self._drain_time())
         self._queue.append(request)
         self._outstanding.add(request)
         self._count_pending()
@@ -197,7 +200,12 @@ class OllamaScheduler:
             self._unload(victim)
         self.changed()
         # Any unload wakes the queue, as unloadedCh does; then it looks again.
-        await unloaded
+        self._draining_since = self.clock()
+        try:
+            await unloaded
+        finally:
+            self._drained = self._drain_time()
+            self._draining_since = None
 
     def _fits(self, request: _Pending) -> bool:
         if self.config.memory is None:
@@ -253,6 +261,7 @@ class OllamaScheduler:
             return
         del self.loaded[runner.model]
         self.stats.unloads += 1
+        self.stats.unloaded.append(runner.model)
         self.stats.evictions += runner.evicted
         self.changed()
         if self.config.unload_seconds > 0:
@@ -294,9 +303,15 @@ class OllamaScheduler:
         if request in self._outstanding:
             self._outstanding.discard(request)
             self.stats.held_seconds += self.clock() - request.arrived
+            self.stats.drain_held_seconds += self._drain_time() - request.drained_before
             if request in self._queue:
                 self._queue.remove(request)
             self._count_pending()
+
+    def _drain_time(self) -> float:
+        """Seconds the queue has waited for victims to drain and unload, so far."""
+        since = self._draining_since
+        return self._drained + (0.0 if since is None else self.clock() - since)
 
     def _count_pending(self) -> None:
         self.stats.pending = len(self._outstanding)

@@ -98,8 +98,9 @@ class Simulator:
 
     async def _stats(self, request: web.Request) -> web.Response:
         # Field by field: asdict would copy the whole prompts list on every poll.
-        names = [f.name for f in dataclasses.fields(self.stats) if f.name != "prompts"]
-        stats: dict[str, int] = {name: getattr(self.stats, name) for name in names}
+        lists = ("prompts", "unloaded")
+        names = [f.name for f in dataclasses.fields(self.stats) if f.name not in lists]
+        stats: dict[str, float] = {name: getattr(self.stats, name) for name in names}
         stats["prompts_count"] = len(self.stats.prompts)
         return web.json_response(stats)
 

@@ -286,6 +286,12 @@ class Admission:
         self.hold_timer.observe(self.clock() - permit.granted_at)
         self.room.release(permit.ticket, permit.backend)
 
+    def made_room(self, backend: Backend) -> None:
+        """A swap's victims are unloaded from ``backend``: requests for the model swapped
+        in may go now (sent before, they would have found no room in Ollama)."""
+        self.room.swaps.made_room(backend)
+        self.room.dispatch()
+
     def can_reroute(self, permit: Permit) -> bool:
         """Whether another backend could take this permit's request right now."""
         if len(self.room.pool.backends) < 2:

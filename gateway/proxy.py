@@ -106,9 +106,12 @@ class Generation:
             record.queue_position = permit.queue_position
             timeouts = view.policy.timeouts
             if permit.placement.unload:  # a planned swap: make the room before it goes
-                await services.warmth.unload(
-                    permit.backend, permit.placement.unload, timeouts.connect
-                )
+                try:
+                    await services.warmth.unload(
+                        permit.backend, permit.placement.unload, timeouts.connect
+                    )
+                finally:  # then the requests for the model swapped in may follow
+                    admission.made_room(permit.backend)
             try:
                 response = await self._relay_with_failover(request, permit, fields.body, timeouts)
             finally:  # a reply cut short still spent what it streamed

@@ -113,6 +113,13 @@ class Residency:
         if backend.per_model:
             self._of(backend).sent[model_key(model)] = _Sent(num_ctx, self._clock())
 
+    def ran(self, backend: Backend, model: str) -> None:
+        """A request for ``model`` ended: only a probe started after this knows better
+        (one started during its load does not show the model yet)."""
+        sent = self._of(backend).sent.get(model_key(model))
+        if sent is not None:
+            sent.at = self._clock()
+
     def gone(self, backend: Backend, model: str) -> None:
         """The gateway is unloading ``model`` from ``backend``."""
         mine = self._of(backend)

@@ -22,7 +22,7 @@ what fits. Pure: no I/O; the clock and the running counts are passed in.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -30,9 +30,10 @@ from typing import Literal
 from gateway.backends.pool import OLLAMA_AUTOMATIC_MAX_LOADED, Backend, model_key
 from gateway.residency import Residency, Resident
 
-__all__ = ["RESIDENT", "Placement", "SwapPlanner", "SwapWait", "SwapsSnapshot"]
+__all__ = ["RESIDENT", "DoneSwap", "Placement", "SwapPlanner", "SwapWait", "SwapsSnapshot"]
 
 _DEFAULT_LOAD_SECONDS = 10.0  # until a load of the model has been timed
+_RECENT = 32  # swaps remembered for /status
 
 Kind = Literal["resident", "load", "swap", "reload"]
 
@@ -62,11 +63,23 @@ class SwapWait:
 
 
 @dataclass(frozen=True, slots=True)
+class DoneSwap:
+    """A swap sent: planned at, sent when its victims were drained (clock seconds)."""
+
+    backend: str  # key
+    model: str
+    victims: tuple[str, ...]
+    planned_at: float
+    sent_at: float
+
+
+@dataclass(frozen=True, slots=True)
 class SwapsSnapshot:
     """Counters by (backend key, model), and the swaps under way by backend key."""
 
     counts: dict[tuple[str, str, str], float]  # (key, model, loads|evictions|...) -> n
     pending: dict[str, tuple[str, tuple[str, ...], float]]  # key -> (model, victims, waited)
+    recent: tuple[DoneSwap, ...] = ()  # the last ones sent, oldest first
 
 
 @dataclass(slots=True)
@@ -80,6 +93,7 @@ class _Swap:
 @dataclass(slots=True)
 class _Plans:
     swap: _Swap | None = None
+    unloading: str | None = None  # swapped in, its victims still being unloaded
     last_used: dict[str, float] = field(default_factory=dict)
     load_seconds: dict[str, float] = field(default_factory=dict)
 
@@ -92,6 +106,7 @@ class SwapPlanner:
         self.residency = Residency(clock)
         self._plans: dict[str, _Plans] = {}
         self.counts: defaultdict[tuple[str, str, str], float] = defaultdict(float)
+        self.recent: deque[DoneSwap] = deque(maxlen=_RECENT)
 
     def admits(
         self, backend: Backend, model: str, asked: int | None, busy: Mapping[str, int]
@@ -102,7 +117,10 @@ class SwapPlanner:
             return True
         model, num_ctx = model_key(model), self.residency.num_ctx(backend, asked)
         held = self.residency.residents(backend, busy)
-        swap = self._of(backend).swap
+        plans = self._of(backend)
+        if plans.unloading == model:
+            return False  # it would reach Ollama before the room is made
+        swap = plans.swap
         if swap is not None:
             if (swap.model, swap.num_ctx) == (model, num_ctx):
                 return all(busy.get(backend.group(v), 0) == 0 for v in swap.victims)
@@ -126,8 +144,9 @@ class SwapPlanner:
         """Plan the swap that makes room for ``model``: True if there is one (and, unless
         ``dry_run``, it now drains its victims). ``demand``: waiting requests by backend
         key and model key."""
-        if not backend.per_model or self._of(backend).swap is not None:
-            return False
+        plans = self._of(backend) if backend.per_model else None
+        if plans is None or plans.swap is not None or plans.unloading is not None:
+            return False  # one swap at a time, until its room is made
         if self.admits(backend, model, asked, busy):
             return False  # memory is not what keeps it waiting: its slots are
         model, num_ctx = model_key(model), self.residency.num_ctx(backend, asked)
@@ -156,7 +175,9 @@ class SwapPlanner:
                 self.counts[backend.key, victim, "evictions"] += 1
             self.counts[backend.key, model, "swaps"] += 1
             self.counts[backend.key, model, "swap_wait_seconds"] += now - swap.planned_at
+            self.recent.append(DoneSwap(backend.key, model, swap.victims, swap.planned_at, now))
             placement = Placement("reload" if model in swap.victims else "swap", unload)
+            plans.unloading = model if unload else None
         elif model in held:
             placement = RESIDENT if held[model].num_ctx == num_ctx else Placement("reload")
         else:
@@ -168,6 +189,10 @@ class SwapPlanner:
         self.residency.sent(backend, model, num_ctx)
         plans.last_used[model] = now
         return placement
+
+    def made_room(self, backend: Backend) -> None:
+        """The victims of the swap last sent to ``backend`` are unloaded."""
+        self._of(backend).unloading = None
 
     def loaded(self, backend: Backend, model: str, seconds: float) -> None:
         """A load of ``model`` took ``seconds`` (the reply's load_duration)."""
@@ -219,6 +244,8 @@ class SwapPlanner:
             return None
         model, swap = model_key(model), self._of(backend).swap
         load = self._load_seconds(backend, model)
+        if self._of(backend).unloading is not None:
+            return SwapWait(f"a swap on {backend.name} is making room", load)
         if swap is None:
             if self.plan(backend, model, asked, busy, {}, dry_run=True):
                 return SwapWait(f"{model} waits for room on {backend.name}", load)
@@ -240,7 +267,7 @@ class SwapPlanner:
             for key, plans in self._plans.items()
             if plans.swap is not None
         }
-        return SwapsSnapshot(dict(self.counts), pending)
+        return SwapsSnapshot(dict(self.counts), pending, tuple(self.recent))
 
     def _victims(
         self,

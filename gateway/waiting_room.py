@@ -273,6 +273,7 @@ class WaitingRoom:
 
     def give_back(self, ticket: Ticket, backend: Backend) -> None:
         group = backend.group(ticket.model)
+        self.swaps.residency.ran(backend, ticket.model)
         _decrement(self.busy, group)
         if ticket.heavy:
             _decrement(self.heavy, group)

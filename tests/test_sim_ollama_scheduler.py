@@ -135,6 +135,7 @@ async def test_an_eviction_waits_for_the_victims_requests_and_holds_every_load_m
         assert (await swap, await second) == (200, 200)
         assert set(await ps(http, url)) == {other, PHI}
     assert (sim.stats.loads, sim.stats.evictions, sim.stats.pending) == (3, 1, 0)
+    assert 0 < sim.stats.drain_held_seconds <= sim.stats.held_seconds
 
 
 async def test_a_request_with_another_num_ctx_reloads_the_model_after_its_requests(
@@ -195,7 +196,7 @@ async def test_a_keep_alive_sent_to_the_victim_postpones_its_eviction(
     assert sim.idle(LLAMA) and sim.stats.pending == 1  # idle, and still not unloaded
     assert await swap == 200  # after the 300 ms keep-alive
     assert list(await ps(http, url)) == [QWEN]
-    assert sim.stats.held_seconds >= 0.3
+    assert sim.stats.drain_held_seconds >= 0.3
 
 
 async def test_load_time_grows_with_the_runners_size(

@@ -9,6 +9,8 @@ from typing import Any
 import aiohttp
 
 from fairsim import Simulator
+from gateway.backends import Backend, BackendState, LoadedModel
+from gateway.swaps import SwapPlanner
 from tests.conftest import Gateway, StartGateway, StartSim
 from tests.test_admission import until
 from tests.test_hostile_clients import status_of
@@ -71,28 +73,30 @@ class TestSwaps:
     async def test_a_swap_drains_the_victim_in_the_gateway_then_unloads_it_and_sends(
         self, start_sim: StartSim, start_gateway: StartGateway
     ) -> None:
-        """Memory for one model: qwen waits in the gateway while llama's request runs;
-        llama's next request waits too (no new work for the victim); when llama is idle the
-        gateway unloads it and sends qwen. Ollama never holds a request."""
+        """Memory for one model: qwen's requests wait in the gateway while llama's request
+        runs; llama's next request waits too (no new work for the victim); when llama is idle
+        the gateway unloads it and sends qwen's. Ollama never holds a request for a drain."""
         memory = f", memory: {ONE_MODEL}"
         sim, gateway = await start(start_sim, start_gateway, memory, memory=ONE_MODEL)
         admission = gateway.services.admission
         async with running(gateway, LLAMA):
-            swap = waiting(gateway, QWEN)
-            await until(admission, lambda s: s.queue_depth == 1)
-            after = waiting(gateway, LLAMA)
+            swap, beside = waiting(gateway, QWEN), waiting(gateway, QWEN)
             await until(admission, lambda s: s.queue_depth == 2)
+            after = waiting(gateway, LLAMA)
+            await until(admission, lambda s: s.queue_depth == 3)
             assert (sim.stats.running, sim.stats.pending, sim.stats.loads) == (1, 0, 1)
             pending = (await status_of(gateway))["backends"]["gpu"]["swap"]
             assert (pending["model"], pending["draining"]) == (QWEN, [LLAMA])
-        assert await swap == 200
-        assert await after == 200  # swapped back once qwen's request was done
+        # Both qwen requests go once llama is idle; the second one not before the gateway
+        # has unloaded llama (else Ollama, finding no room, would pick a victim itself).
+        assert (await swap, await beside) == (200, 200)
+        assert await after == 200  # swapped back once qwen's requests were done
         key = admission.room.pool.backends[0].key
         assert counts(gateway)[key, LLAMA, "evictions"] == 1
         assert counts(gateway)[key, QWEN, "swaps"] == 1
         # Ollama unloaded only what the gateway asked it to, and held nobody.
         assert (sim.stats.evictions, sim.stats.loads, sim.stats.unloads) == (0, 3, 2)
-        assert sim.stats.held_seconds < 0.5
+        assert sim.stats.drain_held_seconds == 0
 
     async def test_requests_for_models_that_stay_keep_flowing_while_a_victim_drains(
         self, start_sim: StartSim, start_gateway: StartGateway
@@ -112,7 +116,7 @@ class TestSwaps:
             assert admission.snapshot().queue_depth == 1 and not swap.done()
         assert await swap == 200
         assert set(sim.loaded_models()) == {LLAMA, PHI}
-        assert (sim.stats.evictions, sim.stats.pending) == (0, 0)
+        assert (sim.stats.evictions, sim.stats.pending, sim.stats.drain_held_seconds) == (0, 0, 0)
 
     async def test_a_resident_model_is_never_the_victim_though_it_is_the_idle_one(
         self, start_sim: StartSim, start_gateway: StartGateway
@@ -188,3 +192,75 @@ class TestSwaps:
 def admission_swap(gateway: Gateway) -> object:
     snapshot = gateway.services.admission.room.swaps.snapshot()
     return snapshot.pending.get(gateway.services.admission.room.pool.backends[0].key)
+
+
+class TestPlanner:
+    """The planner alone: pure, on a hand-made backend and clock."""
+
+    def setup_method(self) -> None:
+        self.now = 100.0
+        self.planner = SwapPlanner(lambda: self.now)
+        state = BackendState(observed_at=0.0)
+        state.sizes = {LLAMA: 2 * 10**9, QWEN: 4 * 10**9, PHI: 2 * 10**9}
+        self.backend = Backend(
+            "gpu", "http://gpu", "ollama", 2, state, max_loaded_models=2, protected=frozenset()
+        )
+
+    def hold(self, *models: str) -> None:
+        """Ollama's /api/ps shows ``models`` loaded at the default context."""
+        self.backend.state.loaded = {
+            m: LoadedModel(size=self.planner.residency.estimate(self.backend, m, 4096))
+            for m in models
+        }
+
+    def busy(self, **running: int) -> dict[str, int]:
+        names = {"llama": LLAMA, "qwen": QWEN, "phi": PHI}
+        return {self.backend.group(names[k]): n for k, n in running.items()}
+
+    def test_requests_for_the_model_swapped_in_wait_until_its_room_is_made(self) -> None:
+        """After the swap is sent, the next request for its model waits for the unload."""
+        planner, backend = self.planner, self.backend
+        self.hold(LLAMA, QWEN)
+        assert planner.plan(backend, PHI, None, {}, {})
+        placement = planner.placed(backend, PHI, None, {})
+        assert placement.kind == "swap" and len(placement.unload) == 1
+        assert not planner.admits(backend, PHI, None, self.busy(phi=1))
+        assert not planner.plan(backend, QWEN, None, self.busy(phi=1), {})  # one at a time
+        planner.made_room(backend)
+        assert planner.admits(backend, PHI, None, self.busy(phi=1))
+
+    def test_the_victim_is_the_least_busy_then_least_wanted_then_longest_unused(self) -> None:
+        """Running requests first, then waiting ones, then when it was last used."""
+        planner, backend = self.planner, self.backend
+        self.hold(LLAMA, QWEN)
+        planner.placed(backend, LLAMA, None, {})
+        self.now += 1
+        planner.placed(backend, QWEN, None, {})  # llama is the longest unused
+        waiting = {(backend.key, LLAMA): 2}
+        for busy, demand, victim in (
+            (self.busy(llama=1), {}, QWEN),
+            (self.busy(qwen=1), {}, LLAMA),
+            ({}, waiting, QWEN),
+            ({}, {}, LLAMA),
+        ):
+            assert planner.plan(backend, PHI, None, busy, demand)
+            assert planner.snapshot().pending[backend.key][1] == (victim,)
+            planner.keep_only(set())  # nobody waits for phi: called off
+
+    def test_protected_models_are_never_victims(self) -> None:
+        """With every held model resident or kept warm, no swap is possible; the request
+        hears why."""
+        self.backend = Backend(
+            "gpu",
+            "http://gpu",
+            "ollama",
+            2,
+            self.backend.state,
+            max_loaded_models=2,
+            protected=frozenset({LLAMA, QWEN}),
+        )
+        self.hold(LLAMA, QWEN)
+        assert not self.planner.plan(self.backend, PHI, None, {}, {})
+        waits = self.planner.waits(self.backend, PHI, None, {}, hold=5.0)
+        assert waits is not None
+        assert waits.said == f"{PHI} does not fit on gpu beside {LLAMA}, {QWEN}"
