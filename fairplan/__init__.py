@@ -1,5 +1,6 @@
 """``fairgate plan``: size a backend's slots, context and the gateway's queues from the model's
-shape, the memory left for its KV cache, and how the household uses it.
+shape, the memory left for its KV cache, and how the household uses it; with ``--also``,
+which of several models fit together on one Ollama.
 
 One module per concern, so the arithmetic stays pure and testable apart from the network:
 ``sizing`` (``PlanInputs`` → ``Plan``, no I/O), ``sources`` (the model's shape and the load,
@@ -20,13 +21,14 @@ from fairplan.report import (
     render_text,
     server_settings,
 )
-from fairplan.sizing import Plan, PlanInputs, make_plan
+from fairplan.sizing import ModelCost, ModelsPlan, Plan, PlanInputs, make_plan, plan_models
 from fairplan.sources import (
     ModelShape,
     RequestTotals,
     llamacpp_shape,
     measure_load,
     measured_times,
+    ollama_model_cost,
     ollama_shape,
     request_totals,
     scrape_totals,
@@ -34,7 +36,9 @@ from fairplan.sources import (
 )
 
 __all__ = [
+    "ModelCost",
     "ModelShape",
+    "ModelsPlan",
     "Plan",
     "PlanError",
     "PlanInputs",
@@ -46,8 +50,10 @@ __all__ = [
     "make_plan",
     "measure_load",
     "measured_times",
+    "ollama_model_cost",
     "ollama_shape",
     "parse_size",
+    "plan_models",
     "policy_yaml",
     "reasons",
     "render_json",

@@ -17,13 +17,14 @@ import aiohttp
 
 from fairplan.errors import PlanError
 from fairplan.report import render_json, render_text
-from fairplan.sizing import BYTES_PER_VALUE, PlanInputs, make_plan
+from fairplan.sizing import BYTES_PER_VALUE, ModelCost, PlanInputs, make_plan, plan_models
 from fairplan.sources import (
     ModelShape,
     RequestTotals,
     llamacpp_shape,
     measure_load,
     measured_times,
+    ollama_model_cost,
     ollama_shape,
 )
 from gateway import sizes
@@ -79,24 +80,53 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     add("--think-seconds", type=_duration, metavar="DURATION", help="one user's turn to turn")
     add("--from-metrics", metavar="URL", help="the gateway: measure reply time (and turns)")
     add("--window", type=_duration, default=0.0, metavar="DURATION", help="measure for, e.g. 5m")
+    add(
+        "--also",
+        action="append",
+        default=[],
+        metavar="MODEL",
+        help="ollama: another model used now and then (repeat); needs --backend and --memory",
+    )
+    add(
+        "--memory",
+        type=parse_size,
+        metavar="SIZE",
+        help="ollama: memory for every loaded model together (24GiB), for --also",
+    )
     add("--json", action="store_true", help="print JSON instead of text")
 
 
 def run_plan(args: argparse.Namespace) -> int:
     """The ``plan`` command: 0 when a plan was printed, 1 when it could not be made."""
-    shape, load = ModelShape(), None
+    shape, load, models = ModelShape(), None, None
     try:
+        if args.also and not (args.backend and args.kind == "ollama" and args.memory):
+            raise PlanError("--also needs an ollama --backend to ask and --memory to fit in")
         if args.backend or args.from_metrics:
             shape, load = asyncio.run(_read(args))
         inputs = _inputs(args, shape, load)
+        plan = make_plan(inputs)
+        if args.also:
+            main, others = asyncio.run(_costs(args))
+            models = plan_models(main, others, plan.slots, plan.num_ctx, args.memory)
     except (PlanError, aiohttp.ClientError, json.JSONDecodeError, TimeoutError) as exc:
         print(f"fairgate plan: {exc or type(exc).__name__}", file=sys.stderr)
         return 1
-    plan = make_plan(inputs)
     backend = (args.name or args.kind, args.backend or DEFAULT_URLS[args.kind], args.kind)
     render = render_json if args.json else render_text
-    print(render(plan, shape, backend))
+    print(render(plan, shape, backend, models))
     return 0
+
+
+async def _costs(args: argparse.Namespace) -> tuple[ModelCost, list[ModelCost]]:
+    """What the main model and the --also ones weigh loaded, from the Ollama backend."""
+    url = args.backend.rstrip("/")
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        costs = [
+            await ollama_model_cost(session, url, model, args.kv_type)
+            for model in (args.model, *args.also)
+        ]
+    return costs[0], costs[1:]
 
 
 async def _read(args: argparse.Namespace) -> tuple[ModelShape, tuple[RequestTotals, float] | None]:

@@ -10,7 +10,7 @@ import json
 import math
 from dataclasses import asdict
 
-from fairplan.sizing import BYTES_PER_VALUE, DEFAULT_MAX_WAIT, Plan
+from fairplan.sizing import BYTES_PER_VALUE, DEFAULT_MAX_WAIT, ModelsPlan, Plan
 from fairplan.sources import ModelShape
 
 __all__ = [
@@ -85,21 +85,63 @@ def server_settings(plan: Plan, kind: str) -> str:
     return f"OLLAMA_NUM_PARALLEL={p.slots} OLLAMA_CONTEXT_LENGTH={p.num_ctx}{quant}"
 
 
-def policy_yaml(plan: Plan, name: str, url: str, kind: str) -> str:
-    """A complete policy: the backend with its slots, the per-user defaults, the queue."""
+def policy_yaml(
+    plan: Plan, name: str, url: str, kind: str, models: ModelsPlan | None = None
+) -> str:
+    """A complete policy: the backend with its slots (and, for several models, its memory
+    and the main model kept), the per-user defaults, the queue."""
     knob = "-np" if kind == "llamacpp" else "OLLAMA_NUM_PARALLEL"
+    several = ""
+    if models is not None:
+        main = next(iter(models.sizes))
+        several = (
+            f"    memory: {models.memory}  # {binary_size(models.memory)}\n"
+            f"    max_loaded_models: {models.max_loaded_models}\n"
+            + (f"    resident: [{main}]\n" if models.main_stays else "")
+        )
+    ctx = "" if models is None else f"num_ctx: {{override: {plan.num_ctx}}}\n"
     return (
         "backends:\n"
         f"  - name: {name}\n    url: {url}\n    kind: {kind}\n"
-        f"    slots: {plan.slots}  # = {knob}\n"
-        "defaults:\n"
+        f"    slots: {plan.slots}  # = {knob}, per model\n" + several + ctx + "defaults:\n"
         f"  max_concurrent: {plan.max_concurrent}\n  max_queued: {plan.max_queued}\n"
         "queue:\n"
         f"  max_depth: {plan.queue_depth}\n  max_wait: {plan.max_wait}s\n"
     )
 
 
-def render_text(plan: Plan, shape: ModelShape, backend: tuple[str, str, str]) -> str:
+def models_lines(plan: Plan, models: ModelsPlan) -> list[str]:
+    """Several models: each one's size loaded with the plan's slots and context, what fits
+    together, and whether the main model can stay."""
+    main = next(iter(models.sizes))
+    lines = [
+        f"Several models in {binary_size(models.memory)}, each with {plan.slots} slots of "
+        f"{plan.num_ctx:,} tokens (OLLAMA_NUM_PARALLEL and OLLAMA_CONTEXT_LENGTH apply to each):",
+        *(f"  {name:<24} {binary_size(size)}" for name, size in models.sizes.items()),
+        f"  max_loaded_models = {models.max_loaded_models}: {main} and the smallest others "
+        "that fit beside it",
+    ]
+    if not models.main_fits:
+        lines.append(f"  {main} alone does not fit: fewer slots, a shorter context, or more memory")
+    elif models.main_stays:
+        lines.append(
+            f"  resident: [{main}]: it fits beside the largest other, so swaps are among the "
+            "others and never cost the main model"
+        )
+    else:
+        lines.append(f"  {main} cannot stay beside the largest other: not resident")
+    lines.append(
+        f"  num_ctx: {{override: {plan.num_ctx}}}: a client asking another context would reload"
+    )
+    return lines
+
+
+def render_text(
+    plan: Plan,
+    shape: ModelShape,
+    backend: tuple[str, str, str],
+    models: ModelsPlan | None = None,
+) -> str:
     """The report for people: the arithmetic, one line per setting, then the YAML."""
     i, p = plan.inputs, plan
     bpv = f"{float(BYTES_PER_VALUE[i.kv_type]):g}"
@@ -132,11 +174,18 @@ def render_text(plan: Plan, shape: ModelShape, backend: tuple[str, str, str]) ->
         (f"queue.max_wait = {p.max_wait}s", why["max_wait"]),
     ]
     lines += [f"  {setting:<30} {reason}" for setting, reason in rows]
-    lines += [f"  server: {server_settings(plan, backend[2])}", "", "Policy YAML (paste):", ""]
-    return "\n".join(lines) + "\n" + policy_yaml(plan, *backend)
+    lines += [f"  server: {server_settings(plan, backend[2])}"]
+    lines += ["", *models_lines(plan, models)] if models is not None else []
+    lines += ["", "Policy YAML (paste):", ""]
+    return "\n".join(lines) + "\n" + policy_yaml(plan, *backend, models)
 
 
-def render_json(plan: Plan, shape: ModelShape, backend: tuple[str, str, str]) -> str:
+def render_json(
+    plan: Plan,
+    shape: ModelShape,
+    backend: tuple[str, str, str],
+    models: ModelsPlan | None = None,
+) -> str:
     """The same for scripts: inputs, every number, the reasons and the YAML."""
     document = {
         "inputs": asdict(plan.inputs),
@@ -146,6 +195,7 @@ def render_json(plan: Plan, shape: ModelShape, backend: tuple[str, str, str]) ->
         "llamacpp_ctx_size": plan.slots * plan.num_ctx,
         "server": server_settings(plan, backend[2]),
         "reasons": reasons(plan),
-        "yaml": policy_yaml(plan, *backend),
+        "yaml": policy_yaml(plan, *backend, models),
+        "models": None if models is None else asdict(models),
     }
     return json.dumps(document, indent=2)

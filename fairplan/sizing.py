@@ -18,9 +18,13 @@ __all__ = [
     "HEADROOM",
     "MAX_QUEUED",
     "KvType",
+    "ModelCost",
+    "ModelsPlan",
     "Plan",
     "PlanInputs",
+    "kv_bytes_per_token",
     "make_plan",
+    "plan_models",
 ]
 
 KvType = Literal["f16", "q8_0", "q4_0"]
@@ -75,9 +79,7 @@ class Plan:
 def make_plan(inputs: PlanInputs) -> Plan:
     """The plan for ``inputs``; exact fractions, so 2.666… x 1.5 is 4, not 4.000001."""
     num_ctx = min(inputs.context, inputs.context_length or inputs.context)
-    # A K and a V vector per layer and KV head, as llama.cpp's KV cache allocates them.
-    values = 2 * inputs.layers * inputs.kv_heads * inputs.head_dim
-    per_token = math.ceil(values * BYTES_PER_VALUE[inputs.kv_type])
+    per_token = kv_bytes_per_token(inputs.layers, inputs.kv_heads, inputs.head_dim, inputs.kv_type)
     per_conversation = per_token * num_ctx
     fit = inputs.kv_memory // per_conversation
     # Little's law, with think_seconds measured from the start of one turn to the next.
@@ -102,5 +104,52 @@ def make_plan(inputs: PlanInputs) -> Plan:
     )
 
 
+def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, kv_type: KvType) -> int:
+    """A K and a V vector per layer and KV head, as llama.cpp's KV cache allocates them."""
+    return math.ceil(2 * layers * kv_heads * head_dim * BYTES_PER_VALUE[kv_type])
+
+
 def _exact(seconds: float) -> Fraction:
     return Fraction(repr(seconds))  # 0.1 as 1/10, not the nearest binary fraction
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    """One model as it loads: its weights, and its KV cache per token of context."""
+
+    name: str
+    weights: int
+    bytes_per_token: int
+
+
+@dataclass(frozen=True)
+class ModelsPlan:
+    """Several models on one Ollama, each loaded with the plan's slots and num_ctx."""
+
+    memory: int
+    sizes: dict[str, int]  # model -> bytes loaded (weights and slots x num_ctx of cache)
+    max_loaded_models: int  # the main model and as many others as fit beside it
+    main_fits: bool  # the main model alone fits
+    main_stays: bool  # the main model fits beside the largest other: it can be resident
+
+
+def plan_models(
+    main: ModelCost, others: list[ModelCost], slots: int, num_ctx: int, memory: int
+) -> ModelsPlan:
+    """Which of the models fit together in ``memory`` when each runner has ``slots`` slots
+    of ``num_ctx`` tokens (Ollama's OLLAMA_NUM_PARALLEL and OLLAMA_CONTEXT_LENGTH apply to
+    every model). The main model stays; the others come and go, smallest first."""
+    sizes = {m.name: m.weights + m.bytes_per_token * num_ctx * slots for m in (main, *others)}
+    room, count = memory - sizes[main.name], 1
+    for size in sorted(sizes[m.name] for m in others):
+        if size > room:
+            break
+        room, count = room - size, count + 1
+    largest = max((sizes[m.name] for m in others), default=0)
+    return ModelsPlan(
+        memory=memory,
+        sizes=sizes,
+        max_loaded_models=count,
+        main_fits=sizes[main.name] <= memory,
+        main_stays=sizes[main.name] + largest <= memory,
+    )

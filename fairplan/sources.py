@@ -17,6 +17,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from fairplan.errors import PlanError
+from fairplan.sizing import KvType, ModelCost, kv_bytes_per_token
 
 __all__ = [
     "ModelShape",
@@ -24,6 +25,7 @@ __all__ = [
     "llamacpp_shape",
     "measure_load",
     "measured_times",
+    "ollama_model_cost",
     "ollama_shape",
     "request_totals",
     "scrape_totals",
@@ -75,6 +77,27 @@ async def ollama_shape(session: aiohttp.ClientSession, url: str, model: str) -> 
     body = await _json(session.post(f"{url}/api/show", json={"model": model}))
     shape = shape_from_model_info(body.get("model_info") or {})
     return replace(shape, source=f"{model} at {url} (/api/show)")
+
+
+async def ollama_model_cost(
+    session: aiohttp.ClientSession, url: str, model: str, kv_type: KvType
+) -> ModelCost:
+    """A model's weights (its file size in ``GET /api/tags``) and KV cache per token (its
+    shape in ``POST /api/show``)."""
+    shape = await ollama_shape(session, url, model)
+    if not (shape.layers and shape.kv_heads and shape.head_dim):
+        raise PlanError(f"{model}: /api/show does not give its layers, KV heads and head size")
+    tags = await _json(session.get(f"{url}/api/tags"))
+    sizes = {
+        entry.get("name"): entry.get("size")
+        for entry in tags.get("models", [])
+        if isinstance(entry, dict)
+    }
+    weights = sizes.get(model, sizes.get(f"{model}:latest"))
+    if not isinstance(weights, int):
+        raise PlanError(f"{model} is not in {url}/api/tags")
+    per_token = kv_bytes_per_token(shape.layers, shape.kv_heads, shape.head_dim, kv_type)
+    return ModelCost(model, weights, per_token)
 
 
 async def llamacpp_shape(session: aiohttp.ClientSession, url: str, model: str | None) -> ModelShape:

@@ -11,6 +11,7 @@ import aiohttp
 import pytest
 
 from fairplan import (
+    ModelCost,
     Plan,
     PlanInputs,
     RequestTotals,
@@ -21,6 +22,7 @@ from fairplan import (
     measured_times,
     ollama_shape,
     parse_size,
+    plan_models,
     policy_yaml,
     request_totals,
     shape_from_model_info,
@@ -284,3 +286,44 @@ class TestCommandLine:
         argv = ["plan", "--backend", sim_url, "--model", "nope", *WORKED[6:]]
         assert await asyncio.to_thread(main, argv) == 1
         assert "HTTP 404" in capsys.readouterr().err
+
+
+class TestSeveralModels:
+    async def test_the_plan_fits_several_models_and_keeps_the_main_one(
+        self, start_sim: StartSim, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """--also: each model's size at the plan's slots and context (weights from
+        /api/tags, cache from /api/show), how many fit beside the main one, and a policy
+        that keeps it resident and fixes num_ctx."""
+        _, sim_url = await start_sim(models=["llama3.2:3b", "qwen2.5:7b", "phi3:3.8b"])
+        argv = ["plan", "--backend", sim_url, "--model", "llama3.2:3b", "--kv-memory", "2GiB"]
+        argv += ["--context", "4096", "--users", "4", "--gen-seconds", "10s"]
+        argv += ["--think-seconds", "60s", "--also", "qwen2.5:7b", "--also", "phi3:3.8b"]
+        argv += ["--memory", "9GB"]
+        assert await asyncio.to_thread(main, argv) == 0
+        output = capsys.readouterr().out
+        # 1 slot of 4096 tokens each: the simulator's own runner sizes.
+        assert "llama3.2:3b              2.3 GiB" in output
+        assert "qwen2.5:7b               4.6 GiB" in output
+        assert "max_loaded_models = 2" in output
+        policy = parse_policy(yaml_part(output))
+        backend = policy.backends[0]
+        assert (backend.memory, backend.max_loaded_models) == (9 * 10**9, 2)
+        assert backend.resident == ["llama3.2:3b"]
+        assert policy.num_ctx.override == 4096
+
+    def test_also_needs_a_backend_and_memory(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """Without an Ollama to ask and a memory to fit in, --also is refused in words."""
+        assert main(["plan", *WORKED, "--also", "qwen2.5:7b"]) == 1
+        assert "--also needs an ollama --backend" in capsys.readouterr().err
+
+    def test_the_main_model_stays_only_beside_the_largest_other(self) -> None:
+        """plan_models: sizes at slots x num_ctx; the main model is resident only if it fits
+        beside the largest other; others are counted smallest first."""
+        main_model = ModelCost("main", 2 * GIB, 100_000)
+        others = [ModelCost("big", 6 * GIB, 100_000), ModelCost("small", GIB, 100_000)]
+        fitted = plan_models(main_model, others, slots=2, num_ctx=4096, memory=8 * GIB)
+        assert fitted.sizes["main"] == 2 * GIB + 100_000 * 4096 * 2
+        assert (fitted.max_loaded_models, fitted.main_fits, fitted.main_stays) == (2, True, False)
+        roomy = plan_models(main_model, others, slots=2, num_ctx=4096, memory=12 * GIB)
+        assert (roomy.max_loaded_models, roomy.main_stays) == (3, True)
