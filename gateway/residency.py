@@ -57,6 +57,7 @@ class _Backend:
     sent: dict[str, _Sent] = field(default_factory=dict)  # by model key
     gone: dict[str, float] = field(default_factory=dict)  # unloaded by the gateway, when
     sizes: dict[str, tuple[int, int]] = field(default_factory=dict)  # model -> (num_ctx, size)
+    trained: dict[str, int] = field(default_factory=dict)  # model -> the most num_ctx it gets
 
 
 class Residency:
@@ -66,9 +67,13 @@ class Residency:
         self._clock = clock
         self._backends: dict[str, _Backend] = {}
 
-    def num_ctx(self, backend: Backend, asked: int | None) -> int:
-        """The context a request asking for ``asked`` (None: nothing) gets on ``backend``."""
-        return max(4, backend.default_num_ctx if asked is None else asked)
+    def num_ctx(self, backend: Backend, model: str, asked: int | None) -> int:
+        """The context a request for ``model`` asking for ``asked`` (None: nothing) gets on
+        ``backend``: at least 4, at most the model's trained context once seen (Ollama cuts
+        a larger num_ctx to it, so asking more reloads nothing)."""
+        wanted = max(4, backend.default_num_ctx if asked is None else asked)
+        trained = self._of(backend).trained.get(model_key(model))
+        return wanted if trained is None else min(wanted, trained)
 
     def residents(self, backend: Backend, busy: Mapping[str, int]) -> dict[str, Resident]:
         """The models ``backend`` holds now (``busy``: running requests by slot group)."""
@@ -89,6 +94,9 @@ class Residency:
             running = busy.get(backend.group(model), 0) > 0
             if sent.at <= state.observed_at and not running:
                 del mine.sent[model]  # the probe since knows better
+                seen_ctx = state.loaded[model].context_length if model in state.loaded else None
+                if seen_ctx is not None and seen_ctx < sent.num_ctx:
+                    mine.trained[model] = seen_ctx  # asked for more, got this much
                 continue
             earlier = view.get(model)
             expires_at = earlier.expires_at if earlier is not None else None

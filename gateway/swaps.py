@@ -115,7 +115,7 @@ class SwapPlanner:
         as memory goes; its model's slots are the waiting room's to count."""
         if not backend.per_model:
             return True
-        model, num_ctx = model_key(model), self.residency.num_ctx(backend, asked)
+        model, num_ctx = model_key(model), self.residency.num_ctx(backend, model, asked)
         held = self.residency.residents(backend, busy)
         plans = self._of(backend)
         if plans.unloading == model:
@@ -149,7 +149,7 @@ class SwapPlanner:
             return False  # one swap at a time, until its room is made
         if self.admits(backend, model, asked, busy):
             return False  # memory is not what keeps it waiting: its slots are
-        model, num_ctx = model_key(model), self.residency.num_ctx(backend, asked)
+        model, num_ctx = model_key(model), self.residency.num_ctx(backend, model, asked)
         victims = self._victims(backend, model, num_ctx, busy, demand)
         if victims is None:
             return False
@@ -163,7 +163,7 @@ class SwapPlanner:
         """A request for ``model`` is being sent to ``backend``: how it finds its model."""
         if not backend.per_model:
             return RESIDENT
-        model, num_ctx = model_key(model), self.residency.num_ctx(backend, asked)
+        model, num_ctx = model_key(model), self.residency.num_ctx(backend, model, asked)
         plans, now = self._of(backend), self._clock()
         held = self.residency.residents(backend, busy)
         swap = plans.swap

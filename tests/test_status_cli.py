@@ -48,6 +48,7 @@ class TestStatusCommand:
         assert (code, err) == (0, "")
         assert out.startswith("1 of 1 slots busy, 1 waiting (oldest ")
         assert row_of(out, "BACKEND", "gpu")[:5] == ["gpu", "ollama", "up", "1/1", "0/1"]
+        assert row_of(out, "BACKEND", "gpu")[5:7] == [MODEL, "(4k,"]  # in memory, its context
         assert row_of(out, "RUNNING", "bob")[:4] == ["bob", MODEL, "gpu", "light"]  # running
         assert row_of(out, "#", "1")[:4] == ["1", "carol", MODEL, "light"]  # waiting, first
         assert row_of(out, "USER", "carol")[:3] == ["carol", "0/1", "1/5"]  # against her limits

@@ -264,3 +264,17 @@ class TestPlanner:
         waits = self.planner.waits(self.backend, PHI, None, {}, hold=5.0)
         assert waits is not None
         assert waits.said == f"{PHI} does not fit on gpu beside {LLAMA}, {QWEN}"
+
+    def test_asking_beyond_the_trained_context_once_seen_reloads_nothing(self) -> None:
+        """Ollama cuts num_ctx to the model's trained context; once a probe showed the cut,
+        asking that much again is no new context and plans no reload."""
+        planner, backend = self.planner, self.backend
+        planner.placed(backend, QWEN, 100_000, {})
+        assert not planner.admits(backend, QWEN, 32768, {})  # what it holds is 100,000
+        self.now += 1
+        backend.state.observed_at = self.now  # a probe started after the request ended
+        backend.state.loaded = {QWEN: LoadedModel(size=5 * 10**9, context_length=32768)}
+        assert [r.num_ctx for r in planner.residency.residents(backend, {}).values()] == [32768]
+        assert planner.admits(backend, QWEN, 100_000, {})
+        assert not planner.plan(backend, QWEN, 100_000, {}, {})
+        assert not planner.admits(backend, QWEN, 8192, {})  # a smaller one does reload
