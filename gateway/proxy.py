@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import structlog
 from aiohttp import web
 
@@ -105,13 +107,6 @@ class Generation:
             record.queue_wait, record.dispatched_at = permit.queue_wait, permit.granted_at
             record.queue_position = permit.queue_position
             timeouts = view.policy.timeouts
-            if permit.placement.unload:  # a planned swap: make the room before it goes
-                try:
-                    await services.warmth.unload(
-                        permit.backend, permit.placement.unload, timeouts.connect
-                    )
-                finally:  # then the requests for the model swapped in may follow
-                    admission.made_room(permit.backend)
             try:
                 response = await self._relay_with_failover(request, permit, fields.body, timeouts)
             finally:  # a reply cut short still spent what it streamed
@@ -146,6 +141,7 @@ class Generation:
     ) -> web.StreamResponse:
         record = request[RECORD]
         record.backend = permit.backend.name
+        await self._make_room(permit, target.timeouts.connect)
         relay = Relay(self._services.upstream.replies, target, meter=permit.add_output)
         streams = self._services.streams
         streams.add(relay)  # so that a shutdown can end it with an in-band error
@@ -154,6 +150,19 @@ class Generation:
         finally:
             streams.discard(relay)
             record.add(relay.progress)
+
+    async def _make_room(self, permit: Permit, within: float) -> None:
+        """A planned swap (swaps.py): unload its victims before the request goes, then let
+        the requests for the model swapped in follow; sent before, they would find no room
+        and Ollama would unload a model of its own choosing."""
+        victims = permit.placement.unload
+        if not victims:
+            return
+        permit.placement = replace(permit.placement, unload=())  # once, whatever happens
+        try:
+            await self._services.warmth.unload(permit.backend, victims, within)
+        finally:
+            self._services.admission.made_room(permit.backend)
 
 
 def _target(request: web.Request, backend: Backend, timeouts: Timeouts, fail_fast: bool) -> Target:
