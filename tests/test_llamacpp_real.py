@@ -49,7 +49,7 @@ async def test_a_real_llama_server_behind_the_gateway(
         f"backends:\n  - {{name: cpp, url: {llama_server}, kind: llamacpp}}\n"
         f"  - {{name: gpu, url: {ollama_url}, kind: ollama, slots: 1}}\n"
         "defaults: {max_concurrent: 3, max_queued: 3}\n"  # one user sends all three
-        "timeouts: {first_byte: 120s}\n"
+        "timeouts: {first_byte: 300s}\n"
         # The third waits for one of two 96-token stories: on a busy 2-core machine that
         # takes longer than the default 30 s, and this test is about order, not speed.
         "queue: {max_wait: 180s}\n"
