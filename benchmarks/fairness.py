@@ -1,7 +1,8 @@
 """Fairness: the household mix run three ways, side by side, in one process.
 
 1. direct: the light users and ONE well-behaved heavy user (one request at a time) straight
-   to the backend, no gateway: the reference, the best any admission order can give.
+   to the backend, no gateway: the reference, what light users get beside heavy work that
+   behaves.
 2. fifo: the heavy user floods (several long prompts at once) through the gateway with
    first-come-first-served ordering and no class limit, which is what Ollama does.
 3. fair: the same flood through the gateway with the weighted fair scheduler and heavy
@@ -15,7 +16,8 @@ ITL p95, tokens; Jain's fairness index over the light users' TTFT; throughput.
     .venv/bin/python -m benchmarks.fairness
 
 With ``--engine llama-server`` the household runs against the real llama-server the tests
-build instead (benchmarks/real_engine.py: four runs of a minute each, about six minutes).
+build instead (benchmarks/real_engine.py: four runs of a minute each and their drains, 4-9
+minutes a round).
 """
 
 from __future__ import annotations

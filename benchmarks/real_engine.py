@@ -3,8 +3,8 @@
 Four runs, one after another, each on a fresh server, the same seed for every one:
 
 1. the light users alone, direct: what a quiet house gives them;
-2. the light users and one polite heavy user, direct: the reference, the best an admission
-   order can give beside heavy work that behaves;
+2. the light users and one polite heavy user, direct: the reference, what light users get
+   beside heavy work that behaves;
 3. the whole household (a flooder too), direct: llama.cpp's own first come, first served;
 4. the whole household through the gateway (``fair``, heavy requests on at most 1 of the 2
    slots, caps that let the flooder keep its whole burst in flight or waiting).
@@ -192,7 +192,11 @@ async def compare_on_llama_server(
             ("light users alone, direct", replace(polite_only, polite_heavy=False), False),
             ("light + one polite heavy user, direct (the reference)", polite_only, False),
             ("whole household, direct (llama.cpp FIFO)", house, False),
-            ("whole household through the gateway (fair, heavy on <= 1 of 2 slots)", house, True),
+            (
+                "whole household through the gateway (fair, heavy on at most 1 of 2 slots)",
+                house,
+                True,
+            ),
         ]
         for index, (name, mix, gateway) in enumerate(plan):
             run = await _run(name, mix, workdir, gateway, threads)
