@@ -11,8 +11,9 @@ import aiohttp
 
 from fairsim import SimConfig, Simulator
 from gateway.app import bound_url, create_app, start_server
+from gateway.backend_policy import BackendConfig
 from gateway.logs import configure_logging
-from gateway.policy import BackendConfig, Policy
+from gateway.policy import Policy
 from gateway.settings import IN_MEMORY, Settings
 
 __all__ = ["run_demo"]

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from gateway.errors import GatewayError
 from gateway.forwarded import Address, ProxyTrust, address_of
-from gateway.policy import ANONYMOUS, PERSON_SEPARATOR, Policy
+from gateway.policy import Policy
+from gateway.user_policy import ANONYMOUS, PERSON_SEPARATOR
 from gateway.vocabulary import Reason
 
 __all__ = ["Caller", "Directory"]

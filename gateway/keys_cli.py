@@ -16,7 +16,7 @@ import sys
 
 import yaml
 
-from gateway.policy import UNKNOWN, hashed_key
+from gateway.user_policy import UNKNOWN, hashed_key
 
 __all__ = ["add_keys_arguments", "new_key"]
 

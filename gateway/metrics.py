@@ -30,9 +30,9 @@ from prometheus_client.registry import Collector
 from gateway.access import RequestRecord
 from gateway.backends import model_key
 from gateway.model_metrics import model_families
-from gateway.policy import ANONYMOUS, UNKNOWN
 from gateway.reload import LivePolicy
 from gateway.snapshot import GatewaySnapshot
+from gateway.user_policy import ANONYMOUS, UNKNOWN
 from gateway.vocabulary import REFUSALS, Lane, Reason, RequestClass
 
 __all__ = ["Metrics"]

@@ -2,339 +2,45 @@
 
 Validation errors name the file, the line and the field path, because the person reading
 them is editing that file by hand; ``policy_file.py`` reads the file and words the errors.
+Each section's models live with their concern (``user_policy.py``, ``backend_policy.py``,
+``scheduling_policy.py``, ``tuning_policy.py``, ``lanes.py``, ``load_options.py``,
+``budget_policy.py``); here is the whole, the lookups that need more than one section, and
+the checks across sections.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
-import re
-from collections.abc import Mapping
 from functools import cached_property
 from ipaddress import IPv4Network, IPv6Network
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import (
-    AfterValidator,
-    Field,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from gateway.budget_policy import Budget, BudgetConfig, merged_budget
-from gateway.durations import Duration
+from gateway.backend_policy import BackendConfig, check_backends
+from gateway.budget_policy import Budget, merged_budget
 from gateway.forwarded import ForwardedHeader
 from gateway.lanes import Lanes
 from gateway.load_options import ModelPolicy, NumCtxPolicy
 from gateway.origins import CorsPolicy
-from gateway.policy_base import SlotShare, Strict, model_key, slots_on
+from gateway.policy_base import Strict, model_key
 from gateway.policy_file import PolicyError, describe, environment, problem_at, read_yaml
-from gateway.sizes import Size
+from gateway.scheduling_policy import Classes, Costs, QueueConfig
+from gateway.tuning_policy import KeepAlivePolicy, Monitoring, RedisPolicy, Timeouts, Warmth
+from gateway.user_policy import KEY_VARIABLES, PERSON_SEPARATOR, Limits, UserConfig, check_users
 from gateway.vocabulary import Lane
 
+# BackendConfig, KeepAlivePolicy, Timeouts, Warmth re-exported: proxy, pump, relay, warmth use them.
 __all__ = [
-    "ANONYMOUS",
-    "PERSON_SEPARATOR",
-    "UNKNOWN",
     "BackendConfig",
-    "Budget",
-    "BudgetConfig",
-    "Classes",
-    "Costs",
-    "HeavyClass",
     "KeepAlivePolicy",
-    "Limits",
-    "Monitoring",
-    "OnBehalf",
     "Policy",
     "PolicyError",
-    "QueueConfig",
-    "RedisPolicy",
     "Timeouts",
-    "UserConfig",
     "Warmth",
-    "hashed_key",
     "load_policy",
     "parse_policy",
 ]
-
-ANONYMOUS = "anonymous"
-"""A user of this name catches requests that bring no key and match no client rule."""
-PERSON_SEPARATOR = "/"
-"""Between a front end's name and a person it names: ``owui/alice@example.com``."""
-UNKNOWN = "unknown"
-"""What metrics call a request no user could be found for (an unknown key): not a name for
-a user, so that those refusals are never counted as someone's."""
-
-
-BackendKind = Literal["ollama", "llamacpp", "openai"]
-
-
-class BackendConfig(Strict):
-    """One inference server the gateway sends work to."""
-
-    name: str = Field(min_length=1, description="Name used in logs, metrics and /status.")
-    url: str = Field(description="Base URL, e.g. http://127.0.0.1:11434.")
-    kind: BackendKind = Field(default="ollama", description="ollama, llamacpp or openai.")
-    slots: int | None = Field(
-        default=None,
-        ge=1,
-        description="Requests it runs at once: llama-server's -np; for ollama, per loaded "
-        "model, as OLLAMA_NUM_PARALLEL (which must equal it) applies to each.",
-    )
-    keep_warm: list[str] = Field(
-        default_factory=list,
-        description="Ollama models to keep loaded, with empty requests that take no slot.",
-    )
-    keep_alive: Duration = Field(
-        default=1800.0, description="How long each ping holds a keep_warm model; -1: pinned."
-    )
-    max_loaded_models: int | None = Field(
-        default=None,
-        ge=1,
-        description="ollama: models loaded at once, at most (OLLAMA_MAX_LOADED_MODELS if set, "
-        "else its automatic 3 per GPU); the gateway plans swaps to stay within it.",
-    )
-    memory: Size | None = Field(
-        default=None,
-        description="ollama: what its loaded models may take together (24GiB), as /api/ps "
-        "counts them (weights and KV cache); the gateway plans swaps to stay within it.",
-    )
-    resident: list[str] = Field(
-        default_factory=list,
-        description="ollama: models the gateway never unloads to make room for another "
-        "(keep_warm models neither).",
-    )
-    default_num_ctx: int = Field(
-        default=4096,
-        ge=4,
-        description="ollama: the context a request without num_ctx gets: OLLAMA_CONTEXT_LENGTH, "
-        "else 4096 (32768 from 24 GiB of VRAM, 262144 from 48 GiB).",
-    )
-
-    @field_validator("url")
-    @classmethod
-    def _http_url(cls, url: str) -> str:
-        if not url.startswith(("http://", "https://")):
-            raise ValueError("must start with http:// or https://")
-        return url.rstrip("/")
-
-    @model_validator(mode="after")
-    def _ollama_needs_slots(self) -> BackendConfig:
-        # Ollama does not expose OLLAMA_NUM_PARALLEL, so the admin has to state it.
-        if self.kind == "ollama" and self.slots is None:
-            raise ValueError("an ollama backend needs slots (its OLLAMA_NUM_PARALLEL)")
-        if self.kind != "ollama":
-            given = [name for name in ("max_loaded_models", "memory") if getattr(self, name)]
-            given += ["resident"] if self.resident else []
-            if given:
-                raise ValueError(f"{', '.join(given)}: only for an ollama backend")
-        return self
-
-
-class Timeouts(Strict):
-    """How long the gateway waits on a backend, or on a client, before giving up on it."""
-
-    connect: Duration = Field(default=5.0, gt=0, description="To open a connection.")
-    first_byte: Duration = Field(
-        default=300.0, gt=0, description="From sending to the first byte (covers model load)."
-    )
-    idle: Duration = Field(default=120.0, gt=0, description="Longest gap between two chunks.")
-    client_stall: Duration = Field(
-        default=30.0,
-        gt=0,
-        description="Longest a client may leave the reply unread before its stream is ended "
-        "and its slot freed.",
-    )
-
-
-class Monitoring(Strict):
-    """How the gateway watches its backends, in the background."""
-
-    interval: Duration = Field(default=5.0, gt=0, description="Between two probes of a backend.")
-    timeout: Duration = Field(default=3.0, gt=0, description="For one probe request.")
-    unhealthy_after: int = Field(
-        default=2, ge=1, description="Failed probes in a row before a backend leaves rotation."
-    )
-    healthy_after: int = Field(
-        default=2, ge=1, description="Good probes in a row before it comes back."
-    )
-
-
-class KeepAlivePolicy(Strict):
-    """What proxied requests may ask of Ollama's keep_alive (a client's 0 unloads the model
-    for everybody)."""
-
-    min: Duration | None = Field(default=None, description="Raise shorter keep_alive to this.")
-    max: Duration | None = Field(
-        default=None, description="Lower longer (or forever, negative) keep_alive to this."
-    )
-    override: Duration | None = Field(
-        default=None, description="Replace whatever the client sent (or did not send)."
-    )
-
-
-class Warmth(Strict):
-    """Keeping models loaded, and noticing when a request paid for a load."""
-
-    interval: Duration = Field(default=60.0, gt=0, description="Between two keep-warm checks.")
-    cold_start_after: Duration = Field(
-        default=1.0, ge=0, description="A reply whose load_duration exceeds this was a cold start."
-    )
-
-
-class RedisPolicy(Strict):
-    """What to do when the shared state (FAIRGATE_REDIS_URL) cannot be reached."""
-
-    on_failure: Literal["local", "closed"] = Field(
-        default="local",
-        description="local: go on with per-replica limits (flagged in /status); closed: 503.",
-    )
-
-
-class Limits(Strict):
-    """What one user may hold: running requests, waiting requests, a share, and a budget."""
-
-    max_concurrent: int = Field(default=1, ge=1, description="Requests running at once.")
-    max_queued: int = Field(default=2, ge=0, description="Requests waiting; more gets 503.")
-    weight: float = Field(default=1.0, gt=0, description="Share of the GPU against others.")
-    budget: BudgetConfig = BudgetConfig()
-
-
-_SHA256_KEY = re.compile(r"sha256:[0-9a-f]{64}")
-_ENVIRONMENT = "environment"
-"""The validation context's variables for ``env:`` keys (``parse_policy`` adds ``.env``)."""
-
-
-def _configured_key(key: str, info: ValidationInfo) -> str:
-    if not key:
-        raise ValueError("an empty key would let anyone in")
-    if key.startswith("sha256:") and not _SHA256_KEY.fullmatch(key):
-        raise ValueError("sha256: keys need 64 lowercase hex digits (sha256sum of the key)")
-    if key.startswith("env:"):
-        context = info.context if isinstance(info.context, Mapping) else {}
-        variables: Mapping[str, str] = context.get(_ENVIRONMENT, os.environ)
-        value = variables.get(key[4:])
-        if value is None:
-            raise ValueError(f"{key!r} needs {key[4:]}, set neither in the environment nor in .env")
-        if not value:
-            raise ValueError(f"{key!r} needs {key[4:]}, which is empty")
-        # Held as its digest: identity then needs no access to the variables, and no
-        # plain secret is kept from the environment.
-        return hashed_key(value)
-    return key
-
-
-def hashed_key(key: str) -> str:
-    """``key`` as the policy may hold it without holding the key: ``sha256:<hex>``."""
-    return f"sha256:{hashlib.sha256(key.encode()).hexdigest()}"
-
-
-def _digest_of(key: str) -> str:
-    return key[7:] if key.startswith("sha256:") else hashed_key(key)[7:]
-
-
-ConfiguredKey = Annotated[str, AfterValidator(_configured_key)]
-
-
-class OnBehalf(Strict):
-    """A front end that serves many people with one key, and names each in a header."""
-
-    header: str = Field(
-        description="The header naming the person (Open WebUI: X-OpenWebUI-User-Email, with "
-        "ENABLE_FORWARD_USER_INFO_HEADERS=True). Trusted only with this user's keys."
-    )
-
-
-class UserConfig(Strict):
-    """One person or device; unset limits come from ``defaults``."""
-
-    keys: list[ConfiguredKey] = Field(
-        default_factory=list,
-        description="API keys: plain text, sha256:<hex of the key>, or env:VARIABLE (read "
-        "when the file is loaded, from the environment or .env, and held as its sha256).",
-    )
-    clients: list[IPv4Network | IPv6Network] = Field(
-        default_factory=list,
-        description="Addresses or CIDR ranges identified as this user without a key (a TV).",
-    )
-    max_concurrent: int | None = Field(default=None, ge=1)
-    max_queued: int | None = Field(default=None, ge=0)
-    weight: float | None = Field(default=None, gt=0)
-    models: list[str] | None = Field(
-        default=None, description="Models this user may use; unset means every model."
-    )
-    admin: bool = Field(default=False, description="May read /status from other machines.")
-    on_behalf: OnBehalf | None = Field(
-        default=None,
-        description="Each person the header names is a user of their own (front-end/person), "
-        "with this user's limits and models.",
-    )
-    budget: BudgetConfig | None = Field(
-        default=None, description="Overrides of the defaults' budget, field by field."
-    )
-
-
-class QueueConfig(Strict):
-    """The gateway's waiting room: short, so that saying no is fast and honest."""
-
-    max_depth: int = Field(default=16, ge=0, description="Requests waiting, all users together.")
-    max_wait: Duration = Field(default=30.0, gt=0, description="Longest wait before a 503.")
-
-
-class HeavyClass(Strict):
-    """Long-context requests: they may hold only some of a backend's slots at once."""
-
-    min_prompt_tokens: int = Field(
-        default=2048, ge=1, description="An estimated prompt this long (or longer) is heavy."
-    )
-    min_num_ctx: int | None = Field(
-        default=None, ge=1, description="A requested options.num_ctx this large is heavy."
-    )
-    max_slots: SlotShare = Field(
-        default="50%",
-        description="Slots of each backend heavy requests may hold: a count, or a share (50%).",
-    )
-    weight: float = Field(default=1.0, gt=0, description="Share multiplier for heavy requests.")
-    wait_for_light: Duration = Field(
-        default=2.0,
-        ge=0,
-        description="How long a heavy request that could start waits for the light requests "
-        "running on its backend to end: its prefill would stall them all (llama.cpp and Ollama "
-        "batch every slot together). 0: start at once.",
-    )
-
-    def slots_on(self, backend_slots: int) -> int:
-        """How many of ``backend_slots`` heavy requests may hold; at least one."""
-        return slots_on(self.max_slots, backend_slots)
-
-
-class LightClass(Strict):
-    """Everything that is not heavy: chats, short questions."""
-
-    weight: float = Field(default=1.0, gt=0, description="Share multiplier for light requests.")
-
-
-class Classes(Strict):
-    heavy: HeavyClass = HeavyClass()
-    light: LightClass = LightClass()
-
-
-class Costs(Strict):
-    """What a request costs the fair scheduler, in weighted tokens."""
-
-    input: float = Field(default=1.0, ge=0, description="Weight of one prompt token.")
-    output: float = Field(default=2.0, ge=0, description="Weight of one generated token.")
-    image_tokens: int = Field(default=768, ge=0, description="Prompt tokens counted per image.")
-    load: float = Field(
-        default=50.0,
-        ge=0,
-        description="A second of model load (or reload, or swap) counts as this many generated "
-        "tokens, charged to the request that caused it.",
-    )
 
 
 class Policy(Strict):
@@ -452,25 +158,7 @@ class Policy(Strict):
     @field_validator("users")
     @classmethod
     def _each_reachable_by_own_keys(cls, users: dict[str, UserConfig]) -> dict[str, UserConfig]:
-        if UNKNOWN in users:
-            message = "metrics count requests from unknown keys as 'unknown': choose another name"
-            raise problem_at((UNKNOWN,), message)
-        for name, user in users.items():
-            if PERSON_SEPARATOR in name:
-                message = "a user's name cannot contain '/': it joins a front end and a person"
-                raise problem_at((name,), message)
-            if not (user.keys or user.clients or name == ANONYMOUS):
-                message = "no keys and no clients, so no request can ever be this user"
-                raise problem_at((name,), message)
-        first: dict[str, tuple[str, int]] = {}
-        for name, user in users.items():
-            for index, key in enumerate(user.keys):
-                # Compared as digests: a plain key and its sha256: form are the same key.
-                owner, earlier = first.setdefault(_digest_of(key), (name, index))
-                if (owner, earlier) != (name, index):
-                    said = "listed twice" if owner == name else f"{owner} has this key too"
-                    raise problem_at((name, "keys", index), said, first=(owner, "keys", earlier))
-        return users
+        return check_users(users)
 
     @model_validator(mode="after")
     def _keep_warm_names_models(self) -> Policy:
@@ -497,13 +185,7 @@ class Policy(Strict):
     @field_validator("backends")
     @classmethod
     def _unique_names(cls, backends: list[BackendConfig]) -> list[BackendConfig]:
-        first: dict[str, int] = {}
-        for index, backend in enumerate(backends):
-            earlier = first.setdefault(backend.name, index)
-            if earlier != index:
-                message = f"another backend is named {backend.name!r}"
-                raise problem_at((index, "name"), message, first=(earlier, "name"))
-        return backends
+        return check_backends(backends)
 
 
 def load_policy(path: Path) -> Policy:
@@ -521,6 +203,6 @@ def parse_policy(text: str, source: str = "<policy>") -> Policy:
     if not isinstance(data, dict):
         raise PolicyError(f"{source}:1: the file must be a mapping (backends:, users:, ...)")
     try:
-        return Policy.model_validate(data, context={_ENVIRONMENT: environment()})
+        return Policy.model_validate(data, context={KEY_VARIABLES: environment()})
     except ValidationError as exc:
         raise PolicyError(describe(exc, root, source, Policy)) from exc

@@ -12,11 +12,12 @@ from collections.abc import Callable
 
 import structlog
 
+from gateway.backend_policy import BackendConfig
 from gateway.backends.failures import sentence
 from gateway.backends.pool import BackendState, BackendStates, LoadedModel
 from gateway.backends.probes import Observation, ProbeFailed, probe
-from gateway.policy import BackendConfig, Monitoring
 from gateway.tasks import KeyedTasks, repeat
+from gateway.tuning_policy import Monitoring
 from gateway.upstream import Upstream
 
 __all__ = ["BackendMonitor"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gateway.policy import BackendConfig
+from gateway.backend_policy import BackendConfig
 from gateway.policy_base import model_key
 from gateway.vocabulary import Api
 
