@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import re
 import time
@@ -164,7 +165,8 @@ def access_log(listeners: list[Listener], locate: Locate) -> Middleware:
             return response
         finally:
             record.finished = time.monotonic()
-            log.info("request", **record.fields())
+            if log.is_enabled_for(logging.INFO):  # the fields are built only to be written
+                log.info("request", **record.fields())
             for listener in listeners:
                 listener(record)
             structlog.contextvars.unbind_contextvars("request_id")

@@ -201,7 +201,10 @@ class Admission:
                 del self.room.arriving[user]
 
     async def _local_turn(self, ticket: Ticket, within: float) -> Permit | Refusal:
-        room = self.room
+        room, turn = self.room, asyncio.get_running_loop().create_future()
+        started = room.start_at_once(ticket, self.clock(), turn)
+        if started is not None:  # the quick yes: a place was free and nobody waits
+            return Permit(self, started, turn.result())
         reason = room.over_bound(ticket.user, ticket.lane, joining=True)
         if reason is not None and room.cannot_start(ticket):
             if reason is Reason.GATEWAY_BUSY and ticket.lane is Lane.INTERACTIVE:
@@ -209,9 +212,9 @@ class Admission:
             if reason is not None:
                 # The quick no, under overload: no need to join the room only to leave it.
                 return self._refusal(reason, ticket)
-        waiter = room.join(ticket, self.clock(), asyncio.get_running_loop().create_future())
+        waiter = room.join(ticket, self.clock(), turn)
         room.dispatch()
-        if waiter.turn.done():  # the quick yes: a place was free
+        if waiter.turn.done():  # a place was free, and its turn came first
             return Permit(self, waiter, waiter.turn.result())
         reason = room.over_bound(ticket.user, ticket.lane, joining=False)
         if reason is not None:

@@ -77,32 +77,43 @@ class Residency:
 
     def residents(self, backend: Backend, busy: Mapping[str, int]) -> dict[str, Resident]:
         """The models ``backend`` holds now (``busy``: running requests by slot group)."""
-        state, mine = backend.state, self._of(backend)
+        mine = self._of(backend)
         view: dict[str, Resident] = {}
-        for model, at in list(mine.gone.items()):
-            if at <= state.observed_at:
-                del mine.gone[model]  # a probe since knows it is gone (or back)
-        for model, seen in state.loaded.items():
-            if model in mine.gone:
-                continue
+        for model in dict.fromkeys([*backend.state.loaded, *mine.sent]):
+            resident = self.resident(backend, model, busy)
+            if resident is not None:
+                view[model] = resident
+        return view
+
+    def resident(self, backend: Backend, model: str, busy: Mapping[str, int]) -> Resident | None:
+        """``model`` (a model key) as ``backend`` holds it now, or None: one entry of
+        ``residents``, which is what each dispatch asks about."""
+        state, mine = backend.state, self._of(backend)
+        gone_at = mine.gone.get(model)
+        if gone_at is not None and gone_at <= state.observed_at:
+            del mine.gone[model]  # a probe since knows it is gone (or back)
+            gone_at = None
+        seen, found = state.loaded.get(model), None
+        if seen is not None and gone_at is None:
             num_ctx = seen.context_length or backend.default_num_ctx
             if seen.size:
                 mine.sizes[model] = (num_ctx, seen.size)
             size = seen.size or self.estimate(backend, model, num_ctx)
-            view[model] = Resident(model, num_ctx, size, seen.expires_at)
-        for model, sent in list(mine.sent.items()):
-            running = busy.get(backend.group(model), 0) > 0
-            if sent.at <= state.observed_at and not running:
-                del mine.sent[model]  # the probe since knows better
-                seen_ctx = state.loaded[model].context_length if model in state.loaded else None
-                if seen_ctx is not None and seen_ctx < sent.num_ctx:
-                    mine.trained[model] = seen_ctx  # asked for more, got this much
-                continue
-            earlier = view.get(model)
-            expires_at = earlier.expires_at if earlier is not None else None
-            size = self.estimate(backend, model, sent.num_ctx)
-            view[model] = Resident(model, sent.num_ctx, size, expires_at)
-        return view
+            found = Resident(model, num_ctx, size, seen.expires_at)
+        sent = mine.sent.get(model)
+        if sent is None:
+            return found
+        running = busy.get(backend.group(model), 0) > 0
+        if sent.at <= state.observed_at and not running:
+            del mine.sent[model]  # the probe since knows better
+            seen_ctx = seen.context_length if seen is not None else None
+            if seen_ctx is not None and seen_ctx < sent.num_ctx:
+                mine.trained[model] = seen_ctx  # asked for more, got this much
+            return found
+        expires_at = found.expires_at if found is not None else None
+        return Resident(
+            model, sent.num_ctx, self.estimate(backend, model, sent.num_ctx), expires_at
+        )
 
     def estimate(self, backend: Backend, model: str, num_ctx: int) -> int:
         """Bytes ``model`` takes loaded with ``num_ctx``: as /api/ps last said, scaled for
@@ -144,4 +155,7 @@ class Residency:
         )
 
     def _of(self, backend: Backend) -> _Backend:
-        return self._backends.setdefault(backend.key, _Backend())
+        found = self._backends.get(backend.key)
+        if found is None:  # not setdefault: that would build a _Backend on every call
+            found = self._backends[backend.key] = _Backend()
+        return found

@@ -116,7 +116,6 @@ class SwapPlanner:
         if not backend.per_model:
             return True
         model, num_ctx = model_key(model), self.residency.num_ctx(backend, model, asked)
-        held = self.residency.residents(backend, busy)
         plans = self._of(backend)
         if plans.unloading == model:
             return False  # it would reach Ollama before the room is made
@@ -126,10 +125,12 @@ class SwapPlanner:
                 return all(busy.get(backend.group(v), 0) == 0 for v in swap.victims)
             if model in swap.victims:
                 return False  # draining
-        here = held.get(model)
+        here = self.residency.resident(backend, model, busy)
         if here is not None:
             return here.num_ctx == num_ctx
-        return swap is None and self._fits(backend, held, (), model, num_ctx)
+        if swap is not None:
+            return False
+        return self._fits(backend, self.residency.residents(backend, busy), (), model, num_ctx)
 
     def plan(
         self,
@@ -165,7 +166,7 @@ class SwapPlanner:
             return RESIDENT
         model, num_ctx = model_key(model), self.residency.num_ctx(backend, model, asked)
         plans, now = self._of(backend), self._clock()
-        held = self.residency.residents(backend, busy)
+        here = self.residency.resident(backend, model, busy)
         swap = plans.swap
         if swap is not None and (swap.model, swap.num_ctx) == (model, num_ctx):
             plans.swap = None
@@ -178,8 +179,8 @@ class SwapPlanner:
             self.recent.append(DoneSwap(backend.key, model, swap.victims, swap.planned_at, now))
             placement = Placement("reload" if model in swap.victims else "swap", unload)
             plans.unloading = model if unload else None
-        elif model in held:
-            placement = RESIDENT if held[model].num_ctx == num_ctx else Placement("reload")
+        elif here is not None:
+            placement = RESIDENT if here.num_ctx == num_ctx else Placement("reload")
         else:
             placement = Placement("load")
         if placement.kind == "reload":
@@ -319,4 +320,7 @@ class SwapPlanner:
         return self._of(backend).load_seconds.get(model, _DEFAULT_LOAD_SECONDS)
 
     def _of(self, backend: Backend) -> _Plans:
-        return self._plans.setdefault(backend.key, _Plans())
+        found = self._plans.get(backend.key)
+        if found is None:  # not setdefault: that would build a _Plans on every call
+            found = self._plans[backend.key] = _Plans()
+        return found

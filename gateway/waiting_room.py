@@ -111,6 +111,36 @@ class WaitingRoom:
         self.policy, self.pool = policy, pool
 
     def join(self, ticket: Ticket, now: float, turn: asyncio.Future[Backend]) -> Waiter:
+        waiter = self._arrival(ticket, now, turn)
+        self.queues(ticket.lane).setdefault(ticket.user, deque()).append(waiter)
+        self.depth += 1
+        self._on_change()
+        return waiter
+
+    def start_at_once(
+        self, ticket: Ticket, now: float, turn: asyncio.Future[Backend]
+    ) -> Waiter | None:
+        """The quick yes: with nobody waiting, a request that can start takes its slot now,
+        its ``turn`` resolved; None if it would have to wait. What ``join`` and ``dispatch``
+        would do, the request being the only one to choose from, without queueing it only
+        to take it out again: this is the path of every request on a gateway with room."""
+        if self.waiting or self.background or not self._has_free_slot():
+            return None
+        if self.runs(ticket.lane)[ticket.user] >= self.caps(ticket.user, ticket.lane)[0]:
+            return None
+        # As dispatch does first, the waiting requests being this one alone.
+        self.swaps.keep_only({(b.key, model_key(ticket.model)) for b in self._serving(ticket)})
+        free = self._free_to_start(ticket)
+        if not free:
+            return None
+        waiter = self._arrival(ticket, now, turn)
+        self.runs(ticket.lane)[ticket.user] += 1
+        self._start(waiter, self.prefer(free, ticket))
+        self._on_change()
+        self._wake_for_held()
+        return waiter
+
+    def _arrival(self, ticket: Ticket, now: float, turn: asyncio.Future[Backend]) -> Waiter:
         user = ticket.user
         if user not in self.waiting and user not in self.background:
             # VTC's rule: a user whose queue was empty is lifted to the least-served user
@@ -118,11 +148,7 @@ class WaitingRoom:
             self.ordering.on_arrival(user, self.waiting.keys() | self.background.keys())
         weight = self.policy.limits_of(user).weight * ticket.class_weight
         candidate = Candidate(next(self._seq), user, weight, ticket.input_tokens)
-        waiter = Waiter(ticket, candidate, now, turn)
-        self.queues(ticket.lane).setdefault(user, deque()).append(waiter)
-        self.depth += 1
-        self._on_change()
-        return waiter
+        return Waiter(ticket, candidate, now, turn)
 
     def leave(self, waiter: Waiter) -> None:
         user, queues = waiter.ticket.user, self.queues(waiter.ticket.lane)
@@ -199,7 +225,7 @@ class WaitingRoom:
     def dispatch(self) -> None:
         """Give every free slot that a waiting request can use to the one the ordering picks."""
         self.swaps.keep_only(self._waits())
-        if not any(self.busy_on(b) < b.capacity for b in self.pool.backends):
+        if not self._has_free_slot():
             return  # every slot is taken: nobody waiting can start (the common overload case)
         while self.waiting or self.background:
             choice = self._next_turn()
@@ -208,10 +234,17 @@ class WaitingRoom:
             waiter, backend = choice
             self.runs(waiter.ticket.lane)[waiter.ticket.user] += 1  # the user stays active
             self.leave(waiter)
-            waiter.placement = self.take(waiter.ticket, backend)
-            self.ordering.on_dispatch(waiter.candidate)
-            waiter.turn.set_result(backend)
+            self._start(waiter, backend)
         self._wake_for_held()
+
+    def _has_free_slot(self) -> bool:
+        return any(self.busy_on(b) < b.capacity for b in self.pool.backends)
+
+    def _start(self, waiter: Waiter, backend: Backend) -> None:
+        """``waiter``'s turn: its slot on ``backend`` taken and charged, its turn resolved."""
+        waiter.placement = self.take(waiter.ticket, backend)
+        self.ordering.on_dispatch(waiter.candidate)
+        waiter.turn.set_result(backend)
 
     def _wake_for_held(self) -> None:
         wait = self.policy.classes.heavy.wait_for_light
@@ -322,10 +355,7 @@ class WaitingRoom:
             for waiter in queue:
                 if waiter.turn.done():  # cancelled; its task is about to remove it
                     continue
-                free = self.free_backends(waiter.ticket)
-                if waiter.ticket.heavy:
-                    model = waiter.ticket.model
-                    free = [backend for backend in free if self._heavy_may_start(backend, model)]
+                free = self._free_to_start(waiter.ticket)
                 if free:
                     offers[waiter.candidate.seq] = (waiter, self.prefer(free, waiter.ticket))
                     break
@@ -348,14 +378,25 @@ class WaitingRoom:
             return self._offer(lane)
         return offers[chosen.seq]
 
+    def _free_to_start(self, ticket: Ticket) -> list[Backend]:
+        """The backends ``ticket``'s request may start on now: a free slot, and for a heavy
+        request an open prefill gate."""
+        free = self.free_backends(ticket)
+        if ticket.heavy:
+            free = [backend for backend in free if self._heavy_may_start(backend, ticket.model)]
+        return free
+
+    def _serving(self, ticket: Ticket) -> list[Backend]:
+        return self.pool.serving(ticket.api, ticket.model)
+
     def _swap_for(self, ticket: Ticket) -> Backend | None:
         """A backend where a swap would make room for ``ticket``'s model, if one would."""
-        backends = self.pool.serving(ticket.api, ticket.model)
+        backends = self._serving(ticket)
         return self.swaps.room_for(backends, ticket.model, ticket.num_ctx, self.busy, self._waits())
 
     def swap_wait(self, ticket: Ticket, hold: float) -> SwapWait | None:
         """Why ``ticket``'s model keeps it waiting, if memory does (for its refusal)."""
-        backends = self.pool.serving(ticket.api, ticket.model)
+        backends = self._serving(ticket)
         return self.swaps.wait_for(backends, ticket.model, ticket.num_ctx, self.busy, hold)
 
     def _waits(self) -> Counter[tuple[str, str]]:
@@ -366,7 +407,7 @@ class WaitingRoom:
             for queue in queues
             for w in queue
             if not w.turn.done()
-            for backend in self.pool.serving(w.ticket.api, w.ticket.model)
+            for backend in self._serving(w.ticket)
         )
 
     def _wanted_by_people(self) -> frozenset[str]:
@@ -378,7 +419,7 @@ class WaitingRoom:
             if self.running[user] < self.caps(user, Lane.INTERACTIVE)[0]
             for waiter in queue
             if not waiter.turn.done()
-            for backend in self.pool.serving(waiter.ticket.api, waiter.ticket.model)
+            for backend in self._serving(waiter.ticket)
         )
 
     def _heavy_may_start(self, backend: Backend, model: str) -> bool:

@@ -106,3 +106,65 @@ async def test_a_hold_is_forgotten_when_the_held_request_leaves() -> None:
     second = room.join("ann", heavy=True)
     assert not second.turn.done()
     assert room.wakes[-1] == 2.0
+
+
+def _arrive_at_once_or_join(room: Room, user: str, heavy: bool) -> Waiter:
+    request_class = RequestClass.HEAVY if heavy else RequestClass.LIGHT
+    ticket = Ticket(user, "m", Api.OLLAMA, 3000 if heavy else 40, request_class)
+    turn = asyncio.get_running_loop().create_future()
+    started = room.room.start_at_once(ticket, room.now, turn)
+    if started is not None:
+        return started
+    waiter = room.room.join(ticket, room.now, turn)
+    room.room.dispatch()
+    return waiter
+
+
+def _state(room: Room) -> tuple[object, ...]:
+    inner = room.room
+    return (
+        inner.ordering.counters(),
+        dict(inner.busy),
+        dict(inner.heavy),
+        dict(inner.running),
+        inner.depth,
+        sorted((t.user, name, since) for t, name, since in inner.holders.values()),
+        list(room.wakes),
+    )
+
+
+async def test_starting_at_once_leaves_the_room_as_joining_and_dispatching_does() -> None:
+    """The quick yes is a shortcut, not a policy: charges, lifts, slots and holds agree step
+    by step with the queue's path over a run of arrivals and ends."""
+    queued, quick = Room(), Room()
+    steps = [("ann", False), ("bob", True), ("end", 0), ("cy", False), ("ann", True)]
+    steps += [("end", 1), ("end", 0), ("bob", False), ("cy", True), ("end", 0), ("end", 0)]
+    running: dict[int, list[Waiter]] = {id(queued): [], id(quick): []}
+    for who, what in steps:
+        for room in (queued, quick):
+            room.now += 0.25
+            mine = running[id(room)]
+            if who == "end":
+                started = [waiter for waiter in mine if waiter.turn.done()]
+                room.end(started[int(what)])
+                mine.remove(started[int(what)])
+            elif room is queued:
+                mine.append(room.join(who, heavy=bool(what)))
+            else:
+                mine.append(_arrive_at_once_or_join(room, who, heavy=bool(what)))
+        assert _state(quick) == _state(queued)
+        started_queued = [w.turn.done() for w in running[id(queued)]]
+        assert [w.turn.done() for w in running[id(quick)]] == started_queued
+
+
+async def test_nobody_starts_at_once_past_a_request_that_waits() -> None:
+    """With a request waiting, an arrival goes through the queue even if a slot is free:
+    the ordering, not arrival, picks who takes it."""
+    room = Room()
+    room.join("bob", heavy=False)
+    held = room.join("ann", heavy=True)  # held for the light request beside it
+    assert not held.turn.done()
+    ticket = Ticket("cy", "m", Api.OLLAMA, 40)
+    turn = asyncio.get_running_loop().create_future()
+    assert room.room.start_at_once(ticket, room.now, turn) is None
+    assert not turn.done() and room.room.depth == 1

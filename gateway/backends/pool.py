@@ -83,12 +83,12 @@ class Backend:
     memory: int | None = None
     protected: frozenset[str] = frozenset()  # model keys never unloaded for another
     default_num_ctx: int = 4096
+    # The server (its URL), not the name: a reload renaming a backend cannot forget what
+    # runs on it. Computed once: every dispatch reads it several times.
+    key: str = field(init=False, compare=False, repr=False)
 
-    @property
-    def key(self) -> str:
-        """The server (its URL), not the name: a reload renaming a backend cannot forget
-        what runs on it."""
-        return self.url.rstrip("/")
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", self.url.rstrip("/"))
 
     @property
     def per_model(self) -> bool:
