@@ -4,11 +4,15 @@ A fast Ollama stand-in (``benchmarks.wire_stub``) and a fast client (``benchmark
 run on core 1; the gateway runs on core 0 (taskset), and so do a bare aiohttp relay with no
 logic (``benchmarks.bare_relay``: aiohttp's server and client, what the gateway was built on)
 and nginx (one worker, ``proxy_buffering off``, upstream keep-alive) when it is installed.
-Three loads, each against every target in turn, in the same run:
+Four loads, each against every target in turn, in the same run:
 
 - one stream at a time: what the path adds to a request when nothing else is happening.
 - zero-delay: the backend streams its tokens as fast as it can, ``--concurrency`` clients in
-  a closed loop. This finds the most requests per second the path can relay.
+  a closed loop. This finds the most requests per second the path can relay; its latencies
+  rise with that throughput (the stub shares core 1 with the client).
+- rate: the same ``--concurrency`` clients, zero-delay backend, ``--rate`` requests a second
+  in all on a schedule: one load for every path, below what any saturates at, so that their
+  latencies under concurrency compare.
 - paced: ``--paced`` streams each get a token per decode step (``--interval``, as a GPU's
   batched decode does), so nothing is saturated and the added TTFT and ITL are the path's own.
   The streams start evenly over one stream's length (``--together``: all at once, so that
@@ -85,13 +89,15 @@ async def client_figures(
     keys: list[str] | None = None,
     pause: float = 0.0,
     spread: float = 0.0,
+    rate: float = 0.0,
 ) -> dict[str, Any]:
     """Run ``benchmarks.wire_client`` on core 1 against ``url``; its figures. ``spread``:
-    the connections start evenly over that many seconds, all before the counting does."""
+    the connections start evenly over that many seconds, all before the counting does;
+    ``rate``: requests a second on a schedule (0: a closed loop)."""
     command = [sys.executable, "-m", "benchmarks.wire_client", "--url", url]
     command += ["--concurrency", str(concurrency), "--seconds", str(seconds)]
     command += ["--warmup", str(WARMUP + spread), "--spread", str(spread)]
-    command += ["--keys", ",".join(keys or []), "--pause", str(pause)]
+    command += ["--keys", ",".join(keys or []), "--pause", str(pause), "--rate", str(rate)]
     process = await asyncio.create_subprocess_exec(*_pinned(1, command), stdout=subprocess.PIPE)
     output, _ = await process.communicate()
     if process.returncode:
@@ -101,7 +107,12 @@ async def client_figures(
 
 
 async def _load(
-    workdir: Path, args: argparse.Namespace, interval: float, concurrency: int, spread: float = 0.0
+    workdir: Path,
+    args: argparse.Namespace,
+    interval: float,
+    concurrency: int,
+    spread: float = 0.0,
+    rate: float = 0.0,
 ) -> list[dict[str, dict[str, Any]]]:
     """Start the stub, the gateway, the bare relay and nginx; measure each, ``--rounds``
     times; stop them."""
@@ -111,7 +122,10 @@ async def _load(
     try:
         stub = ["benchmarks.wire_stub", "--port", str(stub_port), "--tokens", str(args.tokens)]
         stub += ["--interval", str(interval)]
-        processes.append(await spawn_pinned(1, sys.executable, "-m", *stub))
+        # A backend never waits for its clients' CPU; here the two share core 1, and a
+        # negative nice lets the stub go first, as a server with cores of its own would.
+        niced = ["nice", "-n", str(args.backend_nice)] if args.backend_nice else []
+        processes.append(await spawn_pinned(1, *niced, sys.executable, "-m", *stub))
         stub_url = f"http://127.0.0.1:{stub_port}"
         policy = workdir / "fairgate.yaml"
         policy.write_text(
@@ -152,7 +166,9 @@ async def _load(
             for name, url in targets.items():
                 pid = pids.get(name)
                 cpu_before = _cpu_seconds(pid) if pid else 0.0
-                figures[name] = await client_figures(url, concurrency, args.seconds, spread=spread)
+                figures[name] = await client_figures(
+                    url, concurrency, args.seconds, spread=spread, rate=rate
+                )
                 figures[name]["cpu"] = _cpu_seconds(pid) - cpu_before if pid else None
                 figures[name]["counted"] = WARMUP + spread + args.seconds
             rounds.append(figures)
@@ -214,6 +230,7 @@ async def main(args: argparse.Namespace) -> None:
     print(
         f"overhead: streaming chats of {args.tokens} tokens, {args.seconds:g} s per target; "
         f"{os.cpu_count()} cores; gateway and nginx on core 0, backend stub and client on core 1"
+        + (f" (the stub at nice {args.backend_nice})" if args.backend_nice else "")
     )
     loads = set(args.loads.split(","))
     if "one" in loads:
@@ -223,6 +240,17 @@ async def main(args: argparse.Namespace) -> None:
         zero = await _load(workdir, args, 0.0, args.concurrency)
         title = f"{args.concurrency} streams, zero-delay backend (as many as the path can relay):"
         _report(title, zero)
+    if "rate" in loads:
+        # A closed loop finds each path's most requests a second, but its latencies then
+        # depend on the throughput: the stub and the client share core 1, so a path that
+        # relays more requests also waits longer for the stub. At one fixed load, below what
+        # any of them saturates at, the latencies are the paths' own.
+        steady = await _load(workdir, args, 0.0, args.concurrency, rate=args.rate)
+        title = (
+            f"{args.concurrency} streams, zero-delay backend, {args.rate:g} requests/s on a "
+            "schedule (the same load on every path):"
+        )
+        _report(title, steady)
     if "paced" in loads:
         # Started evenly over one stream's length, as people arrive: all at once, the 100
         # come back together every 64 ticks, a burst that is no path's own latency.
@@ -244,7 +272,16 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--interval", type=float, default=0.02)
-    parser.add_argument("--loads", default="one,zero,paced", help="which loads to run")
+    parser.add_argument(
+        "--rate", type=float, default=1000.0, help="the 'rate' load: requests a second in all"
+    )
+    parser.add_argument("--loads", default="one,zero,rate,paced", help="which loads to run")
+    parser.add_argument(
+        "--backend-nice",
+        type=int,
+        default=0,
+        help="the stub's nice value (negative, as root: it goes ahead of the client on core 1)",
+    )
     parser.add_argument(
         "--together", action="store_true", help="start the paced streams all at once"
     )

@@ -1,13 +1,15 @@
-"""A fast closed-loop HTTP/1.1 client for benchmarks: asyncio protocols, no HTTP library.
+"""A fast HTTP/1.1 client for benchmarks: asyncio protocols, no HTTP library.
 
 K keep-alive connections each send a streamed /api/chat, read the reply to its end, and send
-the next, for a fixed time. Per request it records the time to the first NDJSON line (TTFT),
-the gaps between reads that carried lines (ITL), the lines and the status. An aiohttp
-client costs about as much per chunk as the gateway, so it would measure itself; this one
-costs a few microseconds per read. Prints one JSON document.
+the next, for a fixed time: at once (a closed loop, as fast as the path goes), or with
+``--rate`` on a schedule (the same load on every path, so their latencies compare). Per
+request it records the time to the first NDJSON line (TTFT), the gaps between reads that
+carried lines (ITL), the lines and the status. An aiohttp client costs about as much per
+chunk as the gateway, so it would measure itself; this one costs a few microseconds per
+read. Prints one JSON document.
 
     python -m benchmarks.wire_client --url http://127.0.0.1:8080 [--concurrency 100]
-        [--seconds 5] [--warmup 1] [--keys KEY,KEY] [--pause 0] [--spread 0]
+        [--seconds 5] [--warmup 1] [--keys KEY,KEY] [--pause 0] [--spread 0] [--rate 0]
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ class Tally:
     start: float
     stop: float
     pause: float = 0.0  # seconds a refused client waits before asking again
+    # With a rate: seconds between one connection's requests (sent on that schedule, not
+    # when the last reply ends, unless it ends late), so every path gets the same load.
+    interval: float = 0.0
     ttfts: list[float] = field(default_factory=list)
     gaps: list[float] = field(default_factory=list)
     latencies: dict[int, list[float]] = field(default_factory=dict)  # by status
@@ -105,8 +110,11 @@ class _Connection(asyncio.Protocol):
                 tally.ttfts.append(self.first - self.sent)
                 tally.gaps += self.gaps
                 tally.lines += self.lines
+        loop = asyncio.get_running_loop()
         if self.status != 200 and tally.pause:
-            asyncio.get_running_loop().call_later(tally.pause, self._send)
+            loop.call_later(tally.pause, self._send)
+        elif tally.interval and self.sent + tally.interval > now:
+            loop.call_later(self.sent + tally.interval - now, self._send)
         else:
             self._send()
 
@@ -129,9 +137,14 @@ async def run(
     keys: list[str],
     pause: float = 0.0,
     spread: float = 0.0,
+    rate: float = 0.0,
 ) -> Tally:
+    """``rate``: requests a second from all connections together, each connection on its
+    own schedule (0: each sends its next request when its last reply ends)."""
     started = time.perf_counter()
-    tally = Tally(start=started + warmup, stop=started + warmup + seconds, pause=pause)
+    interval = concurrency / rate if rate else 0.0
+    tally = Tally(started + warmup, started + warmup + seconds, pause, interval=interval)
+    spread = spread or interval  # on a schedule, the connections take turns evenly
     requests = [_request(url, key) for key in keys or [""]]
     await asyncio.wait_for(
         asyncio.gather(
@@ -196,9 +209,24 @@ if __name__ == "__main__":
         default=0.0,
         help="start the connections evenly over this many seconds (0: all at once)",
     )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="requests a second in all, each connection on a schedule (0: closed loop)",
+    )
     args = parser.parse_args()
     keys = [key for key in args.keys.split(",") if key]
     figures = asyncio.run(
-        run(args.url, args.concurrency, args.seconds, args.warmup, keys, args.pause, args.spread)
+        run(
+            args.url,
+            args.concurrency,
+            args.seconds,
+            args.warmup,
+            keys,
+            args.pause,
+            args.spread,
+            args.rate,
+        )
     )
     json.dump(summary(figures), sys.stdout)
