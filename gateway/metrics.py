@@ -3,9 +3,9 @@
 Histograms and counters are observed once per request, from its record, when it ends.
 Gauges (queue depth, running, slots, health, fair-share counters) are read from
 snapshots when Prometheus scrapes, so the request path pays nothing for them.
-Label values are bounded: a user is a configured name, ``anonymous``, or ``unknown`` for a
-request no user was found for (an unknown key, none where one is needed); a model is one a
-backend lists (or one kept warm), else ``other``.
+Label values are bounded by the policy, whatever clients send (``metric_labels.py``): a
+user is a configured name (a front end's people count under it), ``anonymous`` or
+``unknown``; a model is one a backend lists or keeps warm, else ``other``.
 """
 
 from __future__ import annotations
@@ -28,11 +28,10 @@ from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 from gateway.access import RequestRecord
-from gateway.backends import model_key
+from gateway.metric_labels import MetricLabels, add_merged
 from gateway.model_metrics import model_families
 from gateway.reload import LivePolicy
 from gateway.snapshot import GatewaySnapshot
-from gateway.user_policy import ANONYMOUS, UNKNOWN
 from gateway.vocabulary import REFUSALS, Lane, Reason, RequestClass
 
 __all__ = ["Metrics"]
@@ -98,8 +97,8 @@ class Metrics:
             "Replies ended because the client left them unread for timeouts.client_stall.",
             ["user"], registry=r,
         )  # fmt: skip
-        r.register(_SnapshotCollector(snapshot))
-        self._policy = policy
+        self._labels = labels = MetricLabels(policy)
+        r.register(_SnapshotCollector(snapshot, labels))
         self._children: dict[tuple[MetricWrapperBase, tuple[str, ...]], Any] = {}
 
     def add_routes(self, app: web.Application) -> None:
@@ -111,12 +110,13 @@ class Metrics:
 
     def observe(self, record: RequestRecord) -> None:
         """Account for one finished request."""
-        user, request_class = self._user(record.user), record.request_class or RequestClass.LIGHT
+        user = self._labels.user(record.user)
+        request_class = record.request_class or RequestClass.LIGHT
         if record.reason in REFUSALS:
             self._child(self.rejections, user, record.reason).inc()
         if not record.path.startswith(_GENERATION) or record.model is None:
             return
-        model = self._model(record.model)
+        model = self._labels.model(record.model)
         self._child(self.requests, user, model, request_class, str(record.status)).inc()
         if record.reason is Reason.BACKEND_FAILED_MID_STREAM and record.backend is not None:
             self._child(self.stream_failures, record.backend).inc()
@@ -146,24 +146,6 @@ class Metrics:
         if child is None:
             child = self._children[key] = metric.labels(*labels)
         return child
-
-    def _user(self, user: str | None) -> str:
-        # Not anonymous: that is a user of its own, and 401s from a stranger's key counted
-        # under it would read as the household's keyless devices failing.
-        if user is None:
-            return UNKNOWN
-        if user == ANONYMOUS:
-            return ANONYMOUS
-        policy = self._policy.current.policy
-        # A person a front end names counts under the front end: labels stay bounded.
-        account = policy.account_of(user)
-        return account if account in policy.users else UNKNOWN
-
-    def _model(self, model: str) -> str:
-        key, view = model_key(model), self._policy.current
-        listed = any(key in (b.state.models or ()) for b in view.pool.backends)
-        kept_warm = any(key in map(model_key, b.keep_warm) for b in view.policy.backends)
-        return model if listed or kept_warm else "other"
 
 
 class _GapHistogram(Collector):
@@ -198,38 +180,47 @@ class _GapHistogram(Collector):
 
 
 class _SnapshotCollector(Collector):
-    """Gauges and counters rendered from the gateway's snapshot at scrape time."""
+    """Gauges and counters rendered from the gateway's snapshot at scrape time; users and
+    models by their label values, as the per-request counters have them."""
 
-    def __init__(self, snapshot: Callable[[], GatewaySnapshot]) -> None:
+    def __init__(self, snapshot: Callable[[], GatewaySnapshot], labels: MetricLabels) -> None:
         self._snapshot = snapshot
+        self._labels = labels
 
     def collect(self) -> Iterator[Metric]:
-        snapshot = self._snapshot()
-        yield from _room(snapshot)
+        snapshot, labels = self._snapshot(), self._labels
+        yield from _room(snapshot, labels)
         yield from _backends(snapshot)
         yield from _holds_and_reloads(snapshot)
-        yield from _warmth(snapshot)
-        yield from model_families(snapshot)
+        yield from _warmth(snapshot, labels)
+        yield from model_families(snapshot, labels)
 
 
-def _room(snapshot: GatewaySnapshot) -> Iterator[Metric]:
+def _room(snapshot: GatewaySnapshot, labels: MetricLabels) -> Iterator[Metric]:
     room = snapshot.room
     depth = GaugeMetricFamily(
         "fairgate_queue_depth", "Requests waiting for a turn.", labels=["user", "class"]
     )
-    for (user, request_class), count in room.queued_by_class.items():
-        depth.add_metric([user, request_class], count)
+    queued = (
+        ((labels.user(user), request_class), count)
+        for (user, request_class), count in room.queued_by_class.items()
+    )
+    add_merged(depth, queued)
     oldest = GaugeMetricFamily(
         "fairgate_queue_oldest_wait_seconds", "Age of the oldest waiting request."
     )
     oldest.add_metric([], room.oldest_wait)
     share = GaugeMetricFamily(
         "fairgate_fair_share_virtual_tokens",
-        "The fair scheduler's counter per user: weighted tokens served (lower goes next).",
+        "The fair scheduler's counter per user: weighted tokens served (lower goes next); "
+        "for a front end's people, the highest of theirs.",
         labels=["user"],
     )
-    for user, value in room.fair_counters.items():
-        share.add_metric([user], value)
+    # The highest, not the sum: each person joins at the level of those waiting, so a sum
+    # would jump with every newcomer; the highest moves as the front end's busiest person
+    # is served, as a user's own counter does.
+    counters = (((labels.user(user),), value) for user, value in room.fair_counters.items())
+    add_merged(share, counters, max)
     lanes = GaugeMetricFamily(
         "fairgate_lane_requests",
         "Requests running and waiting in each lane (interactive, background).",
@@ -278,17 +269,23 @@ def _holds_and_reloads(snapshot: GatewaySnapshot) -> Iterator[Metric]:
     yield from (shared, failures, counted)
 
 
-def _warmth(snapshot: GatewaySnapshot) -> Iterator[Metric]:
+def _warmth(snapshot: GatewaySnapshot, labels: MetricLabels) -> Iterator[Metric]:
     pings = CounterMetricFamily(
         "fairgate_keep_warm_pings", "Keep-warm pings sent.", labels=["backend", "model", "outcome"]
     )
-    for (backend, model, outcome), count in snapshot.warmth.pings.items():
-        pings.add_metric([backend, model, outcome], count)
+    pinged = (
+        ((backend, labels.model(model), outcome), count)
+        for (backend, model, outcome), count in snapshot.warmth.pings.items()
+    )
+    add_merged(pings, pinged)
     cold = CounterMetricFamily(
         "fairgate_cold_starts",
         "Replies that paid for loading the model.",
         labels=["backend", "model"],
     )
-    for (backend, model), count in snapshot.warmth.cold_starts.items():
-        cold.add_metric([backend, model], count)
+    loads = (
+        ((backend, labels.model(model)), count)
+        for (backend, model), count in snapshot.warmth.cold_starts.items()
+    )
+    add_merged(cold, loads)
     yield from (pings, cold)

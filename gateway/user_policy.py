@@ -2,7 +2,7 @@
 the people a front end names) and what each may hold (limits).
 
 Apart from ``policy.py`` so that what only needs a user's names or a key's digest
-(``identity.py``, ``metrics.py``, ``fairgate keys``) does not import the whole policy. The
+(``identity.py``, ``metric_labels.py``, ``fairgate keys``) does not import the whole policy. The
 lookups that merge a user's settings with the defaults stay on ``Policy``, which holds both.
 """
 
