@@ -20,7 +20,8 @@ from gateway.swaps import SwapsSnapshot
 from gateway.vocabulary import Lane, RequestClass
 
 if TYPE_CHECKING:
-    from gateway.waiting_room import Ticket, Waiter, WaitingRoom
+    from gateway.tickets import Ticket, Waiter
+    from gateway.waiting_room import WaitingRoom
 
 __all__ = ["RoomSnapshot", "RunningRequest", "WaitingRequest", "in_order", "room_snapshot"]
 
@@ -75,21 +76,22 @@ def room_snapshot(room: WaitingRoom, now: float) -> RoomSnapshot:
         oldest = min(oldest, queue[0].arrived)
         for waiter in queue:
             by_class[waiter.ticket.user, waiter.ticket.request_class] += 1
+    slots = room.slots
     return RoomSnapshot(
-        backends={b.name: (room.busy_on(b), b.slots) for b in room.pool.backends},
+        backends={b.name: (slots.busy_on(b), b.slots) for b in room.pool.backends},
         model_busy={
             (b.name, model): count
             for b in room.pool.backends
             if b.per_model
-            for model, count in room.by_model(b).items()
+            for model, count in slots.by_model(b).items()
         },
         users=_counts(room.running, room.waiting),
         background_users=_counts(room.background_running, room.background),
         queue_depth=room.depth,
         oldest_wait=now - oldest,
-        heavy_running={b.name: room.busy_on(b, room.heavy) for b in room.pool.backends},
+        heavy_running={b.name: slots.busy_on(b, slots.heavy) for b in room.pool.backends},
         residents={
-            b.name: room.swaps.residency.snapshot(b, room.busy)
+            b.name: room.swaps.residency.snapshot(b, slots.busy)
             for b in room.pool.backends
             if b.per_model
         },
@@ -124,7 +126,7 @@ def _running(room: WaitingRoom, now: float) -> tuple[RunningRequest, ...]:
         RunningRequest(
             ticket.user, ticket.model, name, ticket.request_class, now - started, ticket.lane
         )
-        for ticket, name, started in sorted(room.holders.values(), key=_started)
+        for ticket, name, started in sorted(room.slots.holders.values(), key=_started)
     )
 
 

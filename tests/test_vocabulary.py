@@ -37,6 +37,12 @@ users:
 CORE = (
     "gateway.admission",
     "gateway.waiting_room",
+    "gateway.tickets",
+    "gateway.user_queues",
+    "gateway.slot_ledger",
+    "gateway.turns",
+    "gateway.prefill_gate",
+    "gateway.room_snapshot",
     "gateway.refusals",
     "gateway.scheduler",
     "gateway.classify",

@@ -1,0 +1,91 @@
+"""The slot ledger: the requests running on each slot group, and who holds each slot.
+
+A slot group (``Backend.group``) is what one set of slots belongs to: the server's URL, and on
+Ollama the model too, as each model's runner has its own slots. Counting by group rather
+than by backend name means a reload that renames a backend keeps what runs there.
+
+This is the one ledger of this replica's busy slots (the cross-replica hold store only
+confirms them). Synchronous and without I/O, like the room that holds it: a take or a give
+back runs to completion on the event loop, so the counts are never seen half-updated.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+
+from gateway.backends.pool import Backend
+from gateway.tickets import Ticket
+from gateway.vocabulary import Lane
+
+__all__ = ["SlotLedger", "decrement"]
+
+
+class SlotLedger:
+    """Running requests by slot group (every one, heavy ones, background ones) and holders."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.busy: Counter[str] = Counter()
+        self.heavy: Counter[str] = Counter()
+        self.background: Counter[str] = Counter()
+        # Who holds each busy slot, and since when, for the house page: by the ticket's
+        # identity, since two requests can be alike field for field. The ticket is kept so
+        # that its id stays unique while it is here.
+        self.holders: dict[int, tuple[Ticket, str, float]] = {}
+        self._clock = clock
+
+    def busy_on(self, backend: Backend, counter: Counter[str] | None = None) -> int:
+        """Requests running on ``backend`` (of ``counter``: busy, heavy), every model."""
+        counter = self.busy if counter is None else counter
+        if not backend.per_model:
+            return counter[backend.key]
+        return sum(self.by_model(backend, counter).values())
+
+    def by_model(self, backend: Backend, counter: Counter[str] | None = None) -> dict[str, int]:
+        """Requests running on an Ollama ``backend`` by model key (of ``counter``)."""
+        counter = self.busy if counter is None else counter
+        prefix = backend.key + " "
+        return {g[len(prefix) :]: n for g, n in counter.items() if g.startswith(prefix)}
+
+    def has_free_slot(self, backends: Iterable[Backend]) -> bool:
+        """Whether any of ``backends`` runs fewer requests than it has room for."""
+        return any(self.busy_on(b) < b.capacity for b in backends)
+
+    def take(self, ticket: Ticket, backend: Backend) -> None:
+        """Count ``ticket``'s request as running on ``backend``."""
+        group = backend.group(ticket.model)
+        self.busy[group] += 1
+        if ticket.heavy:
+            self.heavy[group] += 1
+        if ticket.lane is Lane.BACKGROUND:
+            self.background[group] += 1
+        self._hold(ticket, backend)
+
+    def give_back(self, ticket: Ticket, backend: Backend) -> None:
+        """``ticket``'s request no longer runs on ``backend`` (it ended, or moved)."""
+        group = backend.group(ticket.model)
+        decrement(self.busy, group)
+        if ticket.heavy:
+            decrement(self.heavy, group)
+        if ticket.lane is Lane.BACKGROUND:
+            decrement(self.background, group)
+        held = self.holders.get(id(ticket))
+        # After a failover the ticket holds the new backend already: that hold stays.
+        if held is not None and held[1] == backend.name:
+            del self.holders[id(ticket)]
+
+    def _hold(self, ticket: Ticket, backend: Backend) -> None:
+        # A request moved to another backend (failover) keeps the time it started.
+        held = self.holders.get(id(ticket))
+        started = self._clock() if held is None else held[2]
+        self.holders[id(ticket)] = (ticket, backend.name, started)
+
+
+def decrement(counter: Counter[str], key: str) -> None:
+    """Count one less of ``key``, dropping it at zero."""
+    # Keys at zero are dropped so that state stays proportional to what is active.
+    if counter[key] <= 1:
+        counter.pop(key, None)
+    else:
+        counter[key] -= 1

@@ -1,0 +1,146 @@
+"""Whose turn it is, and where: the backends a request may start on now, and the request of
+a lane the ordering picks among those that could go.
+
+A request may start on a backend that serves it where its slot group has a free slot; a
+heavy request also needs a free heavy slot and an open prefill gate (``prefill_gate.py``),
+a background request a free background slot and no person waiting for that backend; on
+Ollama, memory must hold its model (``swaps.py``). Each user offers its first request
+that could go (a person's request also when a swap would make room for it), and the
+ordering (FIFO or fair) chooses among the offers.
+
+Questions put to a ``WaitingRoom``, as ``room_snapshot.py`` puts its own: they change no
+count of the room (only the prefill gate notes since when a heavy request is held). The
+room acts on the answers: it plans the swap, or starts the chosen request.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gateway.backends.pool import Backend, model_key
+from gateway.tickets import Ticket, Waiter
+from gateway.vocabulary import Lane
+
+if TYPE_CHECKING:
+    from gateway.waiting_room import WaitingRoom
+
+__all__ = ["Offer", "free_backends", "free_to_start", "next_offer", "waits"]
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """A waiting request that could go on ``backend``; ``swap``: once a swap made room."""
+
+    waiter: Waiter
+    backend: Backend
+    swap: bool = False
+
+
+def next_offer(room: WaitingRoom, lane: Lane) -> Offer | None:
+    """The request of ``lane`` the ordering picks among each user's first that could go."""
+    offers = _offers(room, lane)
+    if not offers:
+        return None
+    chosen = room.ordering.choose([offer.waiter.candidate for offer in offers.values()])
+    return offers[chosen.seq]
+
+
+def _offers(room: WaitingRoom, lane: Lane) -> dict[int, Offer]:
+    """Each user's offer in ``lane`` (users at their cap make none), by candidate seq."""
+    offers: dict[int, Offer] = {}
+    for user, queue in room.lines.queues(lane).items():
+        if room.lines.at_cap(user, lane):
+            continue
+        offer = _first_offer(room, queue, lane)
+        if offer is not None:
+            offers[offer.waiter.candidate.seq] = offer
+    return offers
+
+
+def _first_offer(room: WaitingRoom, queue: Iterable[Waiter], lane: Lane) -> Offer | None:
+    # A user's first request that could go offers itself, so that one stuck request (a
+    # model that does not fit, a heavy lane that is full) does not hold back the rest.
+    for waiter in queue:
+        if waiter.turn.done():  # cancelled; its task is about to remove it
+            continue
+        free = free_to_start(room, waiter.ticket)
+        if free:
+            return Offer(waiter, room.prefer(free, waiter.ticket))
+        # Only a person's request may have a model unloaded for it.
+        swap = _swap_for(room, waiter.ticket) if lane is Lane.INTERACTIVE else None
+        if swap is not None:
+            return Offer(waiter, swap, swap=True)
+    return None
+
+
+def free_to_start(room: WaitingRoom, ticket: Ticket) -> list[Backend]:
+    """The backends ``ticket``'s request may start on now: a free slot, and for a heavy
+    request an open prefill gate."""
+    free = free_backends(room, ticket)
+    if ticket.heavy:
+        free = [backend for backend in free if _heavy_may_start(room, backend, ticket.model)]
+    return free
+
+
+def free_backends(room: WaitingRoom, ticket: Ticket) -> list[Backend]:
+    """The backends serving ``ticket`` with a slot it may take now (the gate aside)."""
+    heavy_slots = room.policy.classes.heavy.slots_on
+    background_slots = room.policy.lanes.background.slots_on
+    background = ticket.lane is Lane.BACKGROUND
+    # People first: background work does not start on a backend a person waits for, even
+    # one who cannot take this slot (the heavy lane is full): the slot is theirs when the
+    # lane frees, and background work would slow their stream meanwhile.
+    wanted = _wanted_by_people(room) if background else frozenset()
+    model, slots = ticket.model, room.slots
+    return [
+        backend
+        for backend in room.pool.serving(ticket.api, model)
+        if slots.busy[group := backend.group(model)] < backend.slots
+        and backend.key not in wanted
+        and not (ticket.heavy and slots.heavy[group] >= heavy_slots(backend.slots))
+        and not (background and slots.background[group] >= background_slots(backend.slots))
+        # Last, as the dearest: what memory holds (Ollama backends only).
+        and room.swaps.admits(backend, model, ticket.num_ctx, slots.busy)
+    ]
+
+
+def waits(room: WaitingRoom) -> Counter[tuple[str, str]]:
+    """Waiting requests by (backend key, model key), for each backend serving them."""
+    if not room.lines.depth:
+        return Counter()  # after every release with nobody waiting: cheaper than the walk
+    return Counter(
+        (backend.key, model_key(w.ticket.model))
+        for w in room.lines.waiters()
+        if not w.turn.done()
+        for backend in room.pool.serving(w.ticket.api, w.ticket.model)
+    )
+
+
+def _swap_for(room: WaitingRoom, ticket: Ticket) -> Backend | None:
+    """A backend where a swap would make room for ``ticket``'s model, if one would."""
+    backends = room.pool.serving(ticket.api, ticket.model)
+    return room.swaps.room_for(backends, ticket.model, ticket.num_ctx, room.slots.busy, waits(room))
+
+
+def _wanted_by_people(room: WaitingRoom) -> frozenset[str]:
+    """The backends an interactive request waits for (its user has a free place): on
+    Ollama too, whatever the model, as they share one GPU."""
+    return frozenset(
+        backend.key
+        for user, queue in room.lines.waiting.items()
+        if not room.lines.at_cap(user, Lane.INTERACTIVE)
+        for waiter in queue
+        if not waiter.turn.done()
+        for backend in room.pool.serving(waiter.ticket.api, waiter.ticket.model)
+    )
+
+
+def _heavy_may_start(room: WaitingRoom, backend: Backend, model: str) -> bool:
+    # One batch per slot group: on Ollama each model's runner batches its own slots.
+    group = backend.group(model)
+    light_running = room.slots.busy[group] - room.slots.heavy[group]
+    wait = room.policy.classes.heavy.wait_for_light
+    return room.gate.may_start(group, light_running, wait, room.clock())
