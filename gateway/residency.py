@@ -5,7 +5,9 @@ Ollama says it in ``/api/ps`` (each model's ``size`` with its KV cache, its
 Between two probes the gateway knows better than the last probe what it has itself sent:
 a model it dispatched a request to is loaded (or loading) with the context that request
 asked for. So the view is the last probe, overlaid with the gateway's own dispatches made
-since that probe started, and with every model that has requests running.
+since that probe started, and with every model that has requests running. A dispatch counts
+only for a model the backend's list (``/api/tags``) names: Ollama answers any other name
+with 404 at once and loads nothing, so a name a client made up never takes room.
 
 Pure: no I/O; the clock and the running counts are passed in.
 """
@@ -101,6 +103,13 @@ class Residency:
             size = seen.size or self.estimate(backend, model, num_ctx)
             found = Resident(model, num_ctx, size, seen.expires_at)
         sent = mine.sent.get(model)
+        if sent is not None and not backend.lists(model):
+            # A dispatch loads only a model on the backend's disk: Ollama answers any other
+            # name with 404 at once. So one its list does not confirm takes no room; kept
+            # while the list is unknown (the list may yet confirm it), dropped once known.
+            if backend.state.models is not None:
+                del mine.sent[model]
+            sent = None
         if sent is None:
             return found
         running = busy.get(backend.group(model), 0) > 0

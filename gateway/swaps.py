@@ -17,7 +17,9 @@ request that needs a load (server/sched.go, ``processPending``). A request whose
   a swap nobody waits for any more is called off.
 
 Only interactive requests start a swap: background work runs on what is loaded, or loads
-what fits. Pure: no I/O; the clock and the running counts are passed in.
+what fits. Only a model the backend lists is held or swapped for: while its list is unknown,
+requests go and Ollama decides, and a made-up name never waits for room nor unloads a model.
+Pure: no I/O; the clock and the running counts are passed in.
 """
 
 from __future__ import annotations
@@ -113,7 +115,11 @@ class SwapPlanner:
     ) -> bool:
         """Whether a request for ``model`` (``asked``: its num_ctx) may be sent now, as far
         as memory goes; its model's slots are the waiting room's to count."""
-        if not backend.per_model:
+        if not backend.per_model or not backend.lists(model):
+            # Only a model its list confirms is held or swapped for. Any other name Ollama
+            # refuses at once (404), and while the list is unknown (no probe has read it)
+            # nothing is confirmed: the request goes and Ollama decides, as it would without
+            # the gateway. A made-up name never waits for room nor unloads a model.
             return True
         model, num_ctx = model_key(model), self.residency.num_ctx(backend, model, asked)
         plans = self._of(backend)

@@ -4,14 +4,17 @@ victim drains, the victim is unloaded by the gateway, and nothing reaches Ollama
 from __future__ import annotations
 
 import asyncio
+from contextlib import AsyncExitStack
 from typing import Any
 
 import aiohttp
+from aiohttp import web
+from aiohttp.typedefs import Handler
 
-from fairsim import Simulator
+from fairsim import SimConfig, Simulator
 from gateway.backends import Backend, BackendState, LoadedModel
 from gateway.swaps import SwapPlanner
-from tests.conftest import Gateway, StartGateway, StartSim
+from tests.conftest import Gateway, StartGateway, StartSim, serve
 from tests.test_admission import until
 from tests.test_hostile_clients import status_of
 from tests.test_residency import running
@@ -189,6 +192,104 @@ class TestSwaps:
         assert charged[0] - charged[1] >= 0.2 * 50 * 2
 
 
+class Listing:
+    """A simulated Ollama whose /api/tags fails (a disk it cannot read) until told, and
+    whose /api/ps, once ``held``, answers only when let through: so a test decides when the
+    gateway's probe learns the models, and what it sends meanwhile."""
+
+    def __init__(self) -> None:
+        self.failing = True
+        self.held = False
+        self.asked = asyncio.Event()  # a probe read the list and waits for /api/ps
+        self._passes = asyncio.Semaphore(0)
+
+    def let_one_through(self) -> None:
+        self._passes.release()
+
+    def open(self) -> None:
+        self.held = False
+        self._passes.release()  # each one let through lets the next through
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path == "/api/tags" and self.failing:
+            return web.json_response({"error": "simulated failure"}, status=500)
+        if request.path == "/api/ps" and self.held:
+            self.asked.set()
+            await self._passes.acquire()
+            if not self.held:
+                self._passes.release()
+        return await handler(request)
+
+
+MADE_UP = [f"made-up-{n}:latest" for n in range(20)]
+
+
+class TestMadeUpModels:
+    """Names no backend has on disk (Ollama answers 404 at once) take no room and unload
+    nothing, whether the backend's list is unknown or just came back."""
+
+    async def start(
+        self, servers: AsyncExitStack, start_gateway: StartGateway
+    ) -> tuple[Simulator, Listing, Gateway]:
+        """Room for two models, and a list that fails: the backend stays in rotation."""
+        sim = Simulator(
+            SimConfig(
+                parallel=2,
+                models=[LLAMA, QWEN, PHI],
+                max_loaded_models=2,
+                prefill_tokens_per_s=0.0,
+                decode_tokens_per_s=500.0,
+            )
+        )
+        listing = Listing()
+        app = sim.make_app()
+        app.middlewares.append(listing.middleware)
+        url = await serve(servers, app)
+        head = "monitoring: {interval: 50ms, unhealthy_after: 1000, healthy_after: 1}\n"
+        gateway = await start_gateway(
+            head + "defaults: {max_concurrent: 4, max_queued: 4}\n"
+            f"backends:\n  - {{name: gpu, url: {url}, slots: 2, max_loaded_models: 2}}\n"
+        )
+        return sim, listing, gateway
+
+    async def test_made_up_models_sent_while_the_list_is_unknown_unload_no_real_model(
+        self, servers: AsyncExitStack, start_gateway: StartGateway
+    ) -> None:
+        """With /api/tags failing, twenty made-up names go to Ollama (which refuses them)
+        between two requests for the family's model: it stays loaded, loaded once."""
+        sim, _, gateway = await self.start(servers, start_gateway)
+        assert await chat(gateway, LLAMA) == 200
+        assert [await chat(gateway, model) for model in MADE_UP] == [404] * len(MADE_UP)
+        assert (await chat(gateway, LLAMA), await chat(gateway, QWEN)) == (200, 200)
+        assert (sim.stats.unloaded, sim.stats.evictions, sim.stats.loads) == ([], 0, 2)
+        assert set(sim.loaded_models()) == {LLAMA, QWEN}
+
+    async def test_made_up_models_sent_as_the_list_comes_back_take_no_room_after_it(
+        self, servers: AsyncExitStack, start_gateway: StartGateway
+    ) -> None:
+        """A made-up name sent while the probe that reads the list is under way does not
+        count as held once it has: the next real model loads beside the family's model."""
+        sim, listing, gateway = await self.start(servers, start_gateway)
+        backend = gateway.services.admission.room.pool.backends[0]
+        assert await chat(gateway, LLAMA) == 200
+        listing.held, listing.failing = True, False
+        async with asyncio.timeout(5):
+            await listing.asked.wait()  # this probe has the list; not yet what is loaded
+        # One name only: it fits beside llama even to the old view, so that any unload is
+        # caused after the list came back.
+        assert await chat(gateway, MADE_UP[0]) == 404
+        listing.asked.clear()
+        listing.let_one_through()
+        await until(gateway.services.admission, lambda _: backend.state.models is not None)
+        try:
+            assert await chat(gateway, QWEN) == 200
+        finally:
+            listing.open()
+        assert (sim.stats.unloaded, sim.stats.evictions, sim.stats.loads) == ([], 0, 2)
+        assert set(sim.loaded_models()) == {LLAMA, QWEN}
+
+
 def admission_swap(gateway: Gateway) -> object:
     snapshot = gateway.services.admission.room.swaps.snapshot()
     return snapshot.pending.get(gateway.services.admission.room.pool.backends[0].key)
@@ -200,7 +301,7 @@ class TestPlanner:
     def setup_method(self) -> None:
         self.now = 100.0
         self.planner = SwapPlanner(lambda: self.now)
-        state = BackendState(observed_at=0.0)
+        state = BackendState(observed_at=0.0, models=frozenset({LLAMA, QWEN, PHI}))
         state.sizes = {LLAMA: 2 * 10**9, QWEN: 4 * 10**9, PHI: 2 * 10**9}
         self.backend = Backend(
             "gpu", "http://gpu", "ollama", 2, state, max_loaded_models=2, protected=frozenset()
@@ -264,6 +365,20 @@ class TestPlanner:
         waits = self.planner.waits(self.backend, PHI, None, {}, hold=5.0)
         assert waits is not None
         assert waits.said == f"{PHI} does not fit on gpu beside {LLAMA}, {QWEN}"
+
+    def test_a_model_its_list_does_not_confirm_takes_no_room_and_plans_no_swap(self) -> None:
+        """While the list is unknown what was sent counts for nothing and a request goes
+        without a swap; once known, a name it lacks is dropped, a listed one held."""
+        planner, backend = self.planner, self.backend
+        listed, backend.state.models = backend.state.models, None
+        planner.placed(backend, LLAMA, None, {})
+        planner.placed(backend, "made-up", None, {})
+        assert planner.residency.residents(backend, {}) == {}
+        assert planner.admits(backend, PHI, None, {})
+        assert not planner.plan(backend, PHI, None, {}, {})
+        backend.state.models = listed
+        assert list(planner.residency.residents(backend, {})) == [LLAMA]
+        assert planner.admits(backend, PHI, None, {})  # beside llama: room for two
 
     def test_asking_beyond_the_trained_context_once_seen_reloads_nothing(self) -> None:
         """Ollama cuts num_ctx to the model's trained context; once a probe showed the cut,

@@ -117,8 +117,15 @@ class Backend:
         return api is Api.OPENAI or self.kind == "ollama"
 
     def serves(self, model: str) -> bool:
+        """Whether a request for ``model`` may go here: listed, or the list not known yet."""
         models = self.state.models
         return models is None or model_key(model) in models
+
+    def lists(self, model: str) -> bool:
+        """Whether its last list (Ollama's /api/tags) names ``model``: on its disk, so that
+        a request can load it. Not while the list is unknown."""
+        models = self.state.models
+        return models is not None and model_key(model) in models
 
     def has_loaded(self, model: str) -> bool:
         """Whether a request would find the model in memory (no load to wait for)."""
