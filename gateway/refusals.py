@@ -8,13 +8,15 @@ that could take them. Good enough to keep clients from retrying into the same fu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from gateway.errors import retry_after_header
 from gateway.swaps import SwapWait
+from gateway.tickets import Ticket
 from gateway.vocabulary import Lane, Reason
 from gateway.waiting_room import WaitingRoom
 
-__all__ = ["HoldTimer", "Refusal", "refusal"]
+__all__ = ["HoldTimer", "Refusal", "Refuse", "refusal"]
 
 # Until real requests have been timed, assume a reply holds its slot this long.
 _DEFAULT_HOLD_SECONDS = 5.0
@@ -29,6 +31,13 @@ class Refusal:
     message: str
     retry_after: float
     status: int = 503
+
+
+class Refuse(Protocol):
+    """How admission's parts refuse a ticket: the admission fills in what only it knows
+    (how long slots are held, how many wait on the other replicas)."""
+
+    def __call__(self, reason: Reason, ticket: Ticket, swap: SwapWait | None = None) -> Refusal: ...
 
 
 class HoldTimer:
