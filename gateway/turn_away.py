@@ -35,9 +35,10 @@ REVOKED = Refusal(
 
 
 def turn_away(room: WaitingRoom, refused: Callable[[Ticket], bool], refusal: Refusal) -> None:
-    """Refuse with ``refusal`` every request waiting in the interactive lane whose ticket
-    is ``refused``; their places go to whoever waits behind them."""
-    for queue in list(room.waiting.values()):
+    """Refuse with ``refusal`` every waiting request, of either lane, whose ticket is
+    ``refused``; their places go to whoever waits behind them. (Background work too: a
+    revoked key's title generation must not run later, nor make a shutdown wait.)"""
+    for queue in [*room.waiting.values(), *room.background.values()]:
         for waiter in list(queue):
             if not waiter.turn.done() and refused(waiter.ticket):
                 room.leave(waiter)

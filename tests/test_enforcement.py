@@ -251,22 +251,44 @@ class TestRevocation:
             assert (await asyncio.wait_for(waiting, timeout=2))[0] == 401
         await until(admission, idle)
 
+    async def test_a_revoked_keys_background_request_is_refused_too(
+        self, start_sim: StartSim, start_gateway: StartGateway, tmp_path: Path
+    ) -> None:
+        """Background work (a title, a follow-up) waits in its own lane: a key taken out of
+        the policy ends it there as well, rather than letting it run later."""
+        _, url = await start_sim()
+        path = tmp_path / "fairgate.yaml"
+        lanes = "lanes: {header: X-Task}\n"
+        path.write_text(lanes + revocable_policy(url, "[alice-key, alice-old]", slots=1))
+        gateway = await start_gateway(path, reload_interval=0.05)
+        admission = gateway.services.admission
+        async with held(gateway, "alice-key", "one"):
+            task = asyncio.create_task(generate_reply(gateway, "alice-old", {"X-Task": "title"}))
+            await until(admission, lambda room: room.background_users == {"alice": (0, 1)})
+            await rewrite(gateway, path, lanes + revocable_policy(url, "[alice-key]", slots=1))
+            status, body = await asyncio.wait_for(task, timeout=2)
+            assert (status, json.loads(body)["error"]) == (401, ANY_REVOKED)
+        await until(admission, idle)
+
 
 ANY_REVOKED = "this key or user was removed from the policy while the request waited"
 
 
-def revocable_policy(url: str, alice_keys: str, bob: bool = False) -> str:
+def revocable_policy(url: str, alice_keys: str, bob: bool = False, slots: int = 4) -> str:
     bob_line = "  bob: {keys: [bob-key]}\n" if bob else ""
     return (
         "defaults: {max_concurrent: 1, max_queued: 4}\n"
         f"users:\n  alice: {{keys: {alice_keys}}}\n{bob_line}"
-        f"backends:\n  - {{name: sim, url: {url}, kind: ollama, slots: 4}}\n"
+        f"backends:\n  - {{name: sim, url: {url}, kind: ollama, slots: {slots}}}\n"
     )
 
 
-async def generate_reply(gateway: Gateway, key: str) -> tuple[int, str]:
+async def generate_reply(
+    gateway: Gateway, key: str, more_headers: dict[str, str] | None = None
+) -> tuple[int, str]:
     body = json.dumps({"model": MODEL, "prompt": "hi", "stream": False}).encode()
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    headers.update(more_headers or {})
     async with (
         aiohttp.ClientSession() as session,
         session.post(gateway.url + "/api/generate", data=body, headers=headers) as reply,
