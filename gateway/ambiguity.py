@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 __all__ = [
@@ -27,6 +29,7 @@ __all__ = [
     "NestedTooDeeply",
     "NotAnObject",
     "Pairs",
+    "TooManyObjects",
     "ambiguous_field",
     "canonical_keys",
     "go_fold",
@@ -64,6 +67,19 @@ class NotAnObject(ValueError):
 
     def __init__(self) -> None:
         super().__init__("the JSON value is not an object")
+
+
+class TooManyObjects(ValueError):
+    """More JSON objects than any request needs: each costs the parser a Python call on the
+    event loop, so a 32 MiB body of ``{}`` would hold every stream for seconds."""
+
+    def __init__(self) -> None:
+        super().__init__(f"the body holds more than {MAX_OBJECTS:,} JSON objects")
+
+
+# A chat with Open WebUI's 36 tools is about 500 objects; a thousand messages with their
+# tool calls a few thousand. Parsing this many takes tens of milliseconds.
+MAX_OBJECTS = 100_000
 
 
 class Pairs(list[tuple[str, Any]]):
@@ -129,14 +145,14 @@ def load_checked(body: bytes | str) -> dict[str, Any]:
     ``NotAnObject`` for valid JSON that is not an object, and ``json.JSONDecodeError`` or
     ``UnicodeDecodeError`` for a body that is not JSON; all are ``ValueError``."""
     try:
-        value = json.loads(body, object_pairs_hook=_checked_object)
+        value = _decode(body, _checked_object)
     except _Ambiguous:
         found = _first_ambiguity(parse_object_pairs(body))
         if found is not None:
             raise AmbiguousField(*found) from None
         # Only inside what Ollama reads as a map or as raw JSON (options, a format's schema,
         # tool arguments), where keys are matched exactly, as Python reads them too.
-        value = json.loads(body)
+        value = _decode(body, dict)
     except RecursionError:
         raise NestedTooDeeply from None
     if not isinstance(value, dict):
@@ -149,9 +165,38 @@ def parse_object_pairs(body: bytes | str) -> Any:
 
     Raises ``NestedTooDeeply`` rather than ``RecursionError`` for deep nesting."""
     try:
-        return json.loads(body, object_pairs_hook=Pairs)
+        return _decode(body, Pairs)
     except RecursionError:
         raise NestedTooDeeply from None
+
+
+def _decode(body: bytes | str, make: Callable[[list[tuple[str, Any]]], Any]) -> Any:
+    """``json.loads`` as Go's decoder reads: no NaN or Infinity, no number beyond float64
+    (Python would make 1e400 an infinity that ``int()`` cannot take), and at most
+    ``MAX_OBJECTS`` objects, each made by ``make`` from its pairs."""
+    left = MAX_OBJECTS
+
+    def counted(pairs: list[tuple[str, Any]]) -> Any:
+        nonlocal left
+        left -= 1
+        if left < 0:
+            raise TooManyObjects
+        return make(pairs)
+
+    return json.loads(
+        body, object_pairs_hook=counted, parse_constant=_constant, parse_float=_finite
+    )
+
+
+def _constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:30]} is out of range")
+    return value
 
 
 def ambiguous_field(fields: object) -> str | None:

@@ -18,7 +18,13 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
-from gateway.ambiguity import AmbiguousField, NotAnObject, canonical_keys, load_checked
+from gateway.ambiguity import (
+    AmbiguousField,
+    NotAnObject,
+    TooManyObjects,
+    canonical_keys,
+    load_checked,
+)
 from gateway.errors import GatewayError
 from gateway.vocabulary import Reason
 
@@ -96,6 +102,8 @@ def json_fields(body: bytes) -> dict[str, Any]:
         raise GatewayError(
             400, Reason.BAD_REQUEST, "the request body must be a JSON object"
         ) from exc
+    except TooManyObjects as exc:
+        raise GatewayError(400, Reason.BAD_REQUEST, f"the request {exc}") from exc
     except ValueError as exc:  # not JSON, not UTF-8, or nested too deeply
         raise GatewayError(
             400, Reason.BAD_REQUEST, f"the request body is not valid JSON: {exc}"
@@ -106,5 +114,8 @@ def encoded(fields: dict[str, Any]) -> bytes:
     # orjson: json.dumps holds the event loop 30-40 ms for a 4 MB image body, orjson 5 ms.
     try:
         return orjson.dumps(fields)
-    except orjson.JSONEncodeError:  # an integer beyond 64 bits, which json.loads accepts
-        return json.dumps(fields, ensure_ascii=False).encode()
+    except orjson.JSONEncodeError:
+        # An integer beyond 64 bits, or a lone surrogate escape ("\ud83d", half an emoji
+        # cut by a JavaScript client): both stay as the client wrote them, in ASCII escapes,
+        # and Go reads the surrogate as U+FFFD, as it would have from the original body.
+        return json.dumps(fields).encode()

@@ -11,9 +11,11 @@ import pytest
 
 from fairsim.gojson import go_decode
 from gateway.ambiguity import (
+    MAX_OBJECTS,
     AmbiguousField,
     NestedTooDeeply,
     NotAnObject,
+    TooManyObjects,
     ambiguous_field,
     go_fold,
     load_checked,
@@ -174,6 +176,29 @@ def test_invalid_json_and_non_objects_are_plain_value_errors() -> None:
         assert not isinstance(caught.value, AmbiguousField)
     with pytest.raises(NotAnObject):
         load_checked(b'["model"]')
+
+
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e400", "-1e400"])
+def test_numbers_gos_decoder_refuses_are_refused(number: str) -> None:
+    """Python's json takes NaN and Infinity and makes 1e400 an infinity; Go refuses all of
+    them, and int() of an infinity would fail later, in the middle of a policy."""
+    with pytest.raises(ValueError, match=r"not a JSON number|out of range"):
+        load_checked('{"options": {"num_ctx": ' + number + "}}")
+    assert load_checked('{"n": 1e300, "m": -2.5}') == {"n": 1e300, "m": -2.5}
+
+
+def test_objects_past_the_bound_are_refused() -> None:
+    """Each object costs a Python call while parsing: a body may hold MAX_OBJECTS of them
+    (the outermost counts), not one more, on each way a body is parsed."""
+    assert len(load_checked('{"a": ' + _empties(MAX_OBJECTS - 1) + "}")["a"]) == MAX_OBJECTS - 1
+    with pytest.raises(TooManyObjects):
+        load_checked('{"a": ' + _empties(MAX_OBJECTS) + "}")
+    with pytest.raises(TooManyObjects):  # the exact-duplicate path parses again, bounded too
+        load_checked('{"format": {"x": 1, "x": 1, "a": ' + _empties(MAX_OBJECTS) + "}}")
+
+
+def _empties(count: int) -> str:
+    return "[" + ",".join(["{}"] * count) + "]"
 
 
 def test_ambiguous_field_takes_parsed_pairs_or_plain_dicts() -> None:

@@ -194,6 +194,45 @@ async def test_generated_bodies_never_get_a_5xx(
     assert not failures, failures[:5]
 
 
+class TestBodiesGoReadsOtherwise:
+    @pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e400"])
+    async def test_a_num_ctx_go_cannot_read_is_a_400_not_a_500(
+        self, start_sim: StartSim, start_gateway: StartGateway, number: str
+    ) -> None:
+        """NaN, Infinity and numbers beyond float64 are valid to Python, not to Ollama:
+        a clear 400 before any policy tries to read them as a context size."""
+        _, gateway = await start(start_sim, start_gateway)
+        body = f'{{"model": "{MODEL}", "prompt": "hi", "options": {{"num_ctx": {number}}}}}'
+        status, text = await post(gateway, "/api/generate", body.encode())
+        assert status == 400, text
+        assert "not valid JSON" in json.loads(text)["error"]
+
+    async def test_half_an_emoji_in_a_rewritten_body_is_relayed(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """A lone surrogate escape (an emoji cut in half by a JavaScript client) in a body the
+        keep_alive policy rewrites: relayed, as Go reads it, instead of a 500."""
+        _, gateway = await start(start_sim, start_gateway)
+        body = (
+            b'{"model": "%s", "prompt": "hi \\ud83d", "stream": false, "keep_alive": "1m"}'
+            % MODEL.encode()
+        )
+        status, text = await post(gateway, "/api/generate", body)
+        assert status == 200, text
+
+    async def test_a_body_of_countless_objects_is_refused(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """Every JSON object costs the parser a call on the event loop: past the bound, a
+        400 that says why, instead of seconds of every stream held."""
+        _, gateway = await start(start_sim, start_gateway)
+        objects = "[" + ",".join(["{}"] * 150_000) + "]"
+        body = f'{{"model": "{MODEL}", "prompt": "x", "format": {{"a": {objects}}}}}'
+        status, text = await post(gateway, "/api/generate", body.encode())
+        assert status == 400, text
+        assert "more than 100,000 JSON objects" in json.loads(text)["error"]
+
+
 class TestReadsUnderPolicy:
     async def test_a_limited_user_sees_only_their_models_and_cannot_show_others(
         self, start_sim: StartSim, start_gateway: StartGateway
