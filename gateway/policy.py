@@ -113,7 +113,9 @@ class Policy(Strict):
         config = self.users.get(self.account_of(user))
         if config is None or config.models is None:
             return True
-        return self.resolve(model) in {self.resolve(allowed) for allowed in config.models}
+        # As Ollama names them: ``phi3`` and ``phi3:latest`` are one model.
+        allowed = {model_key(self.resolve(name)) for name in config.models}
+        return model_key(self.resolve(model)) in allowed
 
     def num_ctx_for(self, model: str) -> NumCtxPolicy:
         """The num_ctx rules for ``model``'s requests: its own, else every model's."""

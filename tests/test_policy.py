@@ -127,3 +127,19 @@ class TestCheckConfigCommand:
         """A path that does not exist is a PolicyError, not a traceback."""
         with pytest.raises(PolicyError, match="cannot read"):
             load_policy(tmp_path / "absent.yaml")
+
+
+def test_a_models_list_names_a_model_as_ollama_does() -> None:
+    """``phi3`` and ``phi3:latest`` are one model to Ollama, so a list naming either allows
+    both; another tag, or an alias to another model, is still not on the list."""
+    policy = parse_policy(
+        "aliases: {tiny: phi3:latest, big: qwen2.5:7b}\n"
+        "users:\n"
+        "  kids: {keys: [k], models: [phi3]}\n"
+        "  ann: {keys: [a], models: ['llama3.2:latest', tiny]}\n"
+        "backends: [{name: gpu, url: 'http://127.0.0.1:11434', kind: ollama, slots: 2}]\n"
+    )
+    assert policy.may_use("kids", "phi3:latest") and policy.may_use("kids", "phi3")
+    assert policy.may_use("kids", "tiny")
+    assert not policy.may_use("kids", "phi3:mini") and not policy.may_use("kids", "big")
+    assert policy.may_use("ann", "llama3.2") and policy.may_use("ann", "phi3")
