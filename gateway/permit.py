@@ -78,6 +78,12 @@ class Permit:
         if output_tokens is not None:
             self.add_output(output_tokens - self.output_charged)
 
+    def refused_by_backend(self) -> None:
+        """The backend answered with an error and loaded nothing (``SwapPlanner.refused``)."""
+        room, ticket = self._admission.room, self.ticket
+        alone = room.slots.busy.get(self.backend.group(ticket.model), 0) <= 1  # this one
+        room.swaps.refused(ticket.user, self.backend, ticket.model, self.placement, alone)
+
     def loaded(self, seconds: float | None) -> None:
         """The reply says its model took ``seconds`` to load. If this request caused the
         load (a load, swap or reload), its user pays for the time (``costs.load``

@@ -113,6 +113,8 @@ class Generation:
                 record.streamed_tokens = int(permit.output_charged)
             permit.settle(record.prompt_tokens, record.completion_tokens)
             permit.loaded(record.load_seconds)
+            if response.status >= 400 and record.load_seconds is None:
+                permit.refused_by_backend()
         services.warmth.note_load(permit.backend.name, model, record.load_seconds)
         return response
 

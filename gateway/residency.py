@@ -141,6 +141,12 @@ class Residency:
         if backend.per_model:
             self._of(backend).sent[model_key(model)] = _Sent(num_ctx, self._clock())
 
+    def unsent(self, backend: Backend, model: str) -> None:
+        """The request for ``model`` sent to ``backend`` was refused without a load: it
+        holds nothing the gateway sent."""
+        if backend.per_model:
+            self._of(backend).sent.pop(model_key(model), None)
+
     def ran(self, backend: Backend, model: str) -> None:
         """A request for ``model`` ended: only a probe started after this knows better
         (one started during its load does not show the model yet)."""

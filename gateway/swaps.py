@@ -32,7 +32,15 @@ from typing import Literal
 from gateway.backends.pool import OLLAMA_AUTOMATIC_MAX_LOADED, Backend, model_key
 from gateway.residency import Residency, Resident
 
-__all__ = ["RESIDENT", "DoneSwap", "Placement", "SwapPlanner", "SwapWait", "SwapsSnapshot"]
+__all__ = [
+    "RESIDENT",
+    "SWAP_BAR_SECONDS",
+    "DoneSwap",
+    "Placement",
+    "SwapPlanner",
+    "SwapWait",
+    "SwapsSnapshot",
+]
 
 _DEFAULT_LOAD_SECONDS = 10.0  # until a load of the model has been timed
 _RECENT = 32  # swaps remembered for /status
@@ -100,6 +108,10 @@ class _Plans:
     load_seconds: dict[str, float] = field(default_factory=dict)
 
 
+# How long a user whose swap was wasted (``SwapPlanner.wasted``) plans no other.
+SWAP_BAR_SECONDS = 300.0
+
+
 class SwapPlanner:
     """Loads and swaps for every Ollama backend, by server (URL)."""
 
@@ -107,8 +119,36 @@ class SwapPlanner:
         self._clock = clock
         self.residency = Residency(clock)
         self._plans: dict[str, _Plans] = {}
+        self._barred: dict[str, float] = {}  # user -> until when no swap is planned for them
         self.counts: defaultdict[tuple[str, str, str], float] = defaultdict(float)
         self.recent: deque[DoneSwap] = deque(maxlen=_RECENT)
+
+    def refused(
+        self, user: str, backend: Backend, model: str, placement: Placement, alone: bool
+    ) -> None:
+        """The backend refused ``user``'s request for ``model`` without loading it (a body it
+        cannot decode, a capability the model lacks). Unless other requests for the model
+        run there (``alone``), the gateway's record of having sent it goes: nothing was
+        loaded, and a model counted as held that is not would make the next swap unload a
+        real one instead. If models were unloaded for the request, see ``_wasted``."""
+        if alone:
+            self.residency.unsent(backend, model)
+        if placement.kind in ("swap", "reload"):
+            self._wasted(user)
+
+    def _wasted(self, user: str) -> None:
+        """Models were unloaded for ``user``'s request, for nothing: Ollama checks a body
+        before it evicts anything, so on its own such a request costs nobody a model. Here
+        each would unload another user's, so ``user`` plans no swap for
+        ``SWAP_BAR_SECONDS``: at most one such loss in that time, whatever they send."""
+        now = self._clock()
+        self._barred = {other: until for other, until in self._barred.items() if until > now}
+        self._barred[user] = now + SWAP_BAR_SECONDS
+
+    def may_plan_for(self, user: str) -> bool:
+        """Whether a swap may be planned for ``user``'s request (see ``wasted``)."""
+        until = self._barred.get(user)
+        return until is None or until <= self._clock()
 
     def admits(
         self, backend: Backend, model: str, asked: int | None, busy: Mapping[str, int]

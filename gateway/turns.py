@@ -121,6 +121,8 @@ def waits(room: WaitingRoom) -> Counter[tuple[str, str]]:
 
 def _swap_for(room: WaitingRoom, ticket: Ticket) -> Backend | None:
     """A backend where a swap would make room for ``ticket``'s model, if one would."""
+    if not room.swaps.may_plan_for(ticket.user):
+        return None
     backends = room.pool.serving(ticket.api, ticket.model)
     return room.swaps.room_for(backends, ticket.model, ticket.num_ctx, room.slots.busy, waits(room))
 

@@ -393,3 +393,38 @@ class TestPlanner:
         assert planner.admits(backend, QWEN, 100_000, {})
         assert not planner.plan(backend, QWEN, 100_000, {}, {})
         assert not planner.admits(backend, QWEN, 8192, {})  # a smaller one does reload
+
+
+class TestWastedSwaps:
+    """Ollama refuses a body it cannot decode before its scheduler evicts anything; a swap
+    the gateway made for such a request unloaded someone's model for nothing."""
+
+    USERS = (
+        "users:\n  alice: {keys: [alice-key]}\n  bob: {keys: [bob-key]}\nqueue: {max_wait: 1s}\n"
+    )
+
+    async def test_a_user_whose_swap_loaded_nothing_plans_no_swap_for_a_while(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """alice's unreadable phi3 request unloads bob's qwen once; nothing counts phi3 as
+        loaded after; her second one waits and is refused without unloading anything, while
+        bob may still swap."""
+        sim, gateway = await start(
+            start_sim,
+            start_gateway,
+            ", max_loaded_models: 2",
+            head=self.USERS,
+            max_loaded_models=2,
+            models=[LLAMA, QWEN, PHI],
+        )
+        assert await chat(gateway, QWEN, "bob-key") == 200
+        assert await chat(gateway, LLAMA, "alice-key") == 200
+        assert await chat(gateway, PHI, "alice-key", options="x") == 400
+        assert len(sim.stats.unloaded) == 1  # the first one cost a model: not foreseeable
+        # phi3 never loaded: qwen comes back beside llama, which a phantom phi3 counted
+        # as held would have had unloaded instead.
+        assert await chat(gateway, QWEN, "bob-key") == 200
+        assert set(sim.loaded_models()) == {LLAMA, QWEN}
+        assert await chat(gateway, PHI, "alice-key", options="x") == 503
+        assert len(sim.stats.unloaded) == 1 and set(sim.loaded_models()) == {LLAMA, QWEN}
+        assert await chat(gateway, PHI, "bob-key") == 200  # bob's swaps go on
