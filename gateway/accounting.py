@@ -28,6 +28,7 @@ from gateway.budgets import BudgetState, budget_states, over_budget
 from gateway.refusals import Refusal
 from gateway.tasks import Background, repeat
 from gateway.usage import Batch, Counts, StoreError, Tally, UsageStore
+from gateway.user_policy import PERSON_SEPARATOR
 from gateway.vocabulary import REFUSALS
 from gateway.windows import Calendar
 
@@ -74,9 +75,19 @@ class Ledger:
             self._served(record, record.dispatched_at)
         elif record.reason in REFUSALS:
             windows = self.calendar.now()
-            user = record.user or ""
+            user = self._refused_as(record.user or "")
             self._batch.refused[(windows.day, windows.hour, user, str(record.reason))] += 1
             self._tally(user).refused += 1
+
+    def _refused_as(self, user: str) -> str:
+        """Whom a refusal counts under. A person a front end names has figures of their own
+        once served; refusals alone (a made-up model, a full queue) count under the front
+        end, so that a header naming ever new people cannot grow the day's rows, which
+        every view of the usage walks."""
+        front_end, separator, _ = user.partition(PERSON_SEPARATOR)
+        if separator and user not in self._since and user not in self._base:
+            return front_end
+        return user
 
     def _served(self, record: RequestRecord, dispatched_at: float) -> None:
         windows = self.calendar.now()

@@ -213,6 +213,33 @@ class TestRequestsInFlight:
         assert await as_person("alice@example.com") == 429
         assert await as_person("bob@example.com") == 200
 
+    async def test_people_a_front_end_names_only_to_be_refused_add_no_rows(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """Fifty made-up people asking for a made-up model: fifty refusals under the front
+        end, no row each; a person served has their own, refusals after it included."""
+        _, sim_url = await start_sim()
+        owui = "  owui:\n    keys: [owui-key]\n    on_behalf: {header: X-Person}\n"
+        gateway = await start_gateway(house(sim_url, "").replace("users:\n", "users:\n" + owui))
+
+        async def as_person(person: str, model: str) -> int:
+            body = {"model": model, "prompt": "hi", "stream": False}
+            headers = {"Authorization": "Bearer owui-key", "X-Person": person}
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(gateway.url + "/api/generate", json=body, headers=headers) as reply,
+            ):
+                return reply.status
+
+        for n in range(50):
+            assert await as_person(f"nobody{n}", "made-up:1b") == 404
+        assert await as_person("alice", MODEL) == 200
+        assert await as_person("alice", "made-up:1b") == 404
+        usage = gateway.services.snapshot().usage
+        assert sorted(user for user in usage if user.startswith("owui")) == ["owui", "owui/alice"]
+        assert usage["owui"].today.refused == 50
+        assert usage["owui/alice"].today.refused == 1
+
 
 class TestReloadAndViews:
     async def test_a_reload_applies_a_changed_budget_at_once_and_keeps_the_counts(
