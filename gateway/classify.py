@@ -4,6 +4,11 @@ The count is an estimate (about four characters a token, a fixed cost per image)
 enough to tell a 6,000-token summary from a quick question before the backend has seen it.
 The backend's own counts correct the fair scheduler afterwards.
 
+Everything Ollama puts into the prompt counts: ``/api/generate``'s ``template`` is rendered
+as the prompt (its text is prompt text), and its ``context``, the token ids of an earlier
+exchange, is detokenized and put before the prompt (server/routes.go): those are tokens
+already, counted one each.
+
 Tool schemas, function definitions and output schemas count too: the model's template
 renders them into the prompt as JSON, and Open WebUI sends 36 tools (about 25 KB) with a
 one-line question. Compact JSON tokenizes at about the same four characters a token.
@@ -16,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from gateway.load_options import num_ctx_of
 from gateway.policy import Policy
 from gateway.vocabulary import RequestClass
 
@@ -37,11 +43,12 @@ def classify(fields: dict[str, Any], policy: Policy) -> Estimate:
     """Estimate the prompt of an Ollama or OpenAI request body and decide its class."""
     characters, images = _prompt_size(fields)
     tokens = characters // _CHARS_PER_TOKEN + images * policy.costs.image_tokens
+    tokens += _count(fields.get("context"))
     heavy = policy.classes.heavy
-    options = fields.get("options")
-    num_ctx = options.get("num_ctx") if isinstance(options, dict) else None
+    # The context Ollama loads the model with (16384.9 loads 16384), not the JSON's type.
+    num_ctx = num_ctx_of(fields)
     wants_long_context = (
-        heavy.min_num_ctx is not None and isinstance(num_ctx, int) and num_ctx >= heavy.min_num_ctx
+        heavy.min_num_ctx is not None and num_ctx is not None and num_ctx >= heavy.min_num_ctx
     )
     if tokens >= heavy.min_prompt_tokens or wants_long_context:
         return Estimate(tokens, RequestClass.HEAVY, heavy.weight)
@@ -51,7 +58,7 @@ def classify(fields: dict[str, Any], policy: Policy) -> Estimate:
 def _prompt_size(fields: dict[str, Any]) -> tuple[int, int]:
     """(characters of text, number of images) in every place a prompt can be."""
     characters, images = 0, 0
-    for key in ("prompt", "system", "suffix", "input"):
+    for key in ("prompt", "system", "suffix", "input", "template"):
         text_chars, text_images = _content_size(fields.get(key))
         characters, images = characters + text_chars, images + text_images
     for key in ("tools", "functions", "format", "response_format"):

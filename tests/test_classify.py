@@ -1,0 +1,81 @@
+"""A request's class, through the gateway: what Ollama puts into the prompt, and the context
+it loads the model with, as Ollama reads them."""
+
+from __future__ import annotations
+
+import json
+
+import aiohttp
+import pytest
+
+from gateway.access import RequestRecord
+from gateway.vocabulary import RequestClass
+from tests.conftest import Finished, Gateway, StartGateway, StartSim, one_backend
+
+MODEL = "llama3.2:3b"
+
+
+async def classified(gateway: Gateway, body: str) -> RequestRecord:
+    """The gateway's record of one /api/generate with this exact body text."""
+    finished = Finished(gateway)
+    headers = {"Content-Type": "application/json"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(gateway.url + "/api/generate", data=body, headers=headers) as reply,
+    ):
+        await reply.read()
+        assert reply.status == 200, await reply.text()
+    return await finished.first(("/api/generate",))
+
+
+def generate(**fields: object) -> str:
+    return json.dumps({"model": MODEL, "prompt": "hi", "stream": False, **fields})
+
+
+class TestNumCtx:
+    @pytest.mark.parametrize(
+        ("spelling", "request_class"),
+        [
+            ("16384", RequestClass.HEAVY),
+            ("16384.0", RequestClass.HEAVY),
+            ("16384.9", RequestClass.HEAVY),
+            ("1.6384e4", RequestClass.HEAVY),
+            ("16383.9", RequestClass.LIGHT),  # Ollama truncates: it loads 16383
+        ],
+    )
+    async def test_num_ctx_is_read_as_the_integer_ollama_loads(
+        self,
+        start_sim: StartSim,
+        start_gateway: StartGateway,
+        spelling: str,
+        request_class: RequestClass,
+    ) -> None:
+        """Ollama truncates a JSON number to its num_ctx, so 16384.9 asks for 16384: heavy."""
+        _, url = await start_sim(models=[MODEL])
+        policy = "classes: {heavy: {min_num_ctx: 16384}}\n" + one_backend(url, slots=2)
+        gateway = await start_gateway(policy)
+        body = generate(options="OPTIONS").replace('"OPTIONS"', f'{{"num_ctx": {spelling}}}')
+        assert (await classified(gateway, body)).request_class is request_class
+
+
+class TestPromptParts:
+    async def test_generates_context_counts_a_token_for_each_id(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """3,000 token ids of an earlier exchange go before a two-letter prompt: heavy."""
+        _, url = await start_sim(models=[MODEL])
+        gateway = await start_gateway(one_backend(url, slots=2))
+        record = await classified(gateway, generate(context=list(range(1, 3001))))
+        assert record.request_class is RequestClass.HEAVY
+        assert record.input_estimate == 3000
+
+    async def test_a_template_counts_like_prompt_text(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """A 12,000-character template is rendered as the prompt: about 3,000 tokens, heavy."""
+        _, url = await start_sim(models=[MODEL])
+        gateway = await start_gateway(one_backend(url, slots=2))
+        template = "{{ .Prompt }} " + "x" * (12_000 - 14)
+        record = await classified(gateway, generate(template=template))
+        assert record.request_class is RequestClass.HEAVY
+        assert record.input_estimate == 3000
