@@ -11,7 +11,7 @@ import struct
 import time
 from typing import Any
 
-from gateway.durations import parse_go_duration
+from gateway.durations import fits_go_duration, parse_go_duration
 
 __all__ = [
     "FOREVER",
@@ -74,7 +74,11 @@ def go_expiry(expires_monotonic: float, now_monotonic: float) -> str:
 
 
 def parse_keep_alive(value: Any) -> float:
-    """Seconds a model stays loaded from Ollama's ``keep_alive``: FOREVER when negative."""
+    """Seconds a model stays loaded from Ollama's ``keep_alive``: FOREVER when negative.
+
+    A number too long for a Go ``time.Duration`` overflows in ``Duration.UnmarshalJSON``
+    (api/types.go) to the most negative int64 on amd64, which the scheduler reads as "unload
+    when idle": 0 here. A string that long is refused by ``time.ParseDuration``."""
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise ValueError(f"Unsupported type: '{go_type_name(value)}'")
     try:
@@ -83,7 +87,9 @@ def parse_keep_alive(value: Any) -> float:
         raise ValueError(
             f"json: cannot unmarshal number {value} into Go value of type float64"
         ) from None
-    return FOREVER if seconds < 0 else seconds
+    if seconds < 0:
+        return FOREVER
+    return seconds if isinstance(value, str) or fits_go_duration(seconds) else 0.0
 
 
 def go_type_name(value: Any) -> str:

@@ -2,6 +2,13 @@
 
 Ollama's ``keep_alive`` uses Go's duration syntax and treats a negative value as "forever"
 (https://github.com/ollama/ollama/blob/main/docs/faq.md), so negative values are kept as they are.
+
+A Go ``time.Duration`` is an int64 of nanoseconds: at most about 292 years. ``ParseDuration``
+refuses a longer string; ``Duration.UnmarshalJSON`` (ollama api/types.go) converts a longer
+number with ``time.Duration(t * float64(time.Second))``, which overflows (on amd64 to the
+most negative int64, read as "unload when idle"; on arm64 it saturates). So neither may
+pass for "very long" here: strings are refused as Go refuses them, and ``fits_go_duration``
+tells the callers that must decide about a number.
 """
 
 from __future__ import annotations
@@ -12,7 +19,9 @@ from typing import Annotated
 
 from pydantic import BeforeValidator
 
-__all__ = ["Duration", "parse_duration", "parse_go_duration"]
+__all__ = ["Duration", "fits_go_duration", "parse_duration", "parse_go_duration"]
+
+_LONGEST_GO_DURATION = 2**63 / 1e9  # seconds: time.Duration is an int64 of nanoseconds
 
 _DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0}
 _DURATION_UNITS.update({"m": 60.0, "h": 3600.0})
@@ -43,23 +52,31 @@ def parse_go_duration(text: str) -> float:
             )
         total += float(whole + fraction if whole else "0" + fraction) * _DURATION_UNITS[unit]
         body = body[match.end() :]
+    if not fits_go_duration(total):
+        raise ValueError(f"time: invalid duration {quoted}")  # Go's overflow error
     return sign * total
+
+
+def fits_go_duration(seconds: float) -> bool:
+    """Whether ``seconds`` (either sign; an int of any size) fits a Go ``time.Duration``."""
+    return abs(seconds) < _LONGEST_GO_DURATION  # False for NaN too
 
 
 def parse_duration(value: object) -> float:
     """Seconds from a number, a numeric string, or a Go duration string (``1h30m``)."""
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise ValueError("a duration such as 30s, 5m or 1h30m")
-    if isinstance(value, int | float):
-        return float(value)
     try:
-        return float(value)
+        number = float(value) if isinstance(value, str) else value
     except ValueError:
-        pass
-    try:
-        return parse_go_duration(value.strip())
-    except ValueError:
-        raise ValueError(f"{value!r} is not a duration such as 30s, 5m or 1h30m") from None
+        try:
+            return parse_go_duration(str(value).strip())
+        except ValueError:
+            raise ValueError(f"{value!r} is not a duration such as 30s, 5m or 1h30m") from None
+    if not fits_go_duration(number):
+        # Sent to Ollama as keep_alive it would overflow; no wait here is that long either.
+        raise ValueError(f"{value!r} is not a duration of at most about 292 years")
+    return float(number)
 
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]

@@ -25,10 +25,12 @@ import aiohttp
 import structlog
 
 from gateway.backends import Backend, BackendState, BackendStates, model_key
-from gateway.durations import parse_go_duration
+from gateway.durations import fits_go_duration, parse_go_duration
+from gateway.errors import GatewayError
 from gateway.policy import BackendConfig, KeepAlivePolicy, Warmth
 from gateway.tasks import KeyedTasks
 from gateway.upstream import Upstream
+from gateway.vocabulary import Reason
 
 __all__ = ["KeepWarm", "WarmthSnapshot", "apply_keep_alive_policy", "kept_alive"]
 
@@ -188,14 +190,32 @@ def _wanted_keep_alive(given: object, rules: KeepAlivePolicy) -> float | None:
 
 
 def _asked(given: object) -> float | None:
-    """The client's keep_alive in seconds; None when absent, or malformed (or absurd):
-    Ollama answers those itself."""
+    """The client's keep_alive in seconds; None when absent or malformed: Ollama answers
+    those itself (a string longer than Go's durations too: ``time.ParseDuration`` refuses it).
+
+    A number that long is refused here (400): Ollama does not refuse it but overflows it
+    (``Duration.UnmarshalJSON``), to "unload when idle" on amd64 and to its "forever" on
+    arm64. Read as "very long" it would pass ``min``, and a ``keep_warm`` model would not be
+    raised, while Ollama unloaded it for everybody; read as either of Ollama's meanings it
+    would depend on the backend's CPU. Refused, nothing is forwarded, so no rule and no kept
+    model depends on it; and the client learns that -1 says "forever"."""
     if given is None or isinstance(given, bool) or not isinstance(given, int | float | str):
         return None
-    try:
-        return parse_go_duration(given) if isinstance(given, str) else float(given)
-    except (ValueError, OverflowError):
-        return None
+    if isinstance(given, str):
+        try:
+            return parse_go_duration(given)
+        except ValueError:
+            return None
+    if given < 0:
+        return -1.0  # forever, however large
+    if not fits_go_duration(given):
+        raise GatewayError(
+            400,
+            Reason.BAD_REQUEST,
+            "keep_alive is longer than Ollama's durations can hold (about 292 years): "
+            "use -1 to keep the model loaded",
+        )
+    return float(given)
 
 
 def _seconds(value: float) -> int | float:

@@ -19,6 +19,8 @@ from gateway.durations import parse_duration
         (12, 12.0),
         (1.5, 1.5),
         ("0", 0.0),
+        ("2562047h", 2562047 * 3600.0),  # Go's longest duration is 2562047h47m16.854775807s
+        (9.2e9, 9.2e9),
     ],
 )
 def test_durations_read_as_seconds(text: object, seconds: float) -> None:
@@ -26,8 +28,17 @@ def test_durations_read_as_seconds(text: object, seconds: float) -> None:
     assert parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["soon", "5 minutes", "", "1x", True, None, "m5"])
+@pytest.mark.parametrize(
+    "text", ["soon", "5 minutes", "", "1x", True, None, "m5", "1e10s", "nan", float("nan")]
+)
 def test_malformed_durations_are_refused(text: object) -> None:
     """Anything else is a ValueError naming the value."""
+    with pytest.raises(ValueError, match="duration"):
+        parse_duration(text)
+
+
+@pytest.mark.parametrize("text", ["300000000h", "-300000000h", 1e10, "1e10", 10**30, -(10**30)])
+def test_durations_longer_than_gos_are_refused(text: object) -> None:
+    """Past about 292 years Go refuses the string and overflows the number: refused here."""
     with pytest.raises(ValueError, match="duration"):
         parse_duration(text)

@@ -445,6 +445,19 @@ async def test_keep_alive_expiry_makes_the_next_request_load_the_model(
     assert sim.loaded_models() == {} and sim.stats.loads == 3
 
 
+async def test_a_keep_alive_too_long_for_go_unloads_when_idle_or_is_refused(
+    simulated: Start, http: aiohttp.ClientSession
+) -> None:
+    """As Ollama on amd64: the number 1e10 overflows time.Duration to a negative one (unload
+    when idle); the string 300000000h is refused by time.ParseDuration."""
+    sim, url = await simulated()
+    await (await http.post(f"{url}/api/chat", json={**CHAT, "keep_alive": 1e10})).read()
+    assert sim.stats.loads == 1 and sim.loaded_models() == {}
+    async with http.post(f"{url}/api/chat", json={**CHAT, "keep_alive": "300000000h"}) as reply:
+        assert reply.status == 400
+        assert (await reply.json())["error"] == 'time: invalid duration "300000000h"'
+
+
 async def test_empty_request_loads_the_model_without_taking_a_slot(
     simulated: Start, http: aiohttp.ClientSession
 ) -> None:

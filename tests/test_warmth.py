@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import ollama
+import pytest
 
 from fairsim import SimConfig, Simulator
 from gateway.app import bound_url, start_server
@@ -79,6 +80,22 @@ class TestKeepWarm:
             gateway = await start_gateway(policy(url, False, extra=rules))
             await generate(gateway, keep_alive=0)
             assert (LLAMA in sim.loaded_models()) is stays_loaded
+
+    @pytest.mark.parametrize(
+        ("keep_warm", "rules"), [(True, ""), (False, "keep_alive: {min: 5m}\n")]
+    )
+    async def test_a_keep_alive_too_long_for_ollama_is_refused_and_unloads_nothing(
+        self, start_gateway: StartGateway, servers: object, keep_warm: bool, rules: str
+    ) -> None:
+        """1e10 s overflows Ollama's Duration to "unload when idle": a 400, model kept."""
+        sim = Simulator(SimConfig(decode_tokens_per_s=500.0))
+        url = await serve(servers, sim.make_app())  # type: ignore[arg-type]
+        gateway = await start_gateway(policy(url, keep_warm, extra=rules))
+        await generate(gateway)
+        with pytest.raises(ollama.ResponseError) as refused:
+            await generate(gateway, keep_alive=1e10)
+        assert refused.value.status_code == 400 and "use -1" in refused.value.error
+        assert LLAMA in sim.loaded_models()
 
     async def test_pings_pause_while_the_backend_is_down_and_resume_after(
         self, start_gateway: StartGateway
