@@ -20,7 +20,8 @@ import structlog
 from aiohttp import web
 
 from gateway.access import RECORD
-from gateway.backends import Backend, model_key
+from gateway.backends import Backend, BackendPool, model_key
+from gateway.backends.failures import unavailable
 from gateway.backends.probes import entries_of
 from gateway.bodies import Fields, defer_continue, read_body
 from gateway.errors import GatewayError
@@ -28,7 +29,7 @@ from gateway.relay import Relay, Target
 from gateway.services import Services
 from gateway.vocabulary import Api, Reason
 
-__all__ = ["Reads", "model_forbidden", "model_not_found"]
+__all__ = ["Reads", "model_forbidden", "model_not_found", "no_backend"]
 
 log = structlog.get_logger("fairgate.listings")
 
@@ -162,11 +163,9 @@ class Reads:
         return await self._relay(request, self._choose(view.pool.healthy(Api.OLLAMA), ""), None)
 
     def _choose(self, candidates: list[Backend], model: str) -> Backend:
-        if not candidates:
-            raise GatewayError(
-                503, Reason.NO_BACKEND, "no healthy backend can answer this request now"
-            )
         pool, busy = self._services.policy.current.pool, self._services.admission.room.busy
+        if not candidates:
+            raise no_backend(pool, Api.OLLAMA, model)
         return pool.prefer(candidates, model, busy)
 
     async def _relay(
@@ -201,3 +200,16 @@ def model_forbidden(user: str, model: str) -> GatewayError:
 def model_not_found(model: str) -> GatewayError:
     # Ollama's own wording since v0.5 (server/routes.go).
     return GatewayError(404, Reason.MODEL_NOT_FOUND, f"model '{model}' not found")
+
+
+def no_backend(pool: BackendPool, api: Api, model: str) -> GatewayError:
+    """503 when no healthy backend can answer: it names each backend that could have (for
+    ``model``, if one is asked for) and its last error, since at a first run without Ollama
+    this answer is what the user reads, and it must say what to check. A retry in 10 s
+    gives the probes time to see the backend back."""
+    could = [b for b in pool.backends if b.speaks(api) and (not model or b.serves(model))]
+    down = f" ({unavailable(could)})" if could else ""
+    wanted = f"serves {model!r}" if model else "can answer this request"
+    return GatewayError(
+        503, Reason.NO_BACKEND, f"no healthy backend {wanted} right now{down}", retry_after=10.0
+    )

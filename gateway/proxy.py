@@ -10,12 +10,11 @@ from aiohttp import web
 from gateway.access import RECORD
 from gateway.admission import Permit, Refusal, Ticket
 from gateway.backends import Backend, BackendPool
-from gateway.backends.failures import unavailable
 from gateway.bodies import Fields, defer_continue, read_body
 from gateway.classify import classify
 from gateway.errors import BackendFailure, GatewayError
 from gateway.lanes import lane_of, possible_lanes
-from gateway.listings import model_forbidden, model_not_found
+from gateway.listings import model_forbidden, model_not_found, no_backend
 from gateway.load_options import apply_num_ctx_policy, num_ctx_of
 from gateway.policy import Policy, Timeouts
 from gateway.relay import Relay, Target
@@ -207,11 +206,7 @@ def _check_model_served(pool: BackendPool, api: Api, model: str) -> None:
         return
     if pool.known_nowhere(api, model):
         raise model_not_found(model)
-    # Name each backend that could have served it and its last error: at a first run without
-    # Ollama this answer is what the user reads, and it must say what to check.
-    down = unavailable(b for b in pool.backends if b.speaks(api) and b.serves(model))
-    message = f"no healthy backend serves {model!r} right now ({down})"
-    raise GatewayError(503, Reason.NO_BACKEND, message, retry_after=10.0)
+    raise no_backend(pool, api, model)
 
 
 def _check_budget(services: Services, policy: Policy, user: str) -> None:

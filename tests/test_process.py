@@ -331,6 +331,38 @@ class TestBackendFailures:
         )
         assert backend not in body["error"]  # the address is for the log only
 
+    @pytest.mark.parametrize(
+        ("method", "path", "body", "wanted"),
+        [
+            ("POST", "/api/show", {"model": "llama3.2:3b"}, "serves 'llama3.2:3b'"),
+            ("GET", "/api/version", None, "can answer this request"),
+        ],
+    )
+    async def test_reads_with_no_backend_say_which_is_down_and_when_to_retry(
+        self,
+        start_gateway: StartGateway,
+        http: aiohttp.ClientSession,
+        method: str,
+        path: str,
+        body: object,
+        wanted: str,
+    ) -> None:
+        """show and version answer a down backend's 503 as a chat does: cause and Retry-After."""
+        backend = f"http://127.0.0.1:{free_port()}"
+        gateway = await start_gateway(gpu_backend(backend, extra=FAST_MONITOR))
+        await wait_backend(gateway, "gpu", lambda b: not b.state.healthy)
+        async with http.request(method, gateway.url + path, json=body) as reply:
+            status, retry_after, error = (
+                reply.status,
+                reply.headers.get("Retry-After"),
+                (await reply.json())["error"],
+            )
+        assert (status, retry_after) == (503, "10")
+        assert error == (
+            f"no healthy backend {wanted} right now "
+            "(backend gpu: connection refused - is Ollama running?)"
+        )
+
     async def test_a_chat_at_a_first_run_without_ollama_learns_what_to_check(
         self, start_gateway: StartGateway, http: aiohttp.ClientSession
     ) -> None:
