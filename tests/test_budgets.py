@@ -198,20 +198,11 @@ class TestRequestsInFlight:
         )
         text = house(sim_url, "").replace("users:\n", "users:\n" + owui)
         gateway = await start_gateway(text)
-
-        async def as_person(email: str) -> int:
-            body = {"model": MODEL, "prompt": "hi", "stream": False}
-            headers = {"Authorization": "Bearer owui-key", "X-OpenWebUI-User-Email": email}
-            async with (
-                aiohttp.ClientSession() as session,
-                session.post(gateway.url + "/api/generate", json=body, headers=headers) as reply,
-            ):
-                return reply.status
-
-        assert await as_person("alice@example.com") == 200
+        header = "X-OpenWebUI-User-Email"
+        assert await as_person(gateway, header, "alice@example.com") == 200
         await until(gateway.services.admission, idle)
-        assert await as_person("alice@example.com") == 429
-        assert await as_person("bob@example.com") == 200
+        assert await as_person(gateway, header, "alice@example.com") == 429
+        assert await as_person(gateway, header, "bob@example.com") == 200
 
     async def test_people_a_front_end_names_only_to_be_refused_add_no_rows(
         self, start_sim: StartSim, start_gateway: StartGateway
@@ -221,24 +212,25 @@ class TestRequestsInFlight:
         _, sim_url = await start_sim()
         owui = "  owui:\n    keys: [owui-key]\n    on_behalf: {header: X-Person}\n"
         gateway = await start_gateway(house(sim_url, "").replace("users:\n", "users:\n" + owui))
-
-        async def as_person(person: str, model: str) -> int:
-            body = {"model": model, "prompt": "hi", "stream": False}
-            headers = {"Authorization": "Bearer owui-key", "X-Person": person}
-            async with (
-                aiohttp.ClientSession() as session,
-                session.post(gateway.url + "/api/generate", json=body, headers=headers) as reply,
-            ):
-                return reply.status
-
         for n in range(50):
-            assert await as_person(f"nobody{n}", "made-up:1b") == 404
-        assert await as_person("alice", MODEL) == 200
-        assert await as_person("alice", "made-up:1b") == 404
+            assert await as_person(gateway, "X-Person", f"nobody{n}", "made-up:1b") == 404
+        assert await as_person(gateway, "X-Person", "alice") == 200
+        assert await as_person(gateway, "X-Person", "alice", "made-up:1b") == 404
         usage = gateway.services.snapshot().usage
         assert sorted(user for user in usage if user.startswith("owui")) == ["owui", "owui/alice"]
         assert usage["owui"].today.refused == 50
         assert usage["owui/alice"].today.refused == 1
+
+
+async def as_person(gateway: Gateway, header: str, person: str, model: str = MODEL) -> int:
+    """The status of a generation sent by the front end owui (key owui-key) for ``person``."""
+    body = {"model": model, "prompt": "hi", "stream": False}
+    headers = {"Authorization": "Bearer owui-key", header: person}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(gateway.url + "/api/generate", json=body, headers=headers) as reply,
+    ):
+        return reply.status
 
 
 class TestReloadAndViews:
