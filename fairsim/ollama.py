@@ -26,7 +26,6 @@ from .ollama_common import (
     now_utc,
     output_budget,
     read_body,
-    typed,
 )
 from .recording import TapStream
 from .wire import float32_widened, go_expiry, go_json, go_time, tokens_in
@@ -135,19 +134,19 @@ class OllamaAPI:
     async def _generation(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         go_struct = "api.ChatRequest" if chat else "api.GenerateRequest"
         body = await read_body(request, go_struct)
-        name = typed(body, "model", str, go_struct, "string") or ""
-        stream = typed(body, "stream", bool, go_struct, "bool")
-        options = typed(body, "options", dict, go_struct, "map[string]interface {}") or {}
+        name = body.get("model") or ""
+        stream = body.get("stream")
+        options = body.get("options") or {}
         keep_alive = keep_alive_of(body)
         if chat:
-            messages = typed(body, "messages", list, go_struct, "[]api.Message") or []
+            messages = body.get("messages") or []
             texts = [message_text(m.get("content")) for m in messages if isinstance(m, dict)]
             prompt = "\n".join(texts)
             counted = prompt
             empty = not messages
         else:
-            prompt = typed(body, "prompt", str, go_struct, "string") or ""
-            counted = (typed(body, "system", str, go_struct, "string") or "") + prompt
+            prompt = body.get("prompt") or ""
+            counted = (body.get("system") or "") + prompt
             empty = not prompt
         if not empty:
             self.engine.record_prompt(prompt)
@@ -231,7 +230,7 @@ class OllamaAPI:
 
     async def embed(self, request: web.Request) -> web.Response:
         body = await read_body(request, "api.EmbedRequest")
-        name = typed(body, "model", str, "api.EmbedRequest", "string") or ""
+        name = body.get("model") or ""
         keep_alive = keep_alive_of(body)
         raw_input = body.get("input")
         if isinstance(raw_input, str):
@@ -263,8 +262,8 @@ class OllamaAPI:
 
     async def embeddings(self, request: web.Request) -> web.Response:
         body = await read_body(request, "api.EmbeddingRequest")
-        name = typed(body, "model", str, "api.EmbeddingRequest", "string") or ""
-        prompt = typed(body, "prompt", str, "api.EmbeddingRequest", "string") or ""
+        name = body.get("model") or ""
+        prompt = body.get("prompt") or ""
         keep_alive = keep_alive_of(body)
         model = self._embedding_model(name, body)
         load = load_options_of(body.get("options"))

@@ -11,6 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.ambiguity import NestedTooDeeply
+from gateway.ollama_fields import STRUCTS, field_type_error
 
 from .config import LoadOptions
 from .gojson import go_decode
@@ -39,7 +40,6 @@ __all__ = [
     "now_utc",
     "output_budget",
     "read_body",
-    "typed",
 ]
 
 OLLAMA_VERSION = "0.32.15"  # the release whose wire formats this copies
@@ -94,19 +94,9 @@ async def read_body(request: web.Request, go_struct: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         kind = go_type_name(value)
         raise RequestError(400, f"json: cannot unmarshal {kind} into Go value of type {go_struct}")
+    if go_struct in STRUCTS and (error := field_type_error(go_struct, value)) is not None:
+        raise RequestError(400, error)
     return value
-
-
-def typed(body: dict[str, Any], name: str, kind: type, go_struct: str, go_kind: str) -> Any:
-    """``body[name]`` when absent, null or of ``kind``; otherwise Go's unmarshal error."""
-    value = body.get(name)
-    if value is None or (isinstance(value, kind) and (kind is bool or not isinstance(value, bool))):
-        return value
-    raise RequestError(
-        400,
-        f"json: cannot unmarshal {go_type_name(value)} into Go struct field "
-        f"{go_struct.rpartition('.')[2]}.{name} of type {go_kind}",
-    )
 
 
 def keep_alive_of(body: dict[str, Any]) -> float | None:

@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from gateway.durations import fits_go_duration, parse_go_duration
+from gateway.ollama_fields import go_type_name
 
 __all__ = [
     "FOREVER",
@@ -90,19 +91,6 @@ def parse_keep_alive(value: Any) -> float:
     if seconds < 0:
         return FOREVER
     return seconds if isinstance(value, str) or fits_go_duration(seconds) else 0.0
-
-
-def go_type_name(value: Any) -> str:
-    """The JSON kind Go names in its unmarshal errors."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int | float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    return "array" if isinstance(value, list) else "object"
 
 
 def json_error_message(body: str, error: json.JSONDecodeError) -> str:

@@ -16,6 +16,7 @@ from gateway.errors import BackendFailure, GatewayError
 from gateway.lanes import lane_of, possible_lanes
 from gateway.listings import model_forbidden, model_not_found, no_backend
 from gateway.load_options import apply_num_ctx_policy, num_ctx_of
+from gateway.ollama_fields import field_type_error
 from gateway.policy import Policy, Timeouts
 from gateway.relay import Relay, Target
 from gateway.services import Services
@@ -73,6 +74,7 @@ class Generation:
         _check_model_allowed(view.policy, user, model)
         _check_model_served(view.pool, api, model)
         if api is Api.OLLAMA:
+            _check_field_types(request.path, fields.values)
             policy = view.policy
             kept = kept_alive(policy.backends, model)
             # Both run, then one re-encoding: what they checked is what Ollama reads.
@@ -221,3 +223,20 @@ def _check_budget(services: Services, policy: Policy, user: str) -> None:
 def _check_model_allowed(policy: Policy, user: str, model: str) -> None:
     if not policy.may_use(user, model):
         raise model_forbidden(user, model)
+
+
+# Ollama's structs for its native routes (api/types.go), by path.
+_STRUCTS = {
+    "/api/generate": "api.GenerateRequest",
+    "/api/chat": "api.ChatRequest",
+    "/api/embed": "api.EmbedRequest",
+    "/api/embeddings": "api.EmbeddingRequest",
+}
+
+
+def _check_field_types(path: str, fields: dict[str, object]) -> None:
+    """Ollama's own 400 for a field of the wrong type, before a slot is taken: sent on, it
+    would be refused there only after a swap had unloaded another user's model for it."""
+    error = field_type_error(_STRUCTS[path], fields)
+    if error is not None:
+        raise GatewayError(400, Reason.BAD_REQUEST, error)

@@ -396,8 +396,10 @@ class TestPlanner:
 
 
 class TestWastedSwaps:
-    """Ollama refuses a body it cannot decode before its scheduler evicts anything; a swap
-    the gateway made for such a request unloaded someone's model for nothing."""
+    """Ollama refuses a body it cannot decode, or a model without a capability asked for,
+    before its scheduler evicts anything; a swap made for such a request unloads
+    someone's model for nothing. (The simulator's sim_status stands for a refusal the
+    gateway cannot foresee.)"""
 
     USERS = (
         "users:\n  alice: {keys: [alice-key]}\n  bob: {keys: [bob-key]}\nqueue: {max_wait: 1s}\n"
@@ -419,12 +421,31 @@ class TestWastedSwaps:
         )
         assert await chat(gateway, QWEN, "bob-key") == 200
         assert await chat(gateway, LLAMA, "alice-key") == 200
-        assert await chat(gateway, PHI, "alice-key", options="x") == 400
+        refused = {"sim_status": 400}
+        assert await chat(gateway, PHI, "alice-key", options=refused) == 400
         assert len(sim.stats.unloaded) == 1  # the first one cost a model: not foreseeable
         # phi3 never loaded: qwen comes back beside llama, which a phantom phi3 counted
         # as held would have had unloaded instead.
         assert await chat(gateway, QWEN, "bob-key") == 200
         assert set(sim.loaded_models()) == {LLAMA, QWEN}
-        assert await chat(gateway, PHI, "alice-key", options="x") == 503
+        assert await chat(gateway, PHI, "alice-key", options=refused) == 503
         assert len(sim.stats.unloaded) == 1 and set(sim.loaded_models()) == {LLAMA, QWEN}
         assert await chat(gateway, PHI, "bob-key") == 200  # bob's swaps go on
+
+    async def test_a_body_ollama_cannot_decode_is_refused_before_any_swap(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """options as a string: Ollama's own 400, from the gateway, and nothing unloaded."""
+        sim, gateway = await start(
+            start_sim,
+            start_gateway,
+            ", max_loaded_models: 2",
+            head=self.USERS,
+            max_loaded_models=2,
+            models=[LLAMA, QWEN, PHI],
+        )
+        assert await chat(gateway, QWEN, "bob-key") == 200
+        assert await chat(gateway, LLAMA, "alice-key") == 200
+        for _ in range(3):
+            assert await chat(gateway, PHI, "alice-key", options="x") == 400
+        assert sim.stats.unloaded == [] and set(sim.loaded_models()) == {LLAMA, QWEN}

@@ -1,0 +1,123 @@
+"""The JSON types of the fields Ollama's native request structs hold, and Go's error for a
+body whose field has another type.
+
+Ollama binds a body into ``api.GenerateRequest``, ``api.ChatRequest``... (api/types.go) and
+answers 400 (``json: cannot unmarshal string into Go struct field ...``) before its
+scheduler does anything. The gateway checks the same before it takes a slot or plans a
+swap: a request Ollama would refuse must not unload anybody's model first. Only the plain
+types are checked here (strings, booleans, integers, maps, lists and their items where Go
+knows them); a ``format`` schema, ``keep_alive`` and ``think`` are read elsewhere or are
+any JSON. Pure: the simulator answers with the same errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = ["STRUCTS", "field_type_error", "go_type_name"]
+
+_Check = Callable[[Any], bool]
+
+
+def _string(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _bool(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _map(value: Any) -> bool:
+    return isinstance(value, dict)
+
+
+def _list(value: Any) -> bool:
+    return isinstance(value, list)
+
+
+# A field: what its JSON must be (null always passes: Go leaves the field as it is), Go's
+# name for its type, and for a list the check and Go's name of each item (None: any item).
+_Field = tuple[_Check, str, tuple[_Check, str] | None]
+_STRING: _Field = (_string, "string", None)
+_BOOL: _Field = (_bool, "bool", None)
+_INT: _Field = (_int, "int", None)
+_OPTIONS: _Field = (_map, "map[string]interface {}", None)
+_COMMON: dict[str, _Field] = {
+    "model": _STRING,
+    "options": _OPTIONS,
+    "truncate": _BOOL,
+    "shift": _BOOL,
+    "_debug_render_only": _BOOL,
+    "logprobs": _BOOL,
+    "top_logprobs": _INT,
+}
+STRUCTS: Mapping[str, Mapping[str, _Field]] = {
+    "api.GenerateRequest": {
+        **_COMMON,
+        "prompt": _STRING,
+        "suffix": _STRING,
+        "system": _STRING,
+        "template": _STRING,
+        "context": (_list, "[]int", (_int, "int")),
+        "stream": _BOOL,
+        "raw": _BOOL,
+        "images": (_list, "[]api.ImageData", (_string, "api.ImageData")),
+    },
+    "api.ChatRequest": {
+        **_COMMON,
+        "messages": (_list, "[]api.Message", (_map, "api.Message")),
+        "stream": _BOOL,
+        "tools": (_list, "api.Tools", (_map, "api.Tool")),
+    },
+    "api.EmbedRequest": {
+        "model": _STRING,
+        "options": _OPTIONS,
+        "truncate": _BOOL,
+        "dimensions": _INT,
+    },
+    "api.EmbeddingRequest": {"model": _STRING, "prompt": _STRING, "options": _OPTIONS},
+}
+"""By Go struct: each top-level field whose JSON type Go checks (api/types.go)."""
+
+
+def field_type_error(struct: str, fields: Mapping[str, Any]) -> str | None:
+    """Go's error for the first field of ``fields`` (keys as Go matched them) that cannot
+    be decoded into ``struct``, or None."""
+    name_in_error = struct.rpartition(".")[2]
+    for name, (check, go_type, items) in STRUCTS[struct].items():
+        value = fields.get(name)
+        if value is None:
+            continue
+        if not check(value):
+            return _cannot(value, f"{name_in_error}.{name}", go_type)
+        if items is not None:
+            item_check, item_type = items
+            for item in value:
+                if item is not None and not item_check(item):
+                    return _cannot(item, f"{name_in_error}.{name}", item_type)
+    return None
+
+
+def _cannot(value: Any, field: str, go_type: str) -> str:
+    kind = go_type_name(value)
+    if kind == "number" and go_type == "int":  # a fraction, or out of range: Go says which
+        kind = f"number {value}"
+    return f"json: cannot unmarshal {kind} into Go struct field {field} of type {go_type}"
+
+
+def go_type_name(value: Any) -> str:
+    """The JSON kind Go names in its unmarshal errors."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
