@@ -405,12 +405,10 @@ class TestWastedSwaps:
         "users:\n  alice: {keys: [alice-key]}\n  bob: {keys: [bob-key]}\nqueue: {max_wait: 1s}\n"
     )
 
-    async def test_a_user_whose_swap_loaded_nothing_plans_no_swap_for_a_while(
+    async def both_loaded(
         self, start_sim: StartSim, start_gateway: StartGateway
-    ) -> None:
-        """alice's unreadable phi3 request unloads bob's qwen once; nothing counts phi3 as
-        loaded after; her second one waits and is refused without unloading anything, while
-        bob may still swap."""
+    ) -> tuple[Simulator, Gateway]:
+        """Room for two models, three on disk: bob's qwen and alice's llama loaded."""
         sim, gateway = await start(
             start_sim,
             start_gateway,
@@ -421,6 +419,15 @@ class TestWastedSwaps:
         )
         assert await chat(gateway, QWEN, "bob-key") == 200
         assert await chat(gateway, LLAMA, "alice-key") == 200
+        return sim, gateway
+
+    async def test_a_user_whose_swap_loaded_nothing_plans_no_swap_for_a_while(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """alice's unreadable phi3 request unloads bob's qwen once; nothing counts phi3 as
+        loaded after; her second one waits and is refused without unloading anything, while
+        bob may still swap."""
+        sim, gateway = await self.both_loaded(start_sim, start_gateway)
         refused = {"sim_status": 400}
         assert await chat(gateway, PHI, "alice-key", options=refused) == 400
         assert len(sim.stats.unloaded) == 1  # the first one cost a model: not foreseeable
@@ -436,16 +443,7 @@ class TestWastedSwaps:
         self, start_sim: StartSim, start_gateway: StartGateway
     ) -> None:
         """options as a string: Ollama's own 400, from the gateway, and nothing unloaded."""
-        sim, gateway = await start(
-            start_sim,
-            start_gateway,
-            ", max_loaded_models: 2",
-            head=self.USERS,
-            max_loaded_models=2,
-            models=[LLAMA, QWEN, PHI],
-        )
-        assert await chat(gateway, QWEN, "bob-key") == 200
-        assert await chat(gateway, LLAMA, "alice-key") == 200
+        sim, gateway = await self.both_loaded(start_sim, start_gateway)
         for _ in range(3):
             assert await chat(gateway, PHI, "alice-key", options="x") == 400
         assert sim.stats.unloaded == [] and set(sim.loaded_models()) == {LLAMA, QWEN}
