@@ -39,9 +39,10 @@ class HeavyClass(Strict):
     wait_for_light: Duration = Field(
         default=2.0,
         ge=0,
-        description="How long a heavy request that could start waits for the light requests "
-        "running on its backend to end: its prefill would stall them all (llama.cpp and Ollama "
-        "batch every slot together). 0: start at once.",
+        description="How long a heavy request that could start waits for people's light "
+        "requests running on its backend to end (background work holds nobody): its prefill "
+        "would stall them all (llama.cpp and Ollama batch every slot together). 0: start at "
+        "once.",
     )
 
     def slots_on(self, backend_slots: int) -> int:

@@ -29,6 +29,9 @@ class SlotLedger:
         self.busy: Counter[str] = Counter()
         self.heavy: Counter[str] = Counter()
         self.background: Counter[str] = Counter()
+        # People's light requests: the streams a long prefill beside them would stall, for
+        # which a heavy request waits (prefill_gate.py). Background work's are not counted.
+        self.people_light: Counter[str] = Counter()
         # Who holds each busy slot, and since when, for the house page: by the ticket's
         # identity, since two requests can be alike field for field. The ticket is kept so
         # that its id stays unique while it is here.
@@ -60,6 +63,8 @@ class SlotLedger:
             self.heavy[group] += 1
         if ticket.lane is Lane.BACKGROUND:
             self.background[group] += 1
+        elif not ticket.heavy:
+            self.people_light[group] += 1
         self._hold(ticket, backend)
 
     def give_back(self, ticket: Ticket, backend: Backend) -> None:
@@ -70,6 +75,8 @@ class SlotLedger:
             decrement(self.heavy, group)
         if ticket.lane is Lane.BACKGROUND:
             decrement(self.background, group)
+        elif not ticket.heavy:
+            decrement(self.people_light, group)
         held = self.holders.get(id(ticket))
         # After a failover the ticket holds the new backend already: that hold stays.
         if held is not None and held[1] == backend.name:

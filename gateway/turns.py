@@ -143,6 +143,7 @@ def _wanted_by_people(room: WaitingRoom) -> frozenset[str]:
 def _heavy_may_start(room: WaitingRoom, backend: Backend, model: str) -> bool:
     # One batch per slot group: on Ollama each model's runner batches its own slots.
     group = backend.group(model)
-    light_running = room.slots.busy[group] - room.slots.heavy[group]
+    # People first: a title or tag task running here does not hold a person's long prompt.
+    light_running = room.slots.people_light[group]
     wait = room.policy.classes.heavy.wait_for_light
     return room.gate.may_start(group, light_running, wait, room.clock())

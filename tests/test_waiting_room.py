@@ -6,7 +6,7 @@ import asyncio
 
 from gateway.backends import Backend, BackendPool, BackendStates
 from gateway.policy import parse_policy
-from gateway.vocabulary import Api, RequestClass
+from gateway.vocabulary import Api, Lane, RequestClass
 from gateway.waiting_room import Ticket, Waiter, WaitingRoom
 
 POLICY = """\
@@ -168,3 +168,15 @@ async def test_nobody_starts_at_once_past_a_request_that_waits() -> None:
     turn = asyncio.get_running_loop().create_future()
     assert room.room.start_at_once(ticket, room.now, turn) is None
     assert not turn.done() and room.room.depth == 1
+
+
+async def test_background_work_beside_does_not_hold_a_persons_heavy_request() -> None:
+    """The gate keeps a long prefill off people's streams: a title task (light, in the
+    background lane) running on the backend does not hold a person's long prompt."""
+    room = Room()
+    task = Ticket("bob", "m", Api.OLLAMA, 40, RequestClass.LIGHT, lane=Lane.BACKGROUND)
+    running = room.room.join(task, room.now, asyncio.get_running_loop().create_future())
+    room.room.dispatch()
+    assert running.turn.done()
+    assert room.join("ann", heavy=True).turn.done()
+    assert room.wakes == []
