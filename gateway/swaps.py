@@ -146,9 +146,12 @@ class SwapPlanner:
         self._barred[user] = now + SWAP_BAR_SECONDS
 
     def may_plan_for(self, user: str) -> bool:
-        """Whether a swap may be planned for ``user``'s request (see ``wasted``)."""
-        until = self._barred.get(user)
-        return until is None or until <= self._clock()
+        """Whether a swap may be planned for ``user``'s request (see ``_wasted``)."""
+        return self._barred_for(user) == 0.0
+
+    def _barred_for(self, user: str) -> float:
+        """Seconds until a swap may be planned for ``user`` again (0: it may now)."""
+        return max(0.0, self._barred.get(user, 0.0) - self._clock())
 
     def admits(
         self, backend: Backend, model: str, asked: int | None, busy: Mapping[str, int]
@@ -261,17 +264,29 @@ class SwapPlanner:
 
     def wait_for(
         self,
+        user: str,
         backends: Iterable[Backend],
         model: str,
         asked: int | None,
         busy: Mapping[str, int],
         hold: float,
     ) -> SwapWait | None:
-        """Why ``model`` cannot be sent to any of ``backends`` for memory (``waits``)."""
+        """Why ``user``'s request for ``model`` cannot be sent to any of ``backends`` for
+        memory (``waits``); when a swap would make room but none is started for ``user``
+        (``_wasted``), that, and when they will be again."""
         for backend in backends:
             waits = self.waits(backend, model, asked, busy, hold)
-            if waits is not None:
-                return waits
+            if waits is None:
+                continue
+            barred = self._barred_for(user)
+            if barred and self._of(backend).swap is None:
+                return SwapWait(
+                    f"{model} needs a swap on {backend.name}, and none is started for {user} "
+                    f"for {barred:.0f} s more: the backend refused, without loading anything, a "
+                    "request that models were unloaded for",
+                    barred,
+                )
+            return waits
         return None
 
     def keep_only(self, wanted: Collection[tuple[str, str]]) -> None:

@@ -281,7 +281,9 @@ class WaitingRoom:
     def swap_wait(self, ticket: Ticket, hold: float) -> SwapWait | None:
         """Why ``ticket``'s model keeps it waiting, if memory does (for its refusal)."""
         backends = self.pool.serving(ticket.api, ticket.model)
-        return self.swaps.wait_for(backends, ticket.model, ticket.num_ctx, self.slots.busy, hold)
+        return self.swaps.wait_for(
+            ticket.user, backends, ticket.model, ticket.num_ctx, self.slots.busy, hold
+        )
 
     def snapshot(self, now: float) -> RoomSnapshot:
         """The room at ``now``, for /status, metrics and the house page."""

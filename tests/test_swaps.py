@@ -40,14 +40,20 @@ async def start(
 
 
 async def chat(gateway: Gateway, model: str, key: str | None = None, **body: Any) -> int:
+    return (await answer(gateway, model, key, **body))[0]
+
+
+async def answer(
+    gateway: Gateway, model: str, key: str | None = None, **body: Any
+) -> tuple[int, str]:
+    """A whole chat's status and body."""
     request = {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": False}
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     async with (
         aiohttp.ClientSession() as session,
         session.post(gateway.url + "/api/chat", json=request | body, headers=headers) as reply,
     ):
-        await reply.read()
-        return reply.status
+        return reply.status, await reply.text()
 
 
 def waiting(gateway: Gateway, model: str, **body: Any) -> asyncio.Task[int]:
@@ -435,7 +441,8 @@ class TestWastedSwaps:
         # as held would have had unloaded instead.
         assert await chat(gateway, QWEN, "bob-key") == 200
         assert set(sim.loaded_models()) == {LLAMA, QWEN}
-        assert await chat(gateway, PHI, "alice-key", options=refused) == 503
+        status, said = await answer(gateway, PHI, "alice-key", options=refused)
+        assert status == 503 and "none is started for alice" in said, said
         assert len(sim.stats.unloaded) == 1 and set(sim.loaded_models()) == {LLAMA, QWEN}
         assert await chat(gateway, PHI, "bob-key") == 200  # bob's swaps go on
 
