@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from gateway.backends import model_key
-from gateway.reload import LivePolicy
+from gateway.backends import BackendState, model_key
+from gateway.reload import LivePolicy, PolicyView
 from gateway.user_policy import ANONYMOUS, UNKNOWN
 
 __all__ = ["OTHER", "MetricLabels", "add_merged"]
@@ -34,28 +34,69 @@ Family = CounterMetricFamily | GaugeMetricFamily
 
 
 class MetricLabels:
-    """Maps users and models to their label values, against the policy in force now."""
+    """Maps users and models to their label values, against the policy in force now.
+
+    Every finished request asks for both, so what the answers rest on is worked out once
+    per policy version and per change of a backend's model list, and checked by identity
+    (a reload replaces the view, a probe the list). Only configured names are remembered:
+    the names clients make up are what a bound must not grow with.
+    """
 
     def __init__(self, policy: LivePolicy) -> None:
         self._policy = policy
+        self._view: PolicyView | None = None
+        self._users: dict[str, str] = {}  # label of each configured user (and anonymous)
+        self._states: list[BackendState] = []  # of the view's backends
+        self._lists: list[frozenset[str] | None] = []  # their model lists, as last seen
+        self._models: frozenset[str] = frozenset()  # keys listed or kept warm
 
     def user(self, user: str | None) -> str:
         # Not anonymous: that is a user of its own, and 401s from a stranger's key counted
         # under it would read as the household's keyless devices failing.
         if user is None:
             return UNKNOWN
+        view = self._current()
+        label = self._users.get(user)
+        return self._account(view, user) if label is None else label
+
+    def model(self, model: str) -> str:
+        view = self._current()
+        lists = list(map(_MODELS, self._states))
+        if lists != self._lists:
+            self._models = _models(view, lists)
+        # A probe replaces a list, mostly with an equal one: keeping the newest lets the
+        # next comparison end at identity, as list comparison tries that first.
+        self._lists = lists
+        return model if model_key(model) in self._models else OTHER
+
+    def _current(self) -> PolicyView:
+        view = self._policy.current
+        if view is not self._view:
+            self._view = view
+            configured = {name: self._account(view, name) for name in view.policy.users}
+            self._users = {**configured, ANONYMOUS: ANONYMOUS}
+            self._states = [backend.state for backend in view.pool.backends]
+            self._lists = list(map(_MODELS, self._states))
+            self._models = _models(view, self._lists)
+        return view
+
+    @staticmethod
+    def _account(view: PolicyView, user: str) -> str:
         if user == ANONYMOUS:
             return ANONYMOUS
-        policy = self._policy.current.policy
+        policy = view.policy
         # A person a front end names counts under the front end: labels stay bounded.
         account = policy.account_of(user)
         return account if account in policy.users else UNKNOWN
 
-    def model(self, model: str) -> str:
-        key, view = model_key(model), self._policy.current
-        listed = any(key in (b.state.models or ()) for b in view.pool.backends)
-        kept_warm = any(key in map(model_key, b.keep_warm) for b in view.policy.backends)
-        return model if listed or kept_warm else OTHER
+
+_MODELS = operator.attrgetter("models")
+
+
+def _models(view: PolicyView, lists: list[frozenset[str] | None]) -> frozenset[str]:
+    """The model keys that are their own label value: listed by a backend or kept warm."""
+    kept_warm = (model_key(model) for b in view.policy.backends for model in b.keep_warm)
+    return frozenset().union(*(listed for listed in lists if listed), kept_warm)
 
 
 def add_merged(

@@ -1,6 +1,7 @@
 """Prometheus metrics: what admins need to tell a slow queue from a slow model.
 
-Histograms and counters are observed once per request, from its record, when it ends.
+Histograms and counters are observed once per request, from its record, when it ends, as
+plain numbers rendered at scrape time (``metric_counts.py``).
 Gauges (queue depth, running, slots, health, fair-share counters) are read from
 snapshots when Prometheus scrapes, so the request path pays nothing for them.
 Label values are bounded by the policy, whatever clients send (``metric_labels.py``): a
@@ -10,24 +11,17 @@ user is a configured name (a front end's people count under it), ``anonymous`` o
 
 from __future__ import annotations
 
-from bisect import bisect_left
+import time
 from collections.abc import Callable, Iterator
-from itertools import accumulate
-from typing import Any
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 from gateway.access import RequestRecord
+from gateway.metric_counts import LabelledCounts, LabelledHistogram
 from gateway.metric_labels import MetricLabels, add_merged
 from gateway.model_metrics import model_families
 from gateway.reload import LivePolicy
@@ -45,12 +39,19 @@ _GENERATION = ("/api/chat", "/api/generate", "/api/embed", "/api/embeddings", "/
 class Metrics:
     """The gateway's metrics, in a registry of its own (no process-global state)."""
 
-    def __init__(self, policy: LivePolicy, snapshot: Callable[[], GatewaySnapshot]) -> None:
-        self.registry = CollectorRegistry()
-        r = self.registry
+    def __init__(
+        self,
+        policy: LivePolicy,
+        snapshot: Callable[[], GatewaySnapshot],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """``clock``: wall-clock seconds, when a label set was first counted (_created)."""
 
-        def latency(name: str, documentation: str) -> Histogram:
-            return Histogram(name, documentation, ["class"], buckets=LATENCY_BUCKETS, registry=r)
+        def latency(name: str, documentation: str) -> LabelledHistogram:
+            return LabelledHistogram(name, documentation, ["class"], LATENCY_BUCKETS, clock)
+
+        def counts(name: str, documentation: str, labels: list[str]) -> LabelledCounts:
+            return LabelledCounts(name, documentation, labels, clock)
 
         self.ttft = latency(
             "fairgate_time_to_first_token_seconds",
@@ -64,42 +65,50 @@ class Metrics:
             "fairgate_queue_wait_seconds",
             "Time spent in the gateway's waiting room before a slot was given.",
         )
-        self.gap = _GapHistogram()
-        r.register(self.gap)
+        # Filled with a whole reply's gaps at once; no _created, as it never had one.
+        self.gap = LabelledHistogram(
+            "fairgate_inter_token_seconds",
+            "Gaps between consecutive chunks of a streamed reply (inter-token latency).",
+            ["class"], GAP_BUCKETS, clock=None,
+        )  # fmt: skip
         self.duration = latency(
             "fairgate_request_duration_seconds", "From arrival to the end of the reply."
         )
-        self.requests = Counter(
+        self.requests = counts(
             "fairgate_requests",
             "Generation and embedding requests answered, by HTTP status code.",
-            ["user", "model", "class", "code"], registry=r,
+            ["user", "model", "class", "code"],
+        )
+        self.rejections = counts(
+            "fairgate_rejections", "Requests refused by the gateway itself, by reason.",
+            ["user", "reason"],
         )  # fmt: skip
-        self.rejections = Counter(
-            "fairgate_rejections",
-            "Requests refused by the gateway itself, by reason.",
-            ["user", "reason"], registry=r,
-        )  # fmt: skip
-        self.prompt_tokens = Counter(
+        self.prompt_tokens = counts(
             "fairgate_prompt_tokens", "Prompt tokens, as the backend counted them.",
-            ["user", "model"], registry=r,
+            ["user", "model"],
         )  # fmt: skip
-        self.completion_tokens = Counter(
+        self.completion_tokens = counts(
             "fairgate_completion_tokens", "Generated tokens, as the backend counted them.",
-            ["user", "model"], registry=r,
+            ["user", "model"],
         )  # fmt: skip
-        self.stream_failures = Counter(
+        self.stream_failures = counts(
             "fairgate_stream_failures",
             "Replies cut by the backend (or its silence) after the first byte.",
-            ["backend"], registry=r,
-        )  # fmt: skip
-        self.client_stalls = Counter(
+            ["backend"],
+        )
+        self.client_stalls = counts(
             "fairgate_client_stalls",
             "Replies ended because the client left them unread for timeouts.client_stall.",
-            ["user"], registry=r,
-        )  # fmt: skip
+            ["user"],
+        )
         self._labels = labels = MetricLabels(policy)
-        r.register(_SnapshotCollector(snapshot, labels))
-        self._children: dict[tuple[MetricWrapperBase, tuple[str, ...]], Any] = {}
+        self.registry = CollectorRegistry()
+        for family in (
+            self.ttft, self.ttft_dispatch, self.queue_wait, self.gap, self.duration,
+            self.requests, self.rejections, self.prompt_tokens, self.completion_tokens,
+            self.stream_failures, self.client_stalls, _SnapshotCollector(snapshot, labels),
+        ):  # fmt: skip
+            self.registry.register(family)
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_get("/metrics", self.endpoint)
@@ -112,71 +121,30 @@ class Metrics:
         """Account for one finished request."""
         user = self._labels.user(record.user)
         request_class = record.request_class or RequestClass.LIGHT
+        by_class = (request_class,)
         if record.reason in REFUSALS:
-            self._child(self.rejections, user, record.reason).inc()
-        if not record.path.startswith(_GENERATION) or record.model is None:
+            self.rejections.inc((user, record.reason))
+        if record.model is None or not record.path.startswith(_GENERATION):
             return
         model = self._labels.model(record.model)
-        self._child(self.requests, user, model, request_class, str(record.status)).inc()
+        self.requests.inc((user, model, request_class, str(record.status)))
         if record.reason is Reason.BACKEND_FAILED_MID_STREAM and record.backend is not None:
-            self._child(self.stream_failures, record.backend).inc()
+            self.stream_failures.inc((record.backend,))
         if record.reason is Reason.CLIENT_STALLED:
-            self._child(self.client_stalls, user).inc()
+            self.client_stalls.inc((user,))
         if record.queue_wait is not None:
-            self._child(self.queue_wait, request_class).observe(record.queue_wait)
+            self.queue_wait.observe(by_class, record.queue_wait)
         if record.first_byte_at is not None:
-            self._child(self.ttft, request_class).observe(record.first_byte_at - record.arrived)
+            self.ttft.observe(by_class, record.first_byte_at - record.arrived)
             if record.dispatched_at is not None:
-                self._child(self.ttft_dispatch, request_class).observe(
-                    record.first_byte_at - record.dispatched_at
-                )
-            self._child(self.duration, request_class).observe(record.finished - record.arrived)
+                self.ttft_dispatch.observe(by_class, record.first_byte_at - record.dispatched_at)
+            self.duration.observe(by_class, record.finished - record.arrived)
         if record.gaps:
-            self.gap.observe_all(request_class, record.gaps)
+            self.gap.observe_all(by_class, record.gaps)
         if record.prompt_tokens:
-            self._child(self.prompt_tokens, user, model).inc(record.prompt_tokens)
+            self.prompt_tokens.inc((user, model), record.prompt_tokens)
         if record.completion_tokens:
-            self._child(self.completion_tokens, user, model).inc(record.completion_tokens)
-
-    def _child(self, metric: MetricWrapperBase, *labels: str) -> Any:
-        """``metric.labels(*labels)``, remembered: labels() validates and takes a lock on
-        every call, and the same few label sets come back request after request."""
-        key = (metric, labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*labels)
-        return child
-
-
-class _GapHistogram(Collector):
-    """fairgate_inter_token_seconds, filled with a whole reply's gaps at once.
-
-    A reply has a gap per chunk; prometheus_client's Histogram takes one observation per
-    call (a lock and a Python loop over the buckets), which was a tenth of the gateway's
-    CPU in a profile of 100 paced streams. Here each gap is one bisect into plain counts.
-    """
-
-    def __init__(self) -> None:
-        self._counts: dict[str, list[int]] = {}  # by class; one slot per bucket, then +Inf
-        self._sums: dict[str, float] = {}
-
-    def observe_all(self, request_class: str, gaps: list[float]) -> None:
-        counts = self._counts.setdefault(request_class, [0] * (len(GAP_BUCKETS) + 1))
-        for gap in gaps:
-            counts[bisect_left(GAP_BUCKETS, gap)] += 1  # a bucket's bound is inclusive
-        self._sums[request_class] = self._sums.get(request_class, 0.0) + sum(gaps)
-
-    def collect(self) -> Iterator[Metric]:
-        family = HistogramMetricFamily(
-            "fairgate_inter_token_seconds",
-            "Gaps between consecutive chunks of a streamed reply (inter-token latency).",
-            labels=["class"],
-        )
-        bounds = [repr(float(bound)) for bound in GAP_BUCKETS] + ["+Inf"]  # as the client
-        for request_class, counts in self._counts.items():
-            buckets = list(zip(bounds, map(float, accumulate(counts)), strict=True))
-            family.add_metric([request_class], buckets, self._sums[request_class])
-        yield family
+            self.completion_tokens.inc((user, model), record.completion_tokens)
 
 
 class _SnapshotCollector(Collector):

@@ -8,14 +8,24 @@ import re
 from pathlib import Path
 
 import aiohttp
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.access import RequestRecord
+from gateway.metrics import Metrics
+from gateway.policy import load_policy
+from gateway.services import Services
+from gateway.settings import Settings
+from gateway.vocabulary import Reason, RequestClass
 from tests.conftest import Gateway, StartGateway, StartSim, one_backend
+from tests.test_history import Clock
 
 REPO = Path(__file__).resolve().parent.parent
 DASHBOARD = REPO / "deploy" / "grafana" / "dashboards" / "fairgate.json"
 ALERTS = REPO / "deploy" / "prometheus" / "alerts.yml"
 MODEL = "llama3.2:3b"
+# What prometheus_client's Counter and Histogram exposed for the records below.
+EXPOSITION = REPO / "tests" / "samples" / "prometheus_client" / "finished_requests.txt"
 
 
 def dashboard_queries() -> list[str]:
@@ -171,3 +181,69 @@ async def test_the_ttft_histogram_measures_queue_wait_plus_prefill(
     assert list(gaps.values()) == sorted(gaps.values())  # cumulative, as Prometheus reads it
     assert gaps["0.005"] < count  # most gaps are the 10 ms decode step, not coalesced reads
     assert 0.1 < total < 2.0
+
+
+HOUSEHOLD = """\
+users:
+  anonymous: {}
+  alice: {keys: [alice-key]}
+  bob: {keys: [bob-key]}
+  owui: {keys: [owui-key], on_behalf: {header: X-OpenWebUI-User-Email}}
+backends:
+  - {name: gpu, url: "http://127.0.0.1:9", kind: ollama, slots: 2, keep_warm: [warm]}
+"""
+
+
+def finished(user: str | None, model: str | None, **fields: object) -> RequestRecord:
+    """A generation request that arrived at 0 and ended at 1.5 s, answered 200; ``fields``
+    set the rest."""
+    record = RequestRecord("r", "POST", "/api/chat", arrived=0.0, finished=1.5, status=200)
+    record.user, record.model = user, model
+    for name, value in fields.items():
+        setattr(record, name, value)
+    return record
+
+
+def test_finished_requests_are_exposed_as_prometheus_client_exposed_them(tmp_path: Path) -> None:
+    """Refusals, values on bucket bounds and past the last, people behind a front end, a
+    reload that removes a user, then a model a backend starts listing give, byte for byte,
+    the text prometheus_client's own Counter and Histogram gave for the same records."""
+    path = tmp_path / "policy.yaml"
+    path.write_text(HOUSEHOLD)
+    services = Services.build(Settings(), load_policy(path), path)
+    gpu = services.backends.of("gpu")
+    gpu.models = frozenset({MODEL})
+    clock = Clock(1_700_000_000.0)
+    metrics = Metrics(services.policy, services.snapshot, clock)
+
+    def observe(*records: RequestRecord) -> None:
+        for record in records:
+            metrics.observe(record)
+            clock.now += 1
+
+    observe(
+        finished(None, MODEL, status=401, reason=Reason.UNAUTHORIZED),
+        finished(
+            "alice", MODEL, queue_wait=0.01, dispatched_at=0.01, first_byte_at=0.025,
+            finished=300.0, gaps=[0.005, 0.01, 0.0101, 0.02, 5.0, 5.5],
+            prompt_tokens=12, completion_tokens=6,
+        ),
+        finished(
+            "owui/p@example.com", "warm", request_class=RequestClass.HEAVY, queue_wait=2.0,
+            first_byte_at=0.4, gaps=[0.03, 0.03, 0.03], prompt_tokens=7,
+        ),
+        finished(
+            "bob", "qwen3:4b", first_byte_at=0.2, backend="gpu",
+            reason=Reason.BACKEND_FAILED_MID_STREAM,
+        ),
+        finished("alice", MODEL, first_byte_at=0.1, status=499, reason=Reason.CLIENT_STALLED),
+        finished("mallory", None, path="/api/tags", status=401, reason=Reason.UNAUTHORIZED),
+    )  # fmt: skip
+    path.write_text(HOUSEHOLD.replace("  bob: {keys: [bob-key]}\n", ""))
+    assert services.policy.reload()
+    observe(finished("bob", "qwen3:4b", first_byte_at=0.05, completion_tokens=3))
+    gpu.models = frozenset({MODEL, "qwen3:4b"})  # as the monitor's next probe would
+    observe(finished("alice", "qwen3:4b", path="/v1/chat/completions", first_byte_at=60.0))
+    text = generate_latest(metrics.registry).decode()
+    per_request = text[: text.index("# HELP fairgate_queue_depth ")]  # then the gauges
+    assert per_request == EXPOSITION.read_text()
