@@ -89,8 +89,9 @@ class Admission:
     def refuses_unseen(self, user: str, lanes: tuple[Lane, ...]) -> Refusal | None:
         """The quick no that needs no body (``WaitingRoom.refuses_unseen``), or None."""
         reason = self.room.refuses_unseen(user, lanes)
-        unseen = Ticket(user, "", Api.OLLAMA, lane=lanes[0])
-        return None if reason is None else self._refusal(reason, unseen)
+        if reason is None:
+            return None
+        return self._refusal(reason, Ticket(user, "", Api.OLLAMA, lane=lanes[0]))
 
     @contextmanager
     def arriving(self, user: str) -> Iterator[None]:

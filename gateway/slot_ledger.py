@@ -32,6 +32,9 @@ class SlotLedger:
         # People's light requests: the streams a long prefill beside them would stall, for
         # which a heavy request waits (prefill_gate.py). Background work's are not counted.
         self.people_light: Counter[str] = Counter()
+        # Running requests by backend (its key), every model together: what the quick yes
+        # and every dispatch ask first, without summing an Ollama backend's groups.
+        self.on_backend: Counter[str] = Counter()
         # Who holds each busy slot, and since when, for the house page: by the ticket's
         # identity, since two requests can be alike field for field. The ticket is kept so
         # that its id stays unique while it is here.
@@ -40,9 +43,8 @@ class SlotLedger:
 
     def busy_on(self, backend: Backend, counter: Counter[str] | None = None) -> int:
         """Requests running on ``backend`` (of ``counter``: busy, heavy), every model."""
-        counter = self.busy if counter is None else counter
-        if not backend.per_model:
-            return counter[backend.key]
+        if counter is None or not backend.per_model:
+            return (self.on_backend if counter is None else counter)[backend.key]
         return sum(self.by_model(backend, counter).values())
 
     def by_model(self, backend: Backend, counter: Counter[str] | None = None) -> dict[str, int]:
@@ -53,12 +55,14 @@ class SlotLedger:
 
     def has_free_slot(self, backends: Iterable[Backend]) -> bool:
         """Whether any of ``backends`` runs fewer requests than it has room for."""
-        return any(self.busy_on(b) < b.capacity for b in backends)
+        on_backend = self.on_backend
+        return any(on_backend[b.key] < b.capacity for b in backends)
 
     def take(self, ticket: Ticket, backend: Backend) -> None:
         """Count ``ticket``'s request as running on ``backend``."""
         group = backend.group(ticket.model)
         self.busy[group] += 1
+        self.on_backend[backend.key] += 1
         if ticket.heavy:
             self.heavy[group] += 1
         if ticket.lane is Lane.BACKGROUND:
@@ -71,6 +75,7 @@ class SlotLedger:
         """``ticket``'s request no longer runs on ``backend`` (it ended, or moved)."""
         group = backend.group(ticket.model)
         decrement(self.busy, group)
+        decrement(self.on_backend, backend.key)
         if ticket.heavy:
             decrement(self.heavy, group)
         if ticket.lane is Lane.BACKGROUND:

@@ -188,8 +188,10 @@ class WaitingRoom:
         and hold, body after body only to refuse each. Requests of the user still reading
         their bodies count as waiting. ``lanes``: those the request may turn out to be in
         (its lane may depend on its prompt); only what every one of them would refuse."""
-        reasons = [self._refuses_unseen_in(user, lane) for lane in lanes]
-        return reasons[0] if all(reasons) else None
+        first = self._refuses_unseen_in(user, lanes[0])
+        if first is None or not all(self._refuses_unseen_in(user, lane) for lane in lanes[1:]):
+            return None
+        return first
 
     def _refuses_unseen_in(self, user: str, lane: Lane) -> Reason | None:
         reason = self.lines.over_bound(user, lane, extra=1 + self.lines.arriving[user])

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import random
 
 from gateway.backends import Backend, BackendPool, BackendStates
 from gateway.policy import parse_policy
+from gateway.slot_ledger import SlotLedger
 from gateway.vocabulary import Api, Lane, RequestClass
 from gateway.waiting_room import Ticket, Waiter, WaitingRoom
 
@@ -180,3 +182,32 @@ async def test_background_work_beside_does_not_hold_a_persons_heavy_request() ->
     assert running.turn.done()
     assert room.join("ann", heavy=True).turn.done()
     assert room.wakes == []
+
+
+async def test_a_backends_running_count_agrees_with_its_slot_groups_at_every_step() -> None:
+    """The quick yes reads one running count per backend: through starts and ends of
+    several models on Ollama and on llama.cpp, it is the sum of the backend's slot groups."""
+    policy = parse_policy(
+        "backends:\n"
+        '  - {name: ol, url: "http://127.0.0.1:1", kind: ollama, slots: 2}\n'
+        '  - {name: ll, url: "http://127.0.0.1:2", kind: llamacpp, slots: 2}\n'
+    )
+    backends = BackendPool(policy.backends, BackendStates()).backends
+    ledger = SlotLedger()
+    chooser = random.Random(7)
+    running: list[tuple[Ticket, Backend]] = []
+    for _ in range(300):
+        if running and chooser.random() < 0.45:
+            ticket, backend = running.pop(chooser.randrange(len(running)))
+            ledger.give_back(ticket, backend)
+        else:
+            model = chooser.choice(["m1", "m2", "M1:latest", "m3"])
+            heavy = RequestClass.HEAVY if chooser.random() < 0.3 else RequestClass.LIGHT
+            ticket = Ticket("ann", model, Api.OLLAMA, 40, heavy)
+            backend = chooser.choice(backends)
+            ledger.take(ticket, backend)
+            running.append((ticket, backend))
+        for backend in backends:
+            groups = sum(n for group, n in ledger.busy.items() if group.startswith(backend.key))
+            assert ledger.busy_on(backend) == groups
+            assert groups == sum(1 for _, b in running if b is backend)

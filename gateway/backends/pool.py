@@ -164,6 +164,8 @@ class BackendPool:
         (``busy``: by slot group).
 
         The one rule for choosing among backends, for requests and for reads alike."""
+        if len(free) == 1:  # the common case: nothing to weigh
+            return free[0]
         return max(
             free,
             key=lambda b: (b.has_loaded(model), b.slots - busy.get(b.group(model), 0)),
