@@ -1,9 +1,11 @@
 """What the gateway adds to every streamed reply: direct vs through the gateway (vs nginx).
 
 A fast Ollama stand-in (``benchmarks.wire_stub``) and a fast client (``benchmarks.wire_client``)
-run on core 1; the gateway runs on core 0 (taskset), and so do a bare aiohttp relay with no
-logic (``benchmarks.bare_relay``: aiohttp's server and client, what the gateway was built on)
-and nginx (one worker, ``proxy_buffering off``, upstream keep-alive) when it is installed.
+run on core 1; the gateway runs on core 0 (taskset), and so do three relays with no logic
+(``benchmarks.bare_relay``: aiohttp's server and client; aiohttp's server and the gateway's
+backend client, the gateway's stack without its logic; an asyncio protocol on httptools and
+that client) and nginx (one worker, ``proxy_buffering off``, upstream keep-alive) when it is
+installed.
 Four loads, each against every target in turn, in the same run:
 
 - one stream at a time: what the path adds to a request when nothing else is happening.
@@ -19,7 +21,7 @@ Four loads, each against every target in turn, in the same run:
   every 64 ticks all of them end and ask again in the same millisecond).
 
 Prints TTFT and ITL p50/p99, requests/s, chunks/s, the CPU per request of the gateway, the
-bare relay and nginx, and the gateway's figures over nginx's. ``--rounds`` measures every
+bare relays and nginx, and the gateway's figures over nginx's. ``--rounds`` measures every
 target again in the same processes, to show the noise.
 
     make bench   # or: .venv/bin/python -m benchmarks.overhead [--concurrency 16] [--paced 100]
@@ -38,6 +40,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from benchmarks.bare_relay import STACKS
 from tests.processes import free_port, stop, until_answers
 
 WARMUP = 1.0  # seconds each client runs before it starts counting
@@ -114,10 +117,9 @@ async def _load(
     spread: float = 0.0,
     rate: float = 0.0,
 ) -> list[dict[str, dict[str, Any]]]:
-    """Start the stub, the gateway, the bare relay and nginx; measure each, ``--rounds``
+    """Start the stub, the gateway, the bare relays and nginx; measure each, ``--rounds``
     times; stop them."""
     stub_port, gateway_port, nginx_port = free_port(), free_port(), free_port()
-    bare_port = free_port()
     processes = []
     try:
         stub = ["benchmarks.wire_stub", "--port", str(stub_port), "--tokens", str(args.tokens)]
@@ -142,15 +144,16 @@ async def _load(
             "FAIRGATE_USAGE_DB": str(workdir / "usage.db"),
         }
         gateway = await spawn_pinned(0, sys.executable, "-m", "gateway", "serve", env=env)
-        bare = ["benchmarks.bare_relay", "--port", str(bare_port), "--upstream", stub_url]
-        bare_relay = await spawn_pinned(0, sys.executable, "-m", *bare)
-        processes += [gateway, bare_relay]
-        pids = {"gateway": gateway.pid, "aiohttp": bare_relay.pid}
-        targets = {
-            "direct": stub_url,
-            "gateway": f"http://127.0.0.1:{gateway_port}",
-            "aiohttp": f"http://127.0.0.1:{bare_port}",
-        }
+        processes.append(gateway)
+        pids = {"gateway": gateway.pid}
+        targets = {"direct": stub_url, "gateway": f"http://127.0.0.1:{gateway_port}"}
+        for stack in STACKS:
+            port = free_port()
+            bare = ["benchmarks.bare_relay", "--stack", stack, "--port", str(port)]
+            relay = await spawn_pinned(0, sys.executable, "-m", *bare, "--upstream", stub_url)
+            processes.append(relay)
+            pids[stack] = relay.pid
+            targets[stack] = f"http://127.0.0.1:{port}"
         if shutil.which("nginx"):
             conf = workdir / "nginx.conf"
             conf.write_text(NGINX_CONF.format(dir=workdir, stub=stub_port, port=nginx_port))
@@ -187,15 +190,15 @@ def _report(title: str, rounds: list[dict[str, dict[str, Any]]]) -> None:
 
 
 def _figures(figures: dict[str, dict[str, Any]]) -> None:
-    print("  target   TTFT p50  TTFT p99   ITL p50   ITL p99  requests/s   chunks/s")
+    print("  target          TTFT p50  TTFT p99   ITL p50   ITL p99  requests/s   chunks/s")
     for name, f in figures.items():
         print(
-            f"  {name:7} {f['ttft_p50'] * 1e3:7.2f}ms {f['ttft_p99'] * 1e3:7.2f}ms "
+            f"  {name:14} {f['ttft_p50'] * 1e3:7.2f}ms {f['ttft_p99'] * 1e3:7.2f}ms "
             f"{f['itl_p50'] * 1e3:7.2f}ms {f['itl_p99'] * 1e3:7.2f}ms "
             f"{f['requests_per_s']:11.0f} {f['lines_per_s']:10.0f}"
         )
     direct = figures["direct"]
-    for name in ("gateway", "aiohttp", "nginx"):
+    for name in ("gateway", *STACKS, "nginx"):
         if name in figures:
             f = figures[name]
             added = {key: (f[key] - direct[key]) * 1e3 for key in ("ttft_p50", "ttft_p99")}
@@ -210,7 +213,7 @@ def _figures(figures: dict[str, dict[str, Any]]) -> None:
             f"  gateway / nginx: TTFT p50 {gateway['ttft_p50'] / nginx['ttft_p50']:.2f}x, "
             f"requests/s {gateway['requests_per_s'] / nginx['requests_per_s']:.2f}x"
         )
-    for name in ("gateway", "aiohttp", "nginx"):
+    for name in ("gateway", *STACKS, "nginx"):
         f = figures.get(name)
         if f is None:
             continue
