@@ -2,9 +2,11 @@
 
 Listings are asked of every healthy backend at once, when a client asks: ``/api/ps`` must
 say what is loaded now, not at the last probe. A backend that does not answer in time is
-left out of the list rather than failing it. Each user may have a few reads under way at
-once (``FAIRGATE_MAX_READS_PER_USER``); past that, 429: a read opens backend connections,
-and a user capped at one generation must not open dozens through ``/api/show``.
+left out of the list rather than failing it; when none is healthy, or none answers, the
+client gets a 503 that says so, not an empty list (which a chat app shows as "no models").
+Each user may have a few reads under way at once (``FAIRGATE_MAX_READS_PER_USER``); past
+that, 429: a read opens backend connections, and a user capped at one generation must not
+open dozens through ``/api/show``.
 """
 
 from __future__ import annotations
@@ -117,11 +119,22 @@ class Reads:
         policy, pool = services.policy.current.policy, services.policy.current.pool
         key, field, api = _LISTINGS[path]
         session, within = services.upstream.session, policy.monitoring.timeout
+        healthy = pool.healthy(api)
+        if not healthy:  # an empty list would say "no models", not "Ollama is down"
+            raise no_backend(pool, api, "")
         lists = await asyncio.gather(
-            *(_entries(session, b.url + path, key, within) for b in pool.healthy(api))
+            *(_entries(session, b.url + path, key, within) for b in healthy)
         )
+        answered = [listed for listed in lists if listed is not None]
+        if not answered:
+            raise GatewayError(
+                503,
+                Reason.NO_BACKEND,
+                f"no backend answered {path} within {within:g}s; retry in a moment",
+                retry_after=10.0,
+            )
         entries: dict[str, dict[str, Any]] = {}
-        for listed in lists:
+        for listed in answered:
             for entry in listed:
                 name = str(entry.get(field))
                 # A user limited to some models sees only those.
@@ -183,13 +196,17 @@ class Reads:
 
 async def _entries(
     session: aiohttp.ClientSession, url: str, key: str, within: float
-) -> list[dict[str, Any]]:
+) -> list[dict[str, Any]] | None:
+    """The entries of one backend's list; None if it did not answer with one."""
     try:
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=within)) as reply:
-            document = await reply.json(content_type=None) if reply.status == 200 else {}
+            document = await reply.json(content_type=None) if reply.status == 200 else None
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         log.warning("listing_failed", url=url, error=repr(exc))
-        return []
+        return None
+    if document is None:
+        log.warning("listing_failed", url=url, status=reply.status)
+        return None
     return entries_of(document, key) or []
 
 

@@ -15,7 +15,7 @@ import json
 import os
 import socket
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -336,6 +336,9 @@ class TestBackendFailures:
         [
             ("POST", "/api/show", {"model": "llama3.2:3b"}, "serves 'llama3.2:3b'"),
             ("GET", "/api/version", None, "can answer this request"),
+            ("GET", "/api/tags", None, "can answer this request"),
+            ("GET", "/api/ps", None, "can answer this request"),
+            ("GET", "/v1/models", None, "can answer this request"),
         ],
     )
     async def test_reads_with_no_backend_say_which_is_down_and_when_to_retry(
@@ -347,7 +350,8 @@ class TestBackendFailures:
         body: object,
         wanted: str,
     ) -> None:
-        """show and version answer a down backend's 503 as a chat does: cause and Retry-After."""
+        """show, version and the listings answer a down backend's 503 as a chat does: cause
+        and Retry-After (an empty list would read as "no models")."""
         backend = f"http://127.0.0.1:{free_port()}"
         gateway = await start_gateway(gpu_backend(backend, extra=FAST_MONITOR))
         await wait_backend(gateway, "gpu", lambda b: not b.state.healthy)
@@ -358,10 +362,42 @@ class TestBackendFailures:
                 (await reply.json())["error"],
             )
         assert (status, retry_after) == (503, "10")
+        if path.startswith("/v1/"):  # OpenAI's error shape
+            error = error["message"]
         assert error == (
             f"no healthy backend {wanted} right now "
             "(backend gpu: connection refused - is Ollama running?)"
         )
+
+    async def test_a_listing_no_healthy_backend_answers_is_a_503_not_an_empty_list(
+        self, start_gateway: StartGateway, http: aiohttp.ClientSession
+    ) -> None:
+        """A backend that stops listing between probes (still healthy to the gateway):
+        the listing says no backend answered, rather than "no models"."""
+        listing = {"models": [{"name": "llama3.2:3b", "model": "llama3.2:3b"}]}
+        broken: list[bool] = []
+
+        async def tags(request: aiohttp.web.Request) -> aiohttp.web.Response:
+            if broken:
+                return aiohttp.web.json_response({"error": "disk gone"}, status=500)
+            return aiohttp.web.json_response(listing)
+
+        app = aiohttp.web.Application()
+        app.router.add_get("/api/version", _answering({"version": "0.5.7"}))
+        app.router.add_get("/api/tags", tags)
+        app.router.add_get("/api/ps", _answering({"models": []}))
+        runner = await start_server(app, "127.0.0.1", 0)
+        try:
+            gateway = await start_gateway(gpu_backend(bound_url(runner)))  # probes every 5 s
+            async with http.get(gateway.url + "/api/tags") as reply:
+                assert (reply.status, await reply.json()) == (200, {"models": listing["models"]})
+            broken.append(True)
+            async with http.get(gateway.url + "/api/tags") as reply:
+                status, error = reply.status, (await reply.json())["error"]
+        finally:
+            await runner.cleanup()
+        assert status == 503
+        assert error.startswith("no backend answered /api/tags within")
 
     async def test_a_chat_at_a_first_run_without_ollama_learns_what_to_check(
         self, start_gateway: StartGateway, http: aiohttp.ClientSession
@@ -455,3 +491,10 @@ class TestFirstRun:
         assert status == 401
         assert "send Authorization: Bearer KEY" in body["error"]
         assert "users: in the gateway's policy file" in body["error"]
+
+
+def _answering(document: object) -> Callable[[aiohttp.web.Request], Awaitable[Any]]:
+    async def handler(request: aiohttp.web.Request) -> aiohttp.web.Response:
+        return aiohttp.web.json_response(document)
+
+    return handler
