@@ -8,14 +8,16 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
+from multidict import istr
 
 from gateway.errors import GatewayError, error_body, retry_after_header
 from gateway.forwarded import Client
-from gateway.logs import printable
+from gateway.logs import REQUEST_ID, printable
 from gateway.pump import Progress
 from gateway.vocabulary import Api, Lane, Reason, RequestClass, api_of
 
@@ -136,42 +138,76 @@ def error_response(api: Api, error: GatewayError) -> web.Response:
 # A client's request id is used as ours (so both sides' logs join up) only in a form that
 # cannot forge a log field or a header: letters, digits and . _ : - , at most 64.
 _SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+_X_REQUEST_ID = istr("X-Request-Id")  # an istr: a header lookup without case folding
 
 
-def _request_id(request: web.Request, record: RequestRecord) -> None:
-    given = request.headers.get("X-Request-Id")
+def _request_ids(given: str | None) -> tuple[str, str | None]:
+    """The request's id, and the client's own (escaped) when it is not fit to be ours."""
     if given is not None and _SAFE_REQUEST_ID.fullmatch(given):
-        record.request_id = given
-    elif given is not None:
-        record.client_request_id = printable(given[:64])
+        return given, None
+    # Ids tell requests apart in the logs; they guard nothing, so no urandom call each.
+    ours = f"{random.getrandbits(64):016x}"
+    return ours, None if given is None else printable(given[:64])
 
 
 def access_log(listeners: list[Listener], locate: Locate) -> Middleware:
     """The middleware that places the client (``locate``: behind trusted proxies), binds the
     request id, maps errors to the API's shape, logs the request once and tells
     ``listeners`` (metrics) about it."""
+    line = _AccessLine()
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        # Ids tell requests apart in the logs; they guard nothing, so no urandom call each.
-        request_id = f"{random.getrandbits(64):016x}"
+        request_id, client_request_id = _request_ids(request.headers.get(_X_REQUEST_ID))
         record = RequestRecord(request_id, request.method, request.path, locate(request))
-        _request_id(request, record)
+        if client_request_id is not None:
+            record.client_request_id = client_request_id
         request[RECORD] = record
-        structlog.contextvars.bind_contextvars(request_id=record.request_id)
+        named = REQUEST_ID.set(request_id)  # for every line logged on its way
+        # The errors are mapped here rather than in a coroutine of their own: every layer
+        # around the handler costs each request a little.
         try:
-            response = await _answer(request, handler, record)
+            response = await handler(request)
+        except GatewayError as error:
+            response = _refused(request, record, error)
+        except web.HTTPException as exc:
+            # aiohttp's own refusals (no such route, wrong method, body over client_max_size).
+            if exc.status < 400:
+                raise
+            response = _refused(request, record, _refusal_of(exc), may_close=False)
+        except BaseException:
+            record.client_gone = record.client_gone or request.transport is None
+            record.status = record.status or 499
+            raise
+        else:
             record.status = record.status or response.status
-            return response
         finally:
             record.finished = time.monotonic()
-            if log.is_enabled_for(logging.INFO):  # the fields are built only to be written
-                log.info("request", **record.fields())
+            line.write(record)
             for listener in listeners:
                 listener(record)
-            structlog.contextvars.unbind_contextvars("request_id")
+            REQUEST_ID.reset(named)
+        return response
 
     return middleware
+
+
+class _AccessLine:
+    """The access log line, its fields built only when it is written.
+
+    structlog's module-level logger is a proxy that looks the configured logger up again
+    at every call (half a microsecond, per request); logging is configured before the
+    first request, so the line's logger is looked up once, then."""
+
+    def __init__(self) -> None:
+        self._logger: Any = None
+
+    def write(self, record: RequestRecord) -> None:
+        logger = self._logger
+        if logger is None:
+            logger = self._logger = log.bind()
+        if logger.is_enabled_for(logging.INFO):
+            logger.info("request", **record.fields())
 
 
 async def add_reply_headers(request: web.Request, response: web.StreamResponse) -> None:
@@ -187,35 +223,25 @@ async def add_reply_headers(request: web.Request, response: web.StreamResponse) 
         response.headers["X-Fairgate-Queue-Position"] = str(record.queue_position or 0)
 
 
-async def _answer(
-    request: web.Request, handler: Handler, record: RequestRecord
-) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except GatewayError as error:
-        record.status, record.reason = error.status, error.reason
-        response = error_response(api_of(request.path), error)
-        if error.close or _body_withheld(request):
-            # Refused before 100 Continue: the client may never send the body, so the
-            # connection cannot be read to its next request; close it. (A body that is
-            # being sent is read to its end and dropped by aiohttp, in bounded pieces.)
-            response.force_close()
-        return response
-    except web.HTTPException as exc:
-        # aiohttp's own refusals (no such route, wrong method, body over client_max_size).
-        if exc.status < 400:
-            raise
-        refusal = GatewayError(
-            exc.status,
-            _HTTP_REASONS.get(exc.status, Reason.BAD_REQUEST),
-            _HTTP_MESSAGES.get(exc.status, exc.text or exc.reason),
-        )
-        record.status, record.reason = refusal.status, refusal.reason
-        return error_response(api_of(request.path), refusal)
-    except BaseException:
-        record.client_gone = record.client_gone or request.transport is None
-        record.status = record.status or 499
-        raise
+def _refused(
+    request: web.Request, record: RequestRecord, error: GatewayError, may_close: bool = True
+) -> web.Response:
+    record.status, record.reason = error.status, error.reason
+    response = error_response(api_of(request.path), error)
+    if may_close and (error.close or _body_withheld(request)):
+        # Refused before 100 Continue: the client may never send the body, so the
+        # connection cannot be read to its next request; close it. (A body that is
+        # being sent is read to its end and dropped by aiohttp, in bounded pieces.)
+        response.force_close()
+    return response
+
+
+def _refusal_of(exc: web.HTTPException) -> GatewayError:
+    return GatewayError(
+        exc.status,
+        _HTTP_REASONS.get(exc.status, Reason.BAD_REQUEST),
+        _HTTP_MESSAGES.get(exc.status, exc.text or exc.reason),
+    )
 
 
 def _body_withheld(request: web.Request) -> bool:

@@ -192,6 +192,36 @@ class TestServeCommand:
         # Started at all: the .env's policy file does not exist. Answering: on the flag's port.
         await until_answers(f"http://127.0.0.1:{port}/", 20, process)
 
+    async def test_a_line_logged_while_a_request_is_handled_names_the_request(
+        self,
+        tmp_path: Path,
+        processes: list[asyncio.subprocess.Process],
+        http: aiohttp.ClientSession,
+    ) -> None:
+        """A warning logged on a request's way (its model's cold start) carries the request's
+        id, as its access line does; a line logged outside any request carries none."""
+        runner = await start_server(
+            Simulator(SimConfig(load_seconds=0.05)).make_app(), "127.0.0.1", 0
+        )
+        try:
+            policy = tmp_path / "fairgate.yaml"
+            cold = "warmth: {cold_start_after: 0s}\n"
+            policy.write_text(gpu_backend(bound_url(runner), extra=cold))
+            listen = f"127.0.0.1:{free_port()}"
+            process = await fairgate(
+                "serve", "--config", str(policy), "--listen", listen, cwd=tmp_path
+            )
+            processes.append(process)
+            assert "request_id" not in await logged(process, "serving")
+            headers = {"X-Request-Id": "trace-7"}
+            async with http.post(f"http://{listen}/api/chat", json=CHAT, headers=headers) as reply:
+                assert reply.status == 200
+                await reply.read()
+            warning, line = await logged(process, "cold_start"), await logged(process, "request")
+        finally:
+            await runner.cleanup()
+        assert warning["request_id"] == line["request_id"] == "trace-7"
+
 
 class TestExampleKeys:
     def test_the_example_key_list_matches_the_keys_in_the_shipped_files(self) -> None:
