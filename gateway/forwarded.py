@@ -65,8 +65,7 @@ class ProxyTrust:
         address = address_of(peer)
         if not self._trusts(address):
             # Ignored, not believed: said only to keep an unnamed proxy's clients off loopback.
-            forwarding = any(name in headers for name in FORWARDING_HEADERS)
-            return Client(address, unknown_proxy=forwarding)
+            return _peer_client(address, _forwarding(headers))
         proxy = address
         values = headers.getall(self._header, [])
         for hop in reversed(_hops(values, self._header)):
@@ -76,7 +75,9 @@ class ProxyTrust:
         return Client(address, proxy=proxy if address != proxy else None)
 
     def _trusts(self, address: Address | None) -> bool:
-        return address is not None and any(address in network for network in self._trusted)
+        if address is None or not self._trusted:  # no proxy in front: the common case
+            return False
+        return any(address in network for network in self._trusted)
 
 
 class _Headers(Protocol):
@@ -104,6 +105,19 @@ def address_of(text: str | None) -> Address | None:
     if isinstance(address, IPv6Address) and address.ipv4_mapped is not None:
         return address.ipv4_mapped
     return address
+
+
+def _forwarding(headers: _Headers) -> bool:
+    # A loop, not any(): no generator made for each request.
+    for name in FORWARDING_HEADERS:  # noqa: SIM110
+        if name in headers:
+            return True
+    return False
+
+
+@lru_cache(maxsize=4096)  # a frozen value: one for each peer, not one for each request
+def _peer_client(address: Address | None, unknown_proxy: bool) -> Client:
+    return Client(address, unknown_proxy=unknown_proxy)
 
 
 def _hops(values: Iterable[str], header: ForwardedHeader) -> list[str]:
