@@ -30,7 +30,7 @@ from gateway.tasks import Background, repeat
 from gateway.usage import Batch, Counts, StoreError, Tally, UsageStore
 from gateway.user_policy import PERSON_SEPARATOR
 from gateway.vocabulary import REFUSALS
-from gateway.windows import Calendar
+from gateway.windows import Calendar, Windows
 
 __all__ = ["Ledger"]
 
@@ -77,7 +77,7 @@ class Ledger:
             windows = self.calendar.now()
             user = self._refused_as(record.user or "")
             self._batch.refused[(windows.day, windows.hour, user, str(record.reason))] += 1
-            self._tally(user).refused += 1
+            self._tally(user, windows).refused += 1
 
     def _refused_as(self, user: str) -> str:
         """Whom a refusal counts under. A person a front end names has figures of their own
@@ -94,31 +94,40 @@ class Ledger:
         user = record.user or ""
         prompt = record.prompt_tokens
         completion = record.completion_tokens
-        counts = Counts(
-            1,
-            (record.input_estimate or 0) if prompt is None else prompt,
-            record.streamed_tokens if completion is None else completion,
-            max(0.0, record.finished - dispatched_at),
-        )
-        key = (windows.day, windows.hour, user, (record.model or "")[:_MODEL_CHARS])
+        if prompt is None:
+            prompt = record.input_estimate or 0
+        if completion is None:
+            completion = record.streamed_tokens
+        seconds = max(0.0, record.finished - dispatched_at)
         batch = self._batch
-        if key not in batch.served and len(batch.served) >= MAX_PENDING_ROWS:
-            key = (*key[:3], OTHER_MODEL)
-        batch.served.setdefault(key, Counts()).add(counts)
+        self._row(windows, user, record.model or "").count(prompt, completion, seconds)
         batch.minutes[(windows.minute, user)] += 1
-        tally = self._tally(user)
+        tally = self._tally(user, windows)
         tally.requests += 1
         tally.hour_requests += 1
         tally.minute_requests += 1
-        tally.prompt_tokens += counts.prompt_tokens
-        tally.completion_tokens += counts.completion_tokens
-        tally.slot_seconds += counts.slot_seconds
+        tally.prompt_tokens += prompt
+        tally.completion_tokens += completion
+        tally.slot_seconds += seconds
 
-    def _tally(self, user: str) -> Tally:
+    def _row(self, windows: Windows, user: str, model: str) -> Counts:
+        """The counts of ``user``'s hour with ``model`` (OTHER_MODEL once rows are many)."""
+        served = self._batch.served
+        key = (windows.day, windows.hour, user, model[:_MODEL_CHARS])
+        counts = served.get(key)
+        if counts is None:
+            if len(served) >= MAX_PENDING_ROWS:
+                key = (windows.day, windows.hour, user, OTHER_MODEL)
+            counts = served.get(key)
+            if counts is None:
+                counts = served[key] = Counts()
+        return counts
+
+    def _tally(self, user: str, windows: Windows) -> Tally:
         tally = self._since.get(user)
         if tally is None:
             tally = self._since[user] = Tally()
-        tally.roll(self.calendar.now())
+        tally.roll(windows)
         return tally
 
     def used(self, user: str) -> Tally:

@@ -41,10 +41,7 @@ class Windows:
     hour_ends: float
     minute_ends: float
     minute_starts: float
-
-    @property
-    def hour_label(self) -> str:
-        return f"{self.day}T{self.hour:02d}"
+    hour_label: str  # 2025-03-14T13: made once here, compared for each request
 
 
 class Calendar:
@@ -69,14 +66,16 @@ class Calendar:
         # Hours and minutes end by counting forward from now, which stays right across a
         # change to or from summer time; the day ends at the next local midnight.
         following = local.date() + timedelta(days=1)
+        day = local.strftime("%Y-%m-%d")
         windows = Windows(
-            day=local.strftime("%Y-%m-%d"),
+            day=day,
             hour=local.hour,
             minute=local.strftime("%Y-%m-%dT%H:%M"),
             day_ends=self.midnight(following),
             hour_ends=now - local.minute * 60 - into_minute + 3600,
             minute_ends=now - into_minute + 60,
             minute_starts=now - into_minute,
+            hour_label=f"{day}T{local.hour:02d}",
         )
         self._last = windows
         return windows

@@ -49,6 +49,13 @@ class Counts:
         self.completion_tokens += other.completion_tokens
         self.slot_seconds += other.slot_seconds
 
+    def count(self, prompt_tokens: int, completion_tokens: int, slot_seconds: float) -> None:
+        """One more request (without a Counts made for it: this runs for each request)."""
+        self.requests += 1
+        self.prompt_tokens += prompt_tokens
+        self.completion_tokens += completion_tokens
+        self.slot_seconds += slot_seconds
+
 
 @dataclass(slots=True)
 class Batch:
@@ -89,6 +96,8 @@ class Tally:
 
     def roll(self, windows: Windows) -> None:
         """Move to ``windows``: a window that has ended starts again at zero."""
+        if self.minute == windows.minute and self.hour == windows.hour_label:
+            return  # the same minute of the same hour, and so of the same day: most calls
         if self.day != windows.day:
             self.roll_day(windows.day)
         if self.hour != windows.hour_label:
