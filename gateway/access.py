@@ -138,7 +138,10 @@ def error_response(api: Api, error: GatewayError) -> web.Response:
 # A client's request id is used as ours (so both sides' logs join up) only in a form that
 # cannot forge a log field or a header: letters, digits and . _ : - , at most 64.
 _SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
-_X_REQUEST_ID = istr("X-Request-Id")  # an istr: a header lookup without case folding
+# istr: header names looked up and set without case folding each time.
+_X_REQUEST_ID = istr("X-Request-Id")
+_X_QUEUE_WAIT = istr("X-Fairgate-Queue-Wait")
+_X_QUEUE_POSITION = istr("X-Fairgate-Queue-Position")
 
 
 def _request_ids(given: str | None) -> tuple[str, str | None]:
@@ -217,10 +220,11 @@ async def add_reply_headers(request: web.Request, response: web.StreamResponse) 
     record = request.get(RECORD)
     if record is None:
         return
-    response.headers["X-Request-Id"] = record.request_id
+    headers = response.headers
+    headers[_X_REQUEST_ID] = record.request_id
     if record.queue_wait is not None:
-        response.headers["X-Fairgate-Queue-Wait"] = f"{record.queue_wait:.3f}"
-        response.headers["X-Fairgate-Queue-Position"] = str(record.queue_position or 0)
+        headers[_X_QUEUE_WAIT] = f"{record.queue_wait:.3f}"
+        headers[_X_QUEUE_POSITION] = str(record.queue_position or 0)
 
 
 def _refused(
