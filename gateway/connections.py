@@ -60,8 +60,9 @@ class Connections:
     def __init__(self) -> None:
         self.busy: set[object] = set()
         self.draining = False
-        self._idle = asyncio.Event()
-        self._idle.set()
+        # Made when someone waits for the last request to end (a drain): not an event
+        # cleared and set by every request.
+        self._idle: asyncio.Event | None = None
 
     def middleware(self) -> Middleware:
         @web.middleware
@@ -74,14 +75,13 @@ class Connections:
                     retry_after=5.0,
                     close=True,
                 )
-            protocol = request.protocol
-            self.busy.add(protocol)
-            self._idle.clear()
+            protocol, busy = request.protocol, self.busy
+            busy.add(protocol)
             try:
                 return await handler(request)
             finally:
-                self.busy.discard(protocol)
-                if not self.busy:
+                busy.discard(protocol)
+                if not busy and self._idle is not None:
                     self._idle.set()
 
         return track
@@ -92,9 +92,14 @@ class Connections:
 
     async def until_idle(self, within: float) -> bool:
         """Wait until no connection is handling a request; False if ``within`` ran out."""
+        if not self.busy:
+            return True
+        if self._idle is None or self._idle.is_set():
+            self._idle = asyncio.Event()
+        idle = self._idle
         try:
             async with asyncio.timeout(within):
-                await self._idle.wait()
+                await idle.wait()
         except TimeoutError:
             return False
         return True

@@ -39,6 +39,8 @@ class Cors:
     def middleware(self) -> Middleware:
         @web.middleware
         async def preflight(request: web.Request, handler: Handler) -> web.StreamResponse:
+            if request.method != hdrs.METH_OPTIONS:  # every request passes here: one check
+                return await handler(request)
             if not _is_preflight(request):
                 return await handler(request)
             origin = request.headers[hdrs.ORIGIN]
