@@ -65,7 +65,7 @@ class ProxyTrust:
         address = address_of(peer)
         if not self._trusts(address):
             # Ignored, not believed: said only to keep an unnamed proxy's clients off loopback.
-            return _peer_client(address, _forwarding(headers))
+            return _peer_client(peer, _forwarding(headers))
         proxy = address
         values = headers.getall(self._header, [])
         for hop in reversed(_hops(values, self._header)):
@@ -115,9 +115,11 @@ def _forwarding(headers: _Headers) -> bool:
     return False
 
 
-@lru_cache(maxsize=4096)  # a frozen value: one for each peer, not one for each request
-def _peer_client(address: Address | None, unknown_proxy: bool) -> Client:
-    return Client(address, unknown_proxy=unknown_proxy)
+# A frozen value: one for each peer, not one for each request. Keyed by the peer's text: an
+# address's own hash is computed in Python, each time.
+@lru_cache(maxsize=4096)
+def _peer_client(peer: str | None, unknown_proxy: bool) -> Client:
+    return Client(address_of(peer), unknown_proxy=unknown_proxy)
 
 
 def _hops(values: Iterable[str], header: ForwardedHeader) -> list[str]:
