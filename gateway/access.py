@@ -218,8 +218,9 @@ async def add_reply_headers(request: web.Request, response: web.StreamResponse) 
     """Every reply names its request, as the access log does, and one that waited for its
     turn says how long and from which place (on_response_prepare): people ask "was it the
     gateway or the model?", and a front end can show it."""
-    record = request.get(RECORD)
-    if record is None:
+    try:
+        record = request[RECORD]
+    except KeyError:  # a reply aiohttp made without the middleware (a malformed request)
         return
     headers = response.headers
     headers[_X_REQUEST_ID] = record.request_id
