@@ -84,6 +84,10 @@ class Permit:
         alone = room.slots.busy.get(self.backend.group(ticket.model), 0) <= 1  # this one
         room.swaps.refused(ticket.user, self.backend, ticket.model, self.placement, alone)
 
+    def answered(self) -> None:
+        """The backend took the request (``SwapPlanner.answered``)."""
+        self._admission.room.swaps.answered(self.backend, self.ticket.model, self.placement)
+
     def loaded(self, seconds: float | None) -> None:
         """The reply says its model took ``seconds`` to load. If this request caused the
         load (a load, swap or reload), its user pays for the time (``costs.load``

@@ -116,6 +116,8 @@ class Generation:
             permit.loaded(record.load_seconds)
             if response.status >= 400 and record.load_seconds is None:
                 permit.refused_by_backend()
+            else:
+                permit.answered()
         services.warmth.note_load(permit.backend.name, model, record.load_seconds)
         return response
 

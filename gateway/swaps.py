@@ -232,13 +232,19 @@ class SwapPlanner:
             placement = RESIDENT if here.num_ctx == num_ctx else Placement("reload")
         else:
             placement = Placement("load")
+        self.residency.sent(backend, model, num_ctx)
+        plans.last_used[model] = now
+        return placement
+
+    def answered(self, backend: Backend, model: str, placement: Placement) -> None:
+        """The backend took the request sent with ``placement``: the load or reload it
+        planned has happened. Counted now, not when sent: a request the backend refuses
+        (``refused``) loads nothing, and a counter cannot take a count back."""
+        model = model_key(model)
         if placement.kind == "reload":
             self.counts[backend.key, model, "reloads"] += 1
         if placement.loads:
             self.counts[backend.key, model, "loads"] += 1
-        self.residency.sent(backend, model, num_ctx)
-        plans.last_used[model] = now
-        return placement
 
     def made_room(self, backend: Backend) -> None:
         """The victims of the swap last sent to ``backend`` are unloaded."""

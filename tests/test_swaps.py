@@ -437,6 +437,8 @@ class TestWastedSwaps:
         refused = {"sim_status": 400}
         assert await chat(gateway, PHI, "alice-key", options=refused) == 400
         assert len(sim.stats.unloaded) == 1  # the first one cost a model: not foreseeable
+        key = gateway.services.admission.room.pool.backends[0].key
+        assert (key, PHI, "loads") not in counts(gateway)  # refused: it loaded nothing
         # phi3 never loaded: qwen comes back beside llama, which a phantom phi3 counted
         # as held would have had unloaded instead.
         assert await chat(gateway, QWEN, "bob-key") == 200
@@ -445,6 +447,7 @@ class TestWastedSwaps:
         assert status == 503 and "none is started for alice" in said, said
         assert len(sim.stats.unloaded) == 1 and set(sim.loaded_models()) == {LLAMA, QWEN}
         assert await chat(gateway, PHI, "bob-key") == 200  # bob's swaps go on
+        assert counts(gateway)[key, PHI, "loads"] == 1
 
     async def test_a_body_ollama_cannot_decode_is_refused_before_any_swap(
         self, start_sim: StartSim, start_gateway: StartGateway
