@@ -74,7 +74,9 @@ class Simulator:
         self.engine.expire_all()
 
     def make_app(self) -> web.Application:
-        app = web.Application(middlewares=[self._recorder.middleware])
+        # Neither Ollama (gin) nor llama-server (cpp-httplib) bounds a request body; aiohttp's
+        # default would refuse images over 1 MiB with a 413 of its own.
+        app = web.Application(middlewares=[self._recorder.middleware], client_max_size=2**30)
         if self.config.flavor == "llamacpp":
             LlamaCppAPI(self.engine).add_routes(app)
         else:

@@ -11,8 +11,9 @@ then ``foldName``): https://github.com/golang/go/blob/master/src/encoding/json/d
 and its fold:
 https://github.com/golang/go/blob/master/src/encoding/json/fold.go
 
-Pure (no aiohttp): ``load_checked`` is what a request path calls; ``go_fold`` is the one
-copy of Go's key folding, which the simulator (``fairsim.gojson``) imports as well.
+Pure (no aiohttp): ``load_checked`` is what a request path calls (it counts the body's
+values first: ``json_counts``); ``go_fold`` is the one copy of Go's key folding, which the
+simulator (``fairsim.gojson``) imports as well.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import math
 import re
 from collections.abc import Callable
 from typing import Any
+
+from gateway.json_counts import check_counts
 
 __all__ = [
     "AmbiguousField",
@@ -74,7 +77,7 @@ class TooManyObjects(ValueError):
     event loop, so a 32 MiB body of ``{}`` would hold every stream for seconds."""
 
     def __init__(self) -> None:
-        super().__init__(f"the body holds more than {MAX_OBJECTS:,} JSON objects")
+        super().__init__(f"the request body holds more than {MAX_OBJECTS:,} JSON objects")
 
 
 # A chat with Open WebUI's 36 tools is about 500 objects; a thousand messages with their
@@ -140,10 +143,13 @@ def _checked_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def load_checked(body: bytes | str) -> dict[str, Any]:
     """The body's JSON object, unless a reader could take it for another.
 
-    Raises ``AmbiguousField`` when some object at any depth has keys that fold alike (exact
-    duplicates included), ``NestedTooDeeply`` when the parser runs out of stack,
-    ``NotAnObject`` for valid JSON that is not an object, and ``json.JSONDecodeError`` or
-    ``UnicodeDecodeError`` for a body that is not JSON; all are ``ValueError``."""
+    Raises ``TooManyValues`` (before parsing) or ``TooManyObjects`` for a body that holds
+    more than any request needs, ``AmbiguousField`` when some object at any depth has keys
+    that fold alike (exact duplicates included), ``NestedTooDeeply`` when the parser runs
+    out of stack, ``NotAnObject`` for valid JSON that is not an object, and
+    ``json.JSONDecodeError`` or ``UnicodeDecodeError`` for a body that is not JSON; all are
+    ``ValueError``."""
+    check_counts(body)
     try:
         value = _decode(body, _checked_object)
     except _Ambiguous:

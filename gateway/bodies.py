@@ -26,6 +26,7 @@ from gateway.ambiguity import (
     load_checked,
 )
 from gateway.errors import GatewayError
+from gateway.json_counts import TooManyValues
 from gateway.vocabulary import Reason
 
 __all__ = ["Fields", "defer_continue", "encoded", "json_fields", "read_body"]
@@ -102,8 +103,8 @@ def json_fields(body: bytes) -> dict[str, Any]:
         raise GatewayError(
             400, Reason.BAD_REQUEST, "the request body must be a JSON object"
         ) from exc
-    except TooManyObjects as exc:
-        raise GatewayError(400, Reason.BAD_REQUEST, f"the request {exc}") from exc
+    except (TooManyObjects, TooManyValues) as exc:
+        raise GatewayError(400, Reason.BAD_REQUEST, str(exc)) from exc
     except ValueError as exc:  # not JSON, not UTF-8, or nested too deeply
         raise GatewayError(
             400, Reason.BAD_REQUEST, f"the request body is not valid JSON: {exc}"

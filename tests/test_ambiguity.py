@@ -4,10 +4,13 @@ the gateway's refusal of ambiguous bodies, and the simulator reading bodies as O
 from __future__ import annotations
 
 import json
+import string
 from typing import Any
 
 import aiohttp
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fairsim.gojson import go_decode
 from gateway.ambiguity import (
@@ -21,6 +24,7 @@ from gateway.ambiguity import (
     load_checked,
     parse_object_pairs,
 )
+from gateway.json_counts import MAX_ARRAYS, MAX_VALUES, TooManyValues, count_values
 from tests.conftest import StartSim
 
 KELVIN = "\u212a"  # KELVIN SIGN, which Go folds to k
@@ -199,6 +203,70 @@ def test_objects_past_the_bound_are_refused() -> None:
 
 def _empties(count: int) -> str:
     return "[" + ",".join(["{}"] * count) + "]"
+
+
+def _numbers(count: int) -> bytes:
+    """A body of ``count`` values: the object, its array, and the numbers in it."""
+    return b'{"context": [' + b",".join([b"7"] * (count - 2)) + b"]}"
+
+
+def test_values_past_the_bound_are_refused_before_parsing() -> None:
+    """A body may hold MAX_VALUES values (the outermost object counts), not one more; the
+    refusal says what the limit is."""
+    assert len(load_checked(_numbers(MAX_VALUES))["context"]) == MAX_VALUES - 2
+    with pytest.raises(TooManyValues, match="more than 1,000,000 JSON values"):
+        load_checked(_numbers(MAX_VALUES + 1))
+
+
+def test_commas_and_brackets_inside_strings_do_not_count() -> None:
+    """A prompt of two million commas, brackets, quotes and backslashes is one value; the
+    same commas outside strings are two million values."""
+    text = 'a, [b], {c}, \\"d\\", \\\\, ' * 200_000
+    body = json.dumps({"model": "m", "prompt": text}).encode()
+    assert load_checked(body)["prompt"] == text
+    with pytest.raises(TooManyValues):
+        load_checked(b'{"context": [' + b"1," * 2_000_000 + b"1]}")
+
+
+def test_arrays_past_their_bound_are_refused() -> None:
+    """Arrays cost the garbage collector: MAX_ARRAYS of them (the outer one counts) pass,
+    one more is refused, though far fewer values than MAX_VALUES."""
+    many = b'{"a": [' + b",".join([b"[]"] * (MAX_ARRAYS - 1)) + b"]}"
+    assert len(load_checked(many)["a"]) == MAX_ARRAYS - 1
+    with pytest.raises(TooManyValues, match="more than 100,000 JSON arrays"):
+        load_checked(many.replace(b"[[]", b"[[],[]"))
+
+
+def _counted(value: Any) -> tuple[int, int]:
+    """(values, arrays) as count_values counts them: an empty container counts twice."""
+    if isinstance(value, list | dict):
+        items = list(value.values()) if isinstance(value, dict) else value
+        counts = [_counted(item) for item in items]
+        values = 1 + sum(v for v, _ in counts) + (not items)
+        return values, isinstance(value, list) + sum(a for _, a in counts)
+    return 1, 0
+
+
+_TRICKY = st.text(string.ascii_letters + ',[]{}"\\:/ \n\u00e9\u212a', max_size=6)
+_DOCUMENTS = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | _TRICKY,
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(_TRICKY, children, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, derandomize=True, database=None)
+@given(document=_DOCUMENTS, piece=st.integers(1, 40), indent=st.sampled_from([None, 0, 2]))
+def test_counting_agrees_with_the_parser_whatever_the_strings_hold(
+    document: Any, piece: int, indent: int | None
+) -> None:
+    """Counted outside strings, in pieces of any size (so across escapes and quotes), the
+    values and arrays are those Python's parser makes."""
+    for ascii_only in (True, False):
+        body = json.dumps(document, indent=indent, ensure_ascii=ascii_only).encode()
+        assert count_values(body, piece) == _counted(document)
 
 
 def test_ambiguous_field_takes_parsed_pairs_or_plain_dicts() -> None:

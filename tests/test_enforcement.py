@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import io
 import json
 import string
 from pathlib import Path
@@ -16,6 +17,7 @@ import structlog
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gateway.json_counts import MAX_VALUES
 from tests.conftest import Gateway, StartGateway, StartSim
 from tests.test_admission import MODEL, held, idle, queued, until
 from tests.test_reload import rewrite
@@ -45,7 +47,9 @@ async def post(gateway: Gateway, path: str, body: bytes) -> tuple[int, str]:
     headers = {**HEADERS, "Content-Type": "application/json"}
     async with (
         aiohttp.ClientSession() as session,
-        session.post(gateway.url + path, data=body, headers=headers) as reply,
+        # A BytesIO, which aiohttp sends in pieces: a body of megabytes as bytes it would
+        # write in one call (and warn that this holds the loop).
+        session.post(gateway.url + path, data=io.BytesIO(body), headers=headers) as reply,
     ):
         return reply.status, await reply.text()
 
@@ -231,6 +235,35 @@ class TestBodiesGoReadsOtherwise:
         status, text = await post(gateway, "/api/generate", body.encode())
         assert status == 400, text
         assert "more than 100,000 JSON objects" in json.loads(text)["error"]
+
+    async def test_a_body_of_a_million_values_is_the_most_that_passes(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """A context of token ids may make the body a million values (the object, its four
+        fields and the numbers); one more is a 400 that says the limit, before parsing."""
+        _, gateway = await start(start_sim, start_gateway)
+        head = f'{{"model": "{MODEL}", "prompt": "x", "stream": false, "context": ['.encode()
+        numbers = b",".join([b"7"] * (MAX_VALUES - 5))
+        status, text = await post(gateway, "/api/generate", head + numbers + b"]}")
+        assert status == 200, text
+        status, text = await post(gateway, "/api/generate", head + numbers + b",7]}")
+        assert status == 400, text
+        assert "more than 1,000,000 JSON values" in json.loads(text)["error"]
+
+    async def test_commas_in_a_message_are_not_values(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """A message of two million commas passes (a string is one value, whatever it
+        holds); the same commas between numbers are refused."""
+        _, gateway = await start(start_sim, start_gateway)
+        message = {"role": "user", "content": "1, " * 2_000_000}
+        chat = {"model": MODEL, "messages": [message], "stream": False}
+        status, text = await post(gateway, "/api/chat", json.dumps(chat).encode())
+        assert status == 200, text
+        numbers = {"model": MODEL, "prompt": "x", "stream": False, "context": [1] * 2_000_000}
+        status, text = await post(gateway, "/api/generate", json.dumps(numbers).encode())
+        assert status == 400, text
+        assert "more than 1,000,000 JSON values" in json.loads(text)["error"]
 
 
 class TestReadsUnderPolicy:
