@@ -25,7 +25,7 @@ from gateway.access import RECORD
 from gateway.backends import Backend, BackendPool, model_key
 from gateway.backends.failures import unavailable
 from gateway.backends.probes import entries_of
-from gateway.bodies import Fields, defer_continue, read_body
+from gateway.bodies import defer_continue, parsed, read_body
 from gateway.errors import GatewayError
 from gateway.relay import Relay, Target
 from gateway.services import Services
@@ -154,7 +154,8 @@ class Reads:
         view, record, settings = services.policy.current, request[RECORD], services.settings
         # Read as Ollama reads it (keys folded, last wins refused), so the model checked
         # against models: is the model shown: `model`, else the older `name`.
-        fields = Fields(await read_body(request, settings.max_body_bytes, settings.body_timeout))
+        body = await read_body(request, settings.max_body_bytes, settings.body_timeout)
+        fields = await parsed(body, services.parsing)
         named = "model" if fields.values.get("model") else "name"
         model = fields.values.get(named) or ""
         if not isinstance(model, str):

@@ -10,7 +10,7 @@ from aiohttp import web
 from gateway.access import RECORD
 from gateway.admission import Permit, Refusal, Ticket
 from gateway.backends import Backend, BackendPool
-from gateway.bodies import Fields, defer_continue, read_body
+from gateway.bodies import Fields, defer_continue, parsed, read_body
 from gateway.classify import classify
 from gateway.errors import BackendFailure, GatewayError
 from gateway.lanes import lane_of, possible_lanes
@@ -67,9 +67,11 @@ class Generation:
         unseen = admission.refuses_unseen(user, possible_lanes(lanes, request.headers))
         if unseen is not None:
             raise GatewayError(503, unseen.reason, unseen.message, unseen.retry_after)
+        # A body waiting for the parser counts as arriving too: a user's burst of big
+        # bodies cannot hold more of them in memory than the user could queue.
         with admission.arriving(user):
             body = await read_body(request, settings.max_body_bytes, settings.body_timeout)
-        fields = Fields(body)
+            fields = await parsed(body, services.parsing)
         record.model = model = _resolved(fields, view.policy)
         _check_model_allowed(view.policy, user, model)
         _check_model_served(view.pool, api, model)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,6 +59,8 @@ class Services:
     streams: set[Relay] = field(default_factory=set)  # generation replies under way
     history: History = field(default_factory=History)  # the last hour, for the house page
     loops: Background = field(default_factory=lambda: Background("gateway"))
+    # Big request bodies are parsed here, one at a time, beside the event loop (bodies.py).
+    parsing: Executor = field(default_factory=lambda: ThreadPoolExecutor(1, "fairgate-parse"))
 
     @classmethod
     def build(
@@ -112,6 +115,7 @@ class Services:
         if self.admission.holds is not None:
             await self.admission.holds.close()
         await self.upstream.close()
+        self.parsing.shutdown(wait=False, cancel_futures=True)
 
     def _reconfigure(self, view: PolicyView) -> None:
         policy = view.policy

@@ -4,10 +4,13 @@ connection. Raw sockets play the client, as an attacker's toolkit would."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import gzip
 import json
+import os
 import socket
+import threading
 import time
 from contextlib import AsyncExitStack
 from typing import Any
@@ -17,6 +20,7 @@ import pytest
 import structlog
 from aiohttp import web
 
+from gateway.bodies import ON_LOOP_BYTES
 from gateway.logs import console_rendering
 from tests.conftest import Gateway, StartGateway, StartSim, one_backend, serve
 from tests.test_admission import MODEL, held, idle, until
@@ -183,6 +187,43 @@ class TestRefusedBeforeTheBody:
         writer.write(request_head("/api/generate", len(CHAT)) + CHAT[:5])
         assert (await head_of(reader)).startswith(b"HTTP/1.1 408")
         writer.close()
+
+
+class TestBigBodies:
+    async def test_another_users_stream_flows_while_a_big_body_waits_for_the_parser(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """A big body is parsed beside the event loop: while it waits its turn in the parser
+        (busy with another big body for as long as this test says), bob's stream keeps
+        receiving chunks, and the body is answered once the parser reaches it."""
+        _, url = await start_sim(decode_tokens_per_s=500.0, parallel=2)
+        gateway = await start_gateway(POLICY + one_backend(url, slots=2))
+        image = base64.b64encode(os.urandom(ON_LOOP_BYTES)).decode()
+        big = {"model": MODEL, "prompt": "what is this?", "images": [image], "stream": False}
+        long = {"model": MODEL, "prompt": "talk", "options": {"num_predict": 100_000}}
+        parser_free = threading.Event()
+        gateway.services.parsing.submit(parser_free.wait)
+        try:
+            async with (
+                aiohttp.ClientSession(headers={"Authorization": "Bearer bob-key"}) as session,
+                session.post(gateway.url + "/api/generate", json=long) as bob,
+            ):
+                assert await bob.content.readline()
+                reader, writer = await open_raw(gateway)
+                writer.write(request_bytes("/api/generate", json.dumps(big).encode()))
+                await writer.drain()
+                answer = asyncio.ensure_future(reader.readuntil(b"\r\n\r\n"))
+                # bob's stream is the clock: 50 chunks, each relayed after the big body was
+                # sent; the body cannot be answered before the parser has it.
+                for _ in range(50):
+                    assert await bob.content.readline()
+                    assert not answer.done()
+                parser_free.set()
+                assert (await asyncio.wait_for(answer, 5)).startswith(b"HTTP/1.1 200")
+                assert await bob.content.readline()
+                writer.close()
+        finally:
+            parser_free.set()
 
 
 def html_error_backend() -> web.Application:
