@@ -16,7 +16,6 @@ from gateway.errors import BackendFailure, GatewayError
 from gateway.lanes import lane_of, possible_lanes
 from gateway.listings import model_forbidden, model_not_found, no_backend
 from gateway.load_options import apply_num_ctx_policy, num_ctx_of
-from gateway.ollama_fields import field_type_error
 from gateway.policy import Policy, Timeouts
 from gateway.relay import Relay, Target
 from gateway.services import Services
@@ -71,12 +70,12 @@ class Generation:
         # bodies cannot hold more of them in memory than the user could queue.
         with admission.arriving(user):
             body = await read_body(request, settings.max_body_bytes, settings.body_timeout)
-            fields = await parsed(body, services.parsing)
+            fields = await parsed(body, services.parsing, _STRUCTS.get(request.path))
         record.model = model = _resolved(fields, view.policy)
         _check_model_allowed(view.policy, user, model)
         _check_model_served(view.pool, api, model)
         if api is Api.OLLAMA:
-            _check_field_types(request.path, fields.values)
+            _check_field_types(fields)
             policy = view.policy
             kept = kept_alive(policy.backends, model)
             # Both run, then one re-encoding: what they checked is what Ollama reads.
@@ -238,9 +237,9 @@ _STRUCTS = {
 }
 
 
-def _check_field_types(path: str, fields: dict[str, object]) -> None:
-    """Ollama's own 400 for a field of the wrong type, before a slot is taken: sent on, it
-    would be refused there only after a swap had unloaded another user's model for it."""
-    error = field_type_error(_STRUCTS[path], fields)
-    if error is not None:
-        raise GatewayError(400, Reason.BAD_REQUEST, error)
+def _check_field_types(fields: Fields) -> None:
+    """Ollama's own 400 for a field of the wrong type (found with the parse), before a slot
+    is taken: sent on, it would be refused there only after a swap had unloaded another
+    user's model for it."""
+    if fields.type_error is not None:
+        raise GatewayError(400, Reason.BAD_REQUEST, fields.type_error)

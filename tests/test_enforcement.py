@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.json_counts import MAX_VALUES
-from tests.conftest import Gateway, StartGateway, StartSim
+from tests.conftest import Finished, Gateway, StartGateway, StartSim
 from tests.test_admission import MODEL, held, idle, queued, until
 from tests.test_reload import rewrite
 
@@ -264,6 +264,24 @@ class TestBodiesGoReadsOtherwise:
         status, text = await post(gateway, "/api/generate", json.dumps(numbers).encode())
         assert status == 400, text
         assert "more than 1,000,000 JSON values" in json.loads(text)["error"]
+
+    @pytest.mark.parametrize("size", [10, 100_000], ids=["small body", "big body"])
+    async def test_a_fraction_among_token_ids_gets_gos_error_whatever_the_body_size(
+        self, start_sim: StartSim, start_gateway: StartGateway, size: int
+    ) -> None:
+        """Go's own 400 for a context that is not all integers, from the gateway before any
+        backend sees it, whether the body was parsed on the event loop or, being big, in the
+        parser's thread."""
+        _, gateway = await start(start_sim, start_gateway)
+        finished = Finished(gateway)
+        body = {"model": MODEL, "prompt": "x", "stream": False, "context": [7] * size + [2.5]}
+        status, text = await post(gateway, "/api/generate", json.dumps(body).encode())
+        assert status == 400, text
+        assert json.loads(text)["error"] == (
+            "json: cannot unmarshal number 2.5 into Go struct field GenerateRequest.context "
+            "of type int"
+        )
+        assert (await finished.first(("/api/generate",))).backend is None
 
 
 class TestReadsUnderPolicy:
