@@ -15,6 +15,8 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 from multidict import istr
 
+from gateway.connections import Connections
+from gateway.cors import Cors
 from gateway.errors import GatewayError, error_body, retry_after_header
 from gateway.forwarded import Client
 from gateway.logs import REQUEST_ID, printable
@@ -154,10 +156,17 @@ def _request_ids(given: str | None) -> tuple[str, str | None]:
     return ours, None if given is None else printable(given[:64])
 
 
-def access_log(listeners: list[Listener], locate: Locate) -> Middleware:
-    """The middleware that places the client (``locate``: behind trusted proxies), binds the
-    request id, maps errors to the API's shape, logs the request once and tells
-    ``listeners`` (metrics) about it."""
+def access_log(
+    listeners: list[Listener], locate: Locate, connections: Connections, cors: Cors
+) -> Middleware:
+    """The gateway's one middleware. It places the client (``locate``: behind trusted
+    proxies), names the request in the logs, counts it on its connection (``connections``:
+    a 503 instead while draining), answers CORS preflights (``cors``), maps errors to the
+    API's shape, logs the request once and tells ``listeners`` (metrics) about it.
+
+    One middleware that calls each concern's own code rather than a middleware for each,
+    and maps errors itself rather than in a coroutine of its own: every layer around the
+    handler costs each request about half a microsecond."""
     line = _AccessLine()
 
     @web.middleware
@@ -168,10 +177,11 @@ def access_log(listeners: list[Listener], locate: Locate) -> Middleware:
             record.client_request_id = client_request_id
         request[RECORD] = record
         named = REQUEST_ID.set(request_id)  # for every line logged on its way
-        # The errors are mapped here rather than in a coroutine of their own: every layer
-        # around the handler costs each request a little.
+        response: web.StreamResponse
         try:
-            response = await handler(request)
+            with connections.handling(request):
+                preflight = cors.preflight(request)  # answered before anyone is identified
+                response = await handler(request) if preflight is None else preflight
         except GatewayError as error:
             response = _refused(request, record, error)
         except web.HTTPException as exc:

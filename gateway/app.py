@@ -56,11 +56,7 @@ def create_app(
     services.on_finished += [metrics.observe, services.history.observe, services.usage.observe]
     cors = Cors(services.policy)
     app = web.Application(
-        middlewares=[
-            access_log(services.on_finished, services.locate),
-            services.connections.middleware(),
-            cors.middleware(),
-        ],
+        middlewares=[access_log(services.on_finished, services.locate, services.connections, cors)],
         client_max_size=settings.max_body_bytes,
     )
     app[SERVICES] = services

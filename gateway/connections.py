@@ -28,14 +28,13 @@ from typing import Any
 import structlog
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.typedefs import Handler, Middleware
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
 from gateway.errors import GatewayError
 from gateway.settings import Settings
 from gateway.vocabulary import Reason
 
-__all__ = ["Connections", "Listener", "descriptor_cap"]
+__all__ = ["Connections", "Handling", "Listener", "descriptor_cap"]
 
 log = structlog.get_logger("fairgate.connections")
 
@@ -64,27 +63,23 @@ class Connections:
         # cleared and set by every request.
         self._idle: asyncio.Event | None = None
 
-    def middleware(self) -> Middleware:
-        @web.middleware
-        async def track(request: web.Request, handler: Handler) -> web.StreamResponse:
-            if self.draining and request.path not in _SERVED_WHILE_DRAINING:
-                raise GatewayError(
-                    503,
-                    Reason.SHUTTING_DOWN,
-                    "the gateway is shutting down; retry in a moment",
-                    retry_after=5.0,
-                    close=True,
-                )
-            protocol, busy = request.protocol, self.busy
-            busy.add(protocol)
-            try:
-                return await handler(request)
-            finally:
-                busy.discard(protocol)
-                if not busy and self._idle is not None:
-                    self._idle.set()
+    def handling(self, request: web.Request) -> Handling:
+        """``request``'s connection, busy until the returned context ends (so neither closed
+        for a newcomer nor left out of a drain); a 503 instead while draining."""
+        if self.draining and request.path not in _SERVED_WHILE_DRAINING:
+            raise GatewayError(
+                503,
+                Reason.SHUTTING_DOWN,
+                "the gateway is shutting down; retry in a moment",
+                retry_after=5.0,
+                close=True,
+            )
+        return Handling(self, request.protocol)
 
-        return track
+    def _done(self, protocol: object) -> None:
+        self.busy.discard(protocol)
+        if not self.busy and self._idle is not None:
+            self._idle.set()
 
     @property
     def in_request(self) -> int:
@@ -103,6 +98,22 @@ class Connections:
         except TimeoutError:
             return False
         return True
+
+
+class Handling:
+    """One connection handling a request (Connections.handling)."""
+
+    __slots__ = ("_connections", "_protocol")
+
+    def __init__(self, connections: Connections, protocol: object) -> None:
+        self._connections = connections
+        self._protocol = protocol
+
+    def __enter__(self) -> None:
+        self._connections.busy.add(self._protocol)
+
+    def __exit__(self, *exc: object) -> None:
+        self._connections._done(self._protocol)
 
 
 class Listener:

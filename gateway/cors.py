@@ -16,7 +16,6 @@ connect". Requests from unlisted origins get no CORS headers; their pages cannot
 from __future__ import annotations
 
 from aiohttp import hdrs, web
-from aiohttp.typedefs import Handler, Middleware
 
 from gateway.errors import GatewayError
 from gateway.reload import LivePolicy
@@ -36,28 +35,24 @@ class Cors:
     def __init__(self, policy: LivePolicy) -> None:
         self._policy = policy
 
-    def middleware(self) -> Middleware:
-        @web.middleware
-        async def preflight(request: web.Request, handler: Handler) -> web.StreamResponse:
-            if request.method != hdrs.METH_OPTIONS:  # every request passes here: one check
-                return await handler(request)
-            if not _is_preflight(request):
-                return await handler(request)
-            origin = request.headers[hdrs.ORIGIN]
-            if not self._allows(origin):
-                raise GatewayError(403, Reason.ORIGIN_FORBIDDEN, _refusal(origin))
-            asked = request.headers.get(hdrs.ACCESS_CONTROL_REQUEST_HEADERS, "")
-            headers = {
-                hdrs.ACCESS_CONTROL_ALLOW_METHODS: _METHODS,
-                hdrs.ACCESS_CONTROL_MAX_AGE: _MAX_AGE,
-            }
-            if asked:
-                # What the page's client sends (the openai SDK adds its x-stainless-* headers):
-                # nothing a header can do here is more than the origin was trusted with.
-                headers[hdrs.ACCESS_CONTROL_ALLOW_HEADERS] = asked
-            return web.Response(status=204, headers=headers)
-
-        return preflight
+    def preflight(self, request: web.Request) -> web.Response | None:
+        """The answer to a preflight (403 for an origin not listed); None for any other
+        request, after one comparison (every request asks)."""
+        if request.method != hdrs.METH_OPTIONS or not _is_preflight(request):
+            return None
+        origin = request.headers[hdrs.ORIGIN]
+        if not self._allows(origin):
+            raise GatewayError(403, Reason.ORIGIN_FORBIDDEN, _refusal(origin))
+        asked = request.headers.get(hdrs.ACCESS_CONTROL_REQUEST_HEADERS, "")
+        headers = {
+            hdrs.ACCESS_CONTROL_ALLOW_METHODS: _METHODS,
+            hdrs.ACCESS_CONTROL_MAX_AGE: _MAX_AGE,
+        }
+        if asked:
+            # What the page's client sends (the openai SDK adds its x-stainless-* headers):
+            # nothing a header can do here is more than the origin was trusted with.
+            headers[hdrs.ACCESS_CONTROL_ALLOW_HEADERS] = asked
+        return web.Response(status=204, headers=headers)
 
     async def on_prepare(self, request: web.Request, response: web.StreamResponse) -> None:
         """A reply to a listed origin says it may read it (on_response_prepare)."""
