@@ -211,17 +211,19 @@ class _AccessLine:
 
     structlog's module-level logger is a proxy that looks the configured logger up again
     at every call (half a microsecond, per request); logging is configured before the
-    first request, so the line's logger is looked up once, then."""
+    first request, so the line's logger, and whether it writes INFO, are looked up once,
+    then."""
 
     def __init__(self) -> None:
         self._logger: Any = None
+        self._writes = False
 
     def write(self, record: RequestRecord) -> None:
-        logger = self._logger
-        if logger is None:
-            logger = self._logger = log.bind()
-        if logger.is_enabled_for(logging.INFO):
-            logger.info("request", **record.fields())
+        if self._logger is None:
+            self._logger = log.bind()
+            self._writes = self._logger.is_enabled_for(logging.INFO)
+        if self._writes:
+            self._logger.info("request", **record.fields())
 
 
 async def add_reply_headers(request: web.Request, response: web.StreamResponse) -> None:
