@@ -22,7 +22,9 @@ Four loads, each against every target in turn, in the same run:
 
 Prints TTFT and ITL p50/p99, requests/s, chunks/s, the CPU per request of the gateway, the
 bare relays and nginx, and the gateway's figures over nginx's. ``--rounds`` measures every
-target again in the same processes, to show the noise.
+target again in the same processes, to show the noise; ``--before DIR`` also measures the
+gateway of another tree (``git archive REV | tar -x -C DIR``), so that what a change did is
+seen in one run.
 
     make bench   # or: .venv/bin/python -m benchmarks.overhead [--concurrency 16] [--paced 100]
 """
@@ -147,6 +149,19 @@ async def _load(
         processes.append(gateway)
         pids = {"gateway": gateway.pid}
         targets = {"direct": stub_url, "gateway": f"http://127.0.0.1:{gateway_port}"}
+        if args.before is not None:
+            # The same gateway from another tree (an exported older commit), side by side.
+            port = free_port()
+            older = {
+                **env,
+                "PYTHONPATH": str(args.before),
+                "FAIRGATE_LISTEN": f"127.0.0.1:{port}",
+                "FAIRGATE_USAGE_DB": str(workdir / "usage-before.db"),
+            }
+            before = await spawn_pinned(0, sys.executable, "-m", "gateway", "serve", env=older)
+            processes.append(before)
+            pids["before"] = before.pid
+            targets["before"] = f"http://127.0.0.1:{port}"
         for stack in STACKS:
             port = free_port()
             bare = ["benchmarks.bare_relay", "--stack", stack, "--port", str(port)]
@@ -198,7 +213,7 @@ def _figures(figures: dict[str, dict[str, Any]]) -> None:
             f"{f['requests_per_s']:11.0f} {f['lines_per_s']:10.0f}"
         )
     direct = figures["direct"]
-    for name in ("gateway", *STACKS, "nginx"):
+    for name in ("gateway", "before", *STACKS, "nginx"):
         if name in figures:
             f = figures[name]
             added = {key: (f[key] - direct[key]) * 1e3 for key in ("ttft_p50", "ttft_p99")}
@@ -213,7 +228,7 @@ def _figures(figures: dict[str, dict[str, Any]]) -> None:
             f"  gateway / nginx: TTFT p50 {gateway['ttft_p50'] / nginx['ttft_p50']:.2f}x, "
             f"requests/s {gateway['requests_per_s'] / nginx['requests_per_s']:.2f}x"
         )
-    for name in ("gateway", *STACKS, "nginx"):
+    for name in ("gateway", "before", *STACKS, "nginx"):
         f = figures.get(name)
         if f is None:
             continue
@@ -287,5 +302,11 @@ if __name__ == "__main__":
     )
     parser.add_argument(
         "--together", action="store_true", help="start the paced streams all at once"
+    )
+    parser.add_argument(
+        "--before",
+        type=Path,
+        help="a tree of an older commit (git archive REV | tar -x -C DIR): its gateway is "
+        "measured beside this one, as 'before'",
     )
     asyncio.run(main(parser.parse_args()))
