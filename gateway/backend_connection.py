@@ -87,11 +87,7 @@ class Connection(asyncio.Protocol):
         if not self.active:
             self.close()
             return
-        if not self.headers_done:
-            self.head_bytes += len(data)
-            if self.head_bytes > _MAX_HEAD:
-                self._broken(MalformedReply("the reply's head is over 64 KiB"))
-                return
+        in_head = not self.headers_done
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -100,6 +96,13 @@ class Connection(asyncio.Protocol):
         except httptools.HttpParserUpgrade:  # 101: no request of ours asks to switch
             self._broken(MalformedReply("the backend switched protocols"))
             return
+        if in_head and not self.headers_done:
+            # Counted only while the head is not over: the body's first bytes often come in
+            # the same read as the head (a whole non-streamed reply, however long).
+            self.head_bytes += len(data)
+            if self.head_bytes > _MAX_HEAD:
+                self._broken(MalformedReply("the reply's head is over 64 KiB"))
+                return
         if self.sink is not None:
             if self.pieces:
                 self.pass_on()

@@ -230,6 +230,19 @@ class TestHostileBackends:
             with pytest.raises(MalformedReply, match="64 KiB"):
                 await _post(client, backend.url)
 
+    async def test_a_long_reply_sent_with_its_head_in_one_write_is_not_taken_for_a_head(
+        self, client: BackendClient
+    ) -> None:
+        """A non-streamed reply of 1 MiB (embeddings, a long context) arriving with its head
+        in one read is a short head and a long body."""
+        body = b"[" + b"0.5," * (256 * 1024) + b"0]"
+
+        async def answer(_: bytes, writer: asyncio.StreamWriter) -> None:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body))
+
+        async with raw_backend(answer) as backend:
+            assert await _body(await _post(client, backend.url)) == body
+
     async def test_a_header_with_a_line_break_is_never_sent(self, client: BackendClient) -> None:
         """A CR or LF inside a header value cannot smuggle a header or a request."""
 
