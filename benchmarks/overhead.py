@@ -72,10 +72,12 @@ def _pinned(core: int, command: list[str]) -> list[str]:
     return ["taskset", "-c", str(core), *command] if shutil.which("taskset") else command
 
 
-async def spawn_pinned(core: int, *command: str, env: dict[str, str] | None = None) -> Any:
+async def spawn_pinned(
+    core: int, *command: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> Any:
     """Start ``command`` on one core (when taskset is there), its output discarded."""
     return await asyncio.create_subprocess_exec(
-        *_pinned(core, list(command)), env=env, stdout=subprocess.DEVNULL
+        *_pinned(core, list(command)), env=env, cwd=cwd, stdout=subprocess.DEVNULL
     )
 
 
@@ -154,11 +156,13 @@ async def _load(
             port = free_port()
             older = {
                 **env,
-                "PYTHONPATH": str(args.before),
                 "FAIRGATE_LISTEN": f"127.0.0.1:{port}",
                 "FAIRGATE_USAGE_DB": str(workdir / "usage-before.db"),
             }
-            before = await spawn_pinned(0, sys.executable, "-m", "gateway", "serve", env=older)
+            # Run in that tree: ``python -m`` looks in the working directory first.
+            before = await spawn_pinned(
+                0, sys.executable, "-m", "gateway", "serve", env=older, cwd=args.before
+            )
             processes.append(before)
             pids["before"] = before.pid
             targets["before"] = f"http://127.0.0.1:{port}"
