@@ -179,9 +179,9 @@ def access_log(
         named = REQUEST_ID.set(request_id)  # for every line logged on its way
         response: web.StreamResponse
         try:
-            with connections.handling(request):
-                preflight = cors.preflight(request)  # answered before anyone is identified
-                response = await handler(request) if preflight is None else preflight
+            connections.enter(request)
+            preflight = cors.preflight(request)  # answered before anyone is identified
+            response = await handler(request) if preflight is None else preflight
         except GatewayError as error:
             response = _refused(request, record, error)
         except web.HTTPException as exc:
@@ -196,6 +196,7 @@ def access_log(
         else:
             record.status = record.status or response.status
         finally:
+            connections.leave(request)
             record.finished = time.monotonic()
             line.write(record)
             for listener in listeners:
