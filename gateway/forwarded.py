@@ -62,8 +62,10 @@ class ProxyTrust:
 
     def client_of(self, peer: str | None, headers: _Headers) -> Client:
         """The client of a request that came over a connection from ``peer``."""
-        address = address_of(peer)
-        if not self._trusts(address):
+        # With no proxy trusted (a household's usual policy) the peer is the client,
+        # whatever its address: not read here.
+        address = address_of(peer) if self._trusted else None
+        if address is None or not self._trusts(address):
             # Ignored, not believed: said only to keep an unnamed proxy's clients off loopback.
             return _peer_client(peer, _forwarding(headers))
         proxy = address
