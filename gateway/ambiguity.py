@@ -147,24 +147,29 @@ def load_checked(body: bytes | str, *, in_thread: bool = False) -> dict[str, Any
     more than any request needs, ``AmbiguousField`` when some object at any depth has keys
     that fold alike (exact duplicates included), ``NestedTooDeeply`` when the parser runs
     out of stack, ``NotAnObject`` for valid JSON that is not an object, and
-    ``json.JSONDecodeError`` or ``UnicodeDecodeError`` for a body that is not JSON; all are
-    ``ValueError``.
+    ``json.JSONDecodeError`` or ``UnicodeDecodeError`` for a body that is not JSON in UTF-8;
+    all are ``ValueError``.
 
     ``in_thread``: the caller is a worker thread beside the event loop. The C parser holds
     the GIL until it calls Python, which it does for each object and fraction but not for
     an integer; so each integer is made by a Python call too (a million token ids parse in
     about 150 ms instead of 60), and the loop gets the GIL back every few milliseconds."""
     check_counts(body)
+    # UTF-8 only, as Go reads it (and as counted above). Given bytes, json.loads guesses
+    # UTF-16 or UTF-32 from the first four, where a character's bytes can look like a quote
+    # to the count: a UTF-16 body of five million arrays was parsed whole (4 s, 400 MB).
+    # The error handler is the one json.loads decodes with.
+    text = body.decode("utf-8", "surrogatepass") if isinstance(body, bytes) else body
     integer = _integer if in_thread else None
     try:
-        value = _decode(body, _checked_object, integer)
+        value = _decode(text, _checked_object, integer)
     except _Ambiguous:
-        found = _first_ambiguity(parse_object_pairs(body, in_thread=in_thread))
+        found = _first_ambiguity(parse_object_pairs(text, in_thread=in_thread))
         if found is not None:
             raise AmbiguousField(*found) from None
         # Only inside what Ollama reads as a map or as raw JSON (options, a format's schema,
         # tool arguments), where keys are matched exactly, as Python reads them too.
-        value = _decode(body, dict, integer)
+        value = _decode(text, dict, integer)
     except RecursionError:
         raise NestedTooDeeply from None
     if not isinstance(value, dict):

@@ -265,6 +265,22 @@ class TestBodiesGoReadsOtherwise:
         assert status == 400, text
         assert "more than 1,000,000 JSON values" in json.loads(text)["error"]
 
+    @pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16", "utf-32"])
+    async def test_a_body_in_another_encoding_than_utf8_is_refused_before_it_is_parsed(
+        self, start_sim: StartSim, start_gateway: StartGateway, encoding: str
+    ) -> None:
+        """Go reads UTF-8 only; Python's parser guesses UTF-16 and UTF-32 too, where a
+        character (U+0122 is the bytes 22 01 in UTF-16) looks like a quote to the count of
+        values. Such a body of more than a million values is a 400 that no backend sees."""
+        _, gateway = await start(start_sim, start_gateway)
+        finished = Finished(gateway)
+        numbers = ",".join(["7"] * MAX_VALUES)
+        text = f'{{"model": "{MODEL}", "prompt": "\u0122", "context": [{numbers}]}}'
+        status, reply = await post(gateway, "/api/generate", text.encode(encoding))
+        assert status == 400, reply
+        assert "not valid JSON" in json.loads(reply)["error"]
+        assert (await finished.first(("/api/generate",))).backend is None
+
     @pytest.mark.parametrize("size", [10, 100_000], ids=["small body", "big body"])
     async def test_a_fraction_among_token_ids_gets_gos_error_whatever_the_body_size(
         self, start_sim: StartSim, start_gateway: StartGateway, size: int
