@@ -32,11 +32,10 @@ MAX_VALUES = 1_000_000
 # token ids; as many as the objects ``ambiguity.MAX_OBJECTS`` allows.
 MAX_ARRAYS = 100_000
 
-# Shorter than this, a body holds no more than the bounds (to within the parser's 1,000
-# levels of nesting): each value or bracket counted takes a byte at least, each array two
-# and a half (a tree of empty ones, ``[[[],[]],[[],[]]]``). So chat messages are never
-# counted.
-_COUNTED_FROM = min(MAX_VALUES, 5 * MAX_ARRAYS // 2)
+# Shorter than this, a body holds no more than the bounds: each value or bracket counted
+# takes a byte at least, each array two (its brackets: ``[[[[]]]]``, nested as deep as the
+# parser follows, is two bytes an array). So chat messages are never counted.
+_COUNTED_FROM = min(MAX_VALUES, 2 * MAX_ARRAYS)
 # The C passes over a piece this long take well under a millisecond each; a thread that
 # counts gives the GIL back between pieces.
 _PIECE = 256 * 1024

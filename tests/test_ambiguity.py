@@ -237,6 +237,16 @@ def test_arrays_past_their_bound_are_refused() -> None:
         load_checked(many.replace(b"[[]", b"[[],[]"))
 
 
+def test_nested_arrays_past_their_bound_are_refused_in_a_short_body() -> None:
+    """Arrays nested in each other take two bytes each: 100,501 of them in 201 KB are
+    counted, and refused, however short the body."""
+    nested = "[" * 500 + "]" * 500
+    body = '{"a": [' + ",".join([nested] * 201) + "]}"
+    assert len(body) < 250_000
+    with pytest.raises(TooManyValues, match="more than 100,000 JSON arrays"):
+        load_checked(body)
+
+
 def _counted(value: Any) -> tuple[int, int]:
     """(values, arrays) as count_values counts them: an empty container counts twice."""
     if isinstance(value, list | dict):
