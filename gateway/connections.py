@@ -23,7 +23,7 @@ import json
 import resource
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import structlog
 from aiohttp import web
@@ -50,6 +50,12 @@ _FULL = (
     b"Retry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
     % (len(_FULL_BODY), _FULL_BODY)
 )
+# A refused connection is closed once its client, having read the 503, closes its side, or
+# after this long: a socket closed with the client's request still unread sends a reset,
+# which can reach the client before the 503 and make it discard the reply.
+_LINGER_SECONDS = 1.0
+# At most this many linger at once (each holds a descriptor); more are closed at once.
+_MAX_LINGERING = _RESERVED_DESCRIPTORS // 2
 
 
 class Connections:
@@ -117,6 +123,7 @@ class Listener:
         )
         self._server: asyncio.Server | None = None
         self._refused = 0
+        self._lingering: set[_Refuse] = set()  # refused connections not closed yet
         self._refusals_logged_at = 0.0
 
     async def start(self, port: int | None = None) -> None:
@@ -159,7 +166,7 @@ class Listener:
         handlers = server.connections
         if _count_open(handlers) >= self._cap and not self._close_idle(handlers):
             self._note_refusal()
-            return _Refuse()
+            return _Refuse(self._lingering)
         return _Handler(
             server,
             loop=asyncio.get_running_loop(),
@@ -254,9 +261,26 @@ class _Handler(RequestHandler):
 
 
 class _Refuse(asyncio.Protocol):
-    """A connection over the cap: one 503, then closed."""
+    """A connection over the cap: one 503, then closed (see ``_LINGER_SECONDS``)."""
+
+    def __init__(self, lingering: set[_Refuse]) -> None:
+        self._lingering = lingering
+        self._closer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.WriteTransport)
-        transport.write(_FULL)
-        transport.close()
+        # Not an isinstance check: uvloop's transports are not asyncio's classes.
+        stream = cast(asyncio.Transport, transport)
+        stream.write(_FULL)
+        if len(self._lingering) >= _MAX_LINGERING:
+            stream.close()
+            return
+        self._lingering.add(self)
+        # Our side ends after the 503; what the client sends meanwhile is read and dropped
+        # (data_received), and its end closes the transport (eof_received).
+        stream.write_eof()
+        self._closer = asyncio.get_running_loop().call_later(_LINGER_SECONDS, stream.close)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lingering.discard(self)
+        if self._closer is not None:
+            self._closer.cancel()

@@ -189,6 +189,43 @@ class TestConnections:
             writer.close()
         await until_descriptors(process.pid, baseline)
 
+    @pytest.mark.parametrize("event_loop", ["asyncio", "uvloop"])
+    async def test_a_newcomer_when_every_connection_is_busy_gets_a_503_and_the_log_says_so(
+        self,
+        tmp_path: Path,
+        start_sim: StartSim,
+        processes: list[asyncio.subprocess.Process],
+        event_loop: str,
+    ) -> None:
+        """At a cap of two, with both connections handling a request (each told to send its
+        body, which does not come), a third gets 503 with Retry-After and is closed, on
+        either event loop."""
+        _, url = await start_sim()
+        policy = "users:\n  alice: {keys: [alice-key]}\n" + gpu_backend(url)
+        env = {"FAIRGATE_MAX_CONNECTIONS": "2", "FAIRGATE_EVENT_LOOP": event_loop}
+        process = await serve_policy(tmp_path, processes, policy, env)
+        base = await serving(process)
+        host, _, port = base.removeprefix("http://").rpartition(":")
+        busy = []
+        for _ in range(2):
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(
+                b"POST /api/generate HTTP/1.1\r\nHost: g\r\nAuthorization: Bearer alice-key\r\n"
+                b"Expect: 100-continue\r\nContent-Length: 100\r\n\r\n"
+            )
+            busy.append(writer)
+            # Said once the handler runs and waits for the body: the connection is busy.
+            assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"GET / HTTP/1.1\r\nHost: g\r\n\r\n")
+        async with asyncio.timeout(10):
+            reply = await reader.read()
+        assert reply.startswith(b"HTTP/1.1 503 "), reply
+        assert b"Retry-After: 1\r\n" in reply
+        assert (await logged(process, "connection_refused"))["max_connections"] == 2
+        for open_writer in (*busy, writer):
+            open_writer.close()
+
 
 def test_the_connection_cap_fits_the_descriptors_the_process_may_have() -> None:
     """Asked for more connections than the hard descriptor limit allows, the cap is what
