@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 
 import structlog
@@ -111,6 +112,12 @@ class Generation:
             timeouts = view.policy.timeouts
             try:
                 response = await self._relay_with_failover(request, permit, fields.body, timeouts)
+            except asyncio.CancelledError:
+                if record.first_byte_at is not None:
+                    # The client left a reply under way: the backend took the request, and
+                    # loaded its model, all the same.
+                    permit.answered()
+                raise
             finally:  # a reply cut short still spent what it streamed
                 record.streamed_tokens = int(permit.output_charged)
             permit.settle(record.prompt_tokens, record.completion_tokens)

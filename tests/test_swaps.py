@@ -14,7 +14,7 @@ from aiohttp.typedefs import Handler
 from fairsim import SimConfig, Simulator
 from gateway.backends import Backend, BackendState, LoadedModel
 from gateway.swaps import SwapPlanner
-from tests.conftest import Gateway, StartGateway, StartSim, serve
+from tests.conftest import Finished, Gateway, StartGateway, StartSim, serve
 from tests.test_admission import until
 from tests.test_hostile_clients import status_of
 from tests.test_residency import running
@@ -161,6 +161,29 @@ class TestSwaps:
         assert (sim.stats.loads, sim.stats.reloads) == (2, 1)
         key = admission.room.pool.backends[0].key
         assert counts(gateway)[key, LLAMA, "reloads"] == 1
+
+    async def test_a_reload_is_counted_when_its_client_leaves_the_reply_under_way(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """The backend reloaded the model and is streaming when the client hangs up (Stop
+        in a chat app): the reload happened, and is counted."""
+        sim, gateway = await start(
+            start_sim, start_gateway, "", head="num_ctx: {min: 2048, max: 8192}\n",
+            decode_tokens_per_s=20.0,
+        )  # fmt: skip
+        assert await chat(gateway, LLAMA, options={"num_ctx": 2048, "num_predict": 1}) == 200
+        finished = Finished(gateway)
+        request = {"model": LLAMA, "prompt": "talk", "options": {"num_ctx": 8192}}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(gateway.url + "/api/generate", json=request) as reply,
+        ):
+            assert reply.status == 200
+            await reply.content.readline()  # the reply is under way; then the client goes
+        assert (await finished.first(("/api/generate",))).status == 499
+        assert sim.stats.reloads == 1
+        key = gateway.services.admission.room.pool.backends[0].key
+        assert counts(gateway).get((key, LLAMA, "reloads")) == 1
 
     async def test_a_request_that_cannot_get_its_model_in_time_hears_why(
         self, start_sim: StartSim, start_gateway: StartGateway
