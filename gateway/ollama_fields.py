@@ -29,8 +29,12 @@ def _bool(value: Any) -> bool:
     return isinstance(value, bool)
 
 
+# Go's int on the 64-bit machines Ollama runs on: a number beyond it is Go's 400 too.
+_INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
+
+
 def _int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, int) and not isinstance(value, bool) and _INT_MIN <= value <= _INT_MAX
 
 
 def _map(value: Any) -> bool:
@@ -43,10 +47,12 @@ def _list(value: Any) -> bool:
 
 # The types each item check passes, as the JSON parser makes them: a list of a million
 # token ids is checked at C speed (``set(map(type, ...))``, 17 ms) instead of by a call
-# per item (58 ms); only a list holding another type is walked for Go's error.
+# per item (58 ms); only a list holding another type is walked for Go's error. Integers
+# must be in Go's range as well: a list of them is checked by its min and max (C speed
+# too), and one with a null among them is walked.
 _PASSING: dict[_Check, frozenset[type]] = {
     _string: frozenset({str, NoneType}),
-    _int: frozenset({int, NoneType}),
+    _int: frozenset({int}),
     _map: frozenset({dict, NoneType}),
 }
 
@@ -107,12 +113,20 @@ def field_type_error(struct: str, fields: Mapping[str, Any]) -> str | None:
             return _cannot(value, f"{name_in_error}.{name}", go_type)
         if items is not None:
             item_check, item_type = items
-            if set(map(type, value)) <= _PASSING[item_check]:
+            if _all_pass(item_check, value):
                 continue
             for item in value:
                 if item is not None and not item_check(item):
                     return _cannot(item, f"{name_in_error}.{name}", item_type)
     return None
+
+
+def _all_pass(check: _Check, items: list[Any]) -> bool:
+    """Whether every one of ``items`` passes ``check``, found at C speed (``_PASSING``);
+    False may only mean that they must be walked to find the one that fails."""
+    if not set(map(type, items)) <= _PASSING[check]:
+        return False
+    return check is not _int or not items or (_int(min(items)) and _int(max(items)))
 
 
 def _cannot(value: Any, field: str, go_type: str) -> str:

@@ -299,6 +299,31 @@ class TestBodiesGoReadsOtherwise:
         )
         assert (await finished.first(("/api/generate",))).backend is None
 
+    @pytest.mark.parametrize(
+        ("fields", "field"),
+        [
+            ({"context": [7] * 10 + [2**63]}, "context"),
+            ({"context": [7] * 100_000 + [-(2**63) - 1]}, "context"),
+            ({"context": [7, None, 2**64]}, "context"),
+            ({"top_logprobs": 2**63}, "top_logprobs"),
+        ],
+        ids=["small body", "big body", "a null among them", "a field of its own"],
+    )
+    async def test_an_integer_beyond_gos_int_gets_gos_error(
+        self, start_sim: StartSim, start_gateway: StartGateway, fields: dict[str, Any], field: str
+    ) -> None:
+        """Go's int is 64 bits: a token id or a count beyond it is Go's own 400, from the
+        gateway before any backend sees it (sent on, it could cost a swap for nothing)."""
+        _, gateway = await start(start_sim, start_gateway)
+        finished = Finished(gateway)
+        body = {"model": MODEL, "prompt": "x", "stream": False, **fields}
+        status, text = await post(gateway, "/api/generate", json.dumps(body).encode())
+        assert status == 400, text
+        error = json.loads(text)["error"]
+        assert error.startswith("json: cannot unmarshal number "), error
+        assert error.endswith(f" into Go struct field GenerateRequest.{field} of type int")
+        assert (await finished.first(("/api/generate",))).backend is None
+
 
 class TestReadsUnderPolicy:
     async def test_a_limited_user_sees_only_their_models_and_cannot_show_others(
