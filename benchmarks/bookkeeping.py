@@ -40,7 +40,7 @@ from typing import Any
 from aiohttp import HttpVersion11, web
 from aiohttp.http_parser import RawRequestMessage
 from aiohttp.streams import EMPTY_PAYLOAD
-from multidict import CIMultiDict, CIMultiDictProxy
+from multidict import CIMultiDict, CIMultiDictProxy, istr
 from yarl import URL
 
 from gateway.access import RECORD, RequestRecord
@@ -151,27 +151,18 @@ def _configure(level: str) -> None:
 
 
 def _fresh(count: int, loop: asyncio.AbstractEventLoop) -> list[Any]:
-    """Requests not yet seen by anyone (aiohttp caches what a request computes once), as
-    aiohttp's parser hands them over."""
-
-    headers = CIMultiDictProxy(CIMultiDict(_HEADERS))
+    """Requests not yet seen by anyone, each with its own headers and URL as aiohttp's
+    parser makes them (header names as istr): what a request computes once and caches (its
+    decoded path) is then paid for each request, as in the gateway."""
     raw = tuple((name.encode(), value.encode()) for name, value in _HEADERS.items())
-    message = RawRequestMessage(
-        "POST",
-        "/api/chat",
-        HttpVersion11,
-        headers,
-        raw,
-        False,
-        None,
-        False,
-        False,
-        URL("/api/chat"),
-    )
     requests = []
     for _ in range(count):
-        protocol = _Protocol()
-        requests.append(web.Request(message, EMPTY_PAYLOAD, protocol, None, None, loop))  # type: ignore[arg-type]
+        headers = CIMultiDictProxy(CIMultiDict((istr(k), v) for k, v in _HEADERS.items()))
+        url = URL.build(path="/api/chat", query_string="", fragment="", encoded=True)
+        message = RawRequestMessage(
+            "POST", "/api/chat", HttpVersion11, headers, raw, False, None, False, False, url
+        )
+        requests.append(web.Request(message, EMPTY_PAYLOAD, _Protocol(), None, None, loop))  # type: ignore[arg-type]
     return requests
 
 
