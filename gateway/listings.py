@@ -224,7 +224,16 @@ def no_backend(pool: BackendPool, api: Api, model: str) -> GatewayError:
     """503 when no healthy backend can answer: it names each backend that could have (for
     ``model``, if one is asked for) and its last error, since at a first run without Ollama
     this answer is what the user reads, and it must say what to check. A retry in 10 s
-    gives the probes time to see the backend back."""
+    gives the probes time to see the backend back; none is offered when no backend speaks
+    the API at all."""
+    if not any(b.speaks(api) for b in pool.backends):
+        # Only llama.cpp servers, asked in Ollama's API: no wait will change that.
+        return GatewayError(
+            503,
+            Reason.NO_BACKEND,
+            "no backend of this gateway speaks Ollama's API (its backends are llama.cpp "
+            "servers): use the OpenAI-compatible routes under /v1",
+        )
     could = [b for b in pool.backends if b.speaks(api) and (not model or b.serves(model))]
     down = f" ({unavailable(could)})" if could else ""
     wanted = f"serves {model!r}" if model else "can answer this request"

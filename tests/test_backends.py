@@ -208,6 +208,25 @@ class TestHealth:
             cpp = (await reply.json())["backends"]["cpp"]
         assert (cpp["busy"], cpp["slots"], cpp["healthy"]) == (0, 3, True)
 
+    async def test_with_llamacpp_alone_ollamas_listing_points_to_v1(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """No backend speaks Ollama's API: its listing says to use /v1, with no retry hint
+        (waiting will not change it), while /v1/models lists the model."""
+        _, sim_url = await start_sim(flavor="llamacpp", parallel=1, models=["smollm2"])
+        gateway = await start_gateway(
+            backends_yaml(f"{{name: cpp, url: {sim_url}, kind: llamacpp}}")
+        )
+        async with aiohttp.ClientSession() as session:
+            async with session.get(gateway.url + "/api/tags") as reply:
+                status, retry = reply.status, reply.headers.get("Retry-After")
+                error = (await reply.json())["error"]
+            async with session.get(gateway.url + "/v1/models") as reply:
+                listed = [entry["id"] for entry in (await reply.json())["data"]]
+        assert (status, retry) == (503, None)
+        assert error.endswith("use the OpenAI-compatible routes under /v1")
+        assert listed == ["smollm2"]
+
     async def test_ollama_and_llamacpp_serve_side_by_side(
         self, start_sim: StartSim, start_gateway: StartGateway
     ) -> None:
