@@ -47,8 +47,8 @@ run: $(RUNTIME_STAMP)
 test: lint $(LLAMA_STAMP) services
 	$(BIN)/pytest -q
 
-# What the gateway adds to every streamed reply: direct, gateway, a bare aiohttp relay and
-# nginx (Debian's, installed by `services`), side by side.
+# What the gateway adds to every streamed reply: direct, gateway, three relays with no logic
+# (benchmarks/bare_relay.py) and nginx (Debian's, installed by `services`), side by side.
 bench: $(DEV_STAMP) services
 	$(BIN)/python -m benchmarks.overhead
 
