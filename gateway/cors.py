@@ -15,6 +15,7 @@ connect". Requests from unlisted origins get no CORS headers; their pages cannot
 
 from __future__ import annotations
 
+import structlog
 from aiohttp import hdrs, web
 
 from gateway.errors import GatewayError
@@ -23,7 +24,10 @@ from gateway.vocabulary import Reason
 
 __all__ = ["Cors"]
 
+log = structlog.get_logger("fairgate.cors")
+
 _METHODS = "GET, HEAD, POST"
+_ORIGIN_LOGGED = 200  # characters of a refused Origin header written to the log
 _MAX_AGE = "600"  # seconds a browser may reuse a preflight's answer (Chromium caps it at 7200)
 # Headers a page may read from a reply, beyond the few every browser exposes.
 _EXPOSED = "Retry-After, X-Request-Id, X-Fairgate-Queue-Wait, X-Fairgate-Queue-Position"
@@ -42,6 +46,9 @@ class Cors:
             return None
         origin = request.headers[hdrs.ORIGIN]
         if not self._allows(origin):
+            # Where an admin looks when a web app "cannot connect": the origin to list
+            # (cut to a length an origin has; the log's renderers escape the rest).
+            log.warning("origin_forbidden", origin=origin[:_ORIGIN_LOGGED])
             raise GatewayError(403, Reason.ORIGIN_FORBIDDEN, _refusal(origin))
         asked = request.headers.get(hdrs.ACCESS_CONTROL_REQUEST_HEADERS, "")
         headers = {

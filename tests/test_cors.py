@@ -13,6 +13,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+import structlog
 from aiohttp import web
 from multidict import CIMultiDictProxy
 from playwright.async_api import Browser
@@ -81,10 +82,16 @@ class TestPreflight:
         """403 origin_forbidden, with no CORS header a browser could act on."""
         _, sim_url = await start_sim()
         gateway = await start_gateway(policy(sim_url))
-        status, headers, body = await send(gateway, "OPTIONS", "/api/chat", preflight(ELSEWHERE))
+        with structlog.testing.capture_logs() as logs:
+            status, headers, body = await send(
+                gateway, "OPTIONS", "/api/chat", preflight(ELSEWHERE)
+            )
         assert status == 403
         assert "list it under cors.origins" in json.loads(body)["error"]
         assert "Access-Control-Allow-Origin" not in headers
+        # The admin's side: the log names the origin to list.
+        refused = [line for line in logs if line["event"] == "origin_forbidden"]
+        assert [line["origin"] for line in refused] == [ELSEWHERE]
 
     async def test_without_origins_in_the_policy_every_preflight_is_refused(
         self, start_sim: StartSim, start_gateway: StartGateway
