@@ -43,8 +43,10 @@ class SlotLedger:
 
     def busy_on(self, backend: Backend, counter: Counter[str] | None = None) -> int:
         """Requests running on ``backend`` (of ``counter``: busy, heavy), every model."""
-        if counter is None or not backend.per_model:
-            return (self.on_backend if counter is None else counter)[backend.key]
+        if counter is None:
+            return self.on_backend[backend.key]
+        if not backend.per_model:
+            return counter[backend.key]
         return sum(self.by_model(backend, counter).values())
 
     def by_model(self, backend: Backend, counter: Counter[str] | None = None) -> dict[str, int]:
