@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections import Counter
+from collections.abc import Callable
 
 from gateway.backends.pool import Backend, BackendPool
 from gateway.holds import HoldStore
@@ -28,6 +28,7 @@ from gateway.policy import Policy
 from gateway.refusals import HoldTimer, Refusal, refusal
 from gateway.replica_holds import ReplicaHolds
 from gateway.room_snapshot import RoomSnapshot
+from gateway.slot_ledger import decrement, increment
 from gateway.swaps import SwapWait
 from gateway.tickets import Ticket
 from gateway.turn_away import REVOKED, turn_away
@@ -36,6 +37,23 @@ from gateway.waiting_room import WaitingRoom
 from gateway.wakeups import Changes, WakeTimer
 
 __all__ = ["Admission", "Permit", "Refusal", "Ticket"]
+
+
+class Arriving:
+    """A request reading its body, counted in ``arriving`` by user while in its block."""
+
+    # A class rather than a generator-based context manager: every request enters one.
+    __slots__ = ("_arriving", "_user")
+
+    def __init__(self, arriving: Counter[str], user: str) -> None:
+        self._arriving = arriving
+        self._user = user
+
+    def __enter__(self) -> None:
+        increment(self._arriving, self._user)
+
+    def __exit__(self, *exc_info: object) -> None:
+        decrement(self._arriving, self._user)
 
 
 class Admission:
@@ -75,10 +93,10 @@ class Admission:
         then confirms that the user's cap and the backend's slots have room across every
         replica, within the same ``max_wait``.
         """
-        deadline = self.clock() + self.room.policy.max_wait_of(ticket.lane)
+        max_wait = self.room.policy.max_wait_of(ticket.lane)
         if self.replicas is None:
-            return await self.turns.take(ticket, deadline - self.clock())
-        return await self.replicas.acquire(ticket, deadline, self.turns.take)
+            return await self.turns.take(ticket, max_wait)
+        return await self.replicas.acquire(ticket, self.clock() + max_wait, self.turns.take)
 
     def in_flight(self, user: str) -> int:
         """``user``'s requests running or waiting here, in either lane."""
@@ -93,17 +111,11 @@ class Admission:
             return None
         return self._refusal(reason, Ticket(user, "", Api.OLLAMA, lane=lanes[0]))
 
-    @contextmanager
-    def arriving(self, user: str) -> Iterator[None]:
-        """While a request of ``user`` reads its body: counted by ``refuses_unseen``, so
-        that a burst cannot have more bodies read at once than the user could queue."""
-        self.room.arriving[user] += 1
-        try:
-            yield
-        finally:
-            self.room.arriving[user] -= 1
-            if not self.room.arriving[user]:
-                del self.room.arriving[user]
+    def arriving(self, user: str) -> Arriving:
+        """While a request of ``user`` reads its body (``with``): counted by
+        ``refuses_unseen``, so that a burst cannot have more bodies read at once than the
+        user could queue."""
+        return Arriving(self.room.arriving, user)
 
     def release(self, permit: Permit) -> None:
         """Give back the permit's place, slot and hold, and let the next request in."""

@@ -81,14 +81,11 @@ class Budget:
     slot_seconds_per_day: float | None = None
 
     def __bool__(self) -> bool:
-        return any(
-            limit is not None
-            for limit in (
-                self.tokens_per_day,
-                self.requests_per_minute,
-                self.requests_per_hour,
-                self.slot_seconds_per_day,
-            )
+        return (
+            self.tokens_per_day is not None
+            or self.requests_per_minute is not None
+            or self.requests_per_hour is not None
+            or self.slot_seconds_per_day is not None
         )
 
 

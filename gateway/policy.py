@@ -107,6 +107,12 @@ class Policy(Strict):
         found = self._budgets.get(self.account_of(user))  # empty is falsy: compare with None
         return self._default_budget if found is None else found
 
+    @cached_property
+    def budgeted(self) -> bool:
+        """Whether any budget is set, in ``defaults`` or for some user: when none is, no
+        request needs its user's looked up (most households)."""
+        return bool(self._default_budget) or any(self._budgets.values())
+
     def may_use(self, user: str, model: str) -> bool:
         """Whether the user's ``models:`` list (if any) names ``model``, either of them
         perhaps by an alias: what is compared is the model the backend would be sent."""

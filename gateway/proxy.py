@@ -222,6 +222,8 @@ def _check_model_served(pool: BackendPool, api: Api, model: str) -> None:
 
 
 def _check_budget(services: Services, policy: Policy, user: str) -> None:
+    if not policy.budgeted:
+        return
     budget = policy.budget_of(user)
     if not budget:
         return

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from gateway.backends.pool import OLLAMA_AUTOMATIC_MAX_LOADED, Backend, model_key
+from gateway.backends.pool import OLLAMA_AUTOMATIC_MAX_LOADED, Backend, LoadedModel, model_key
 
 __all__ = ["Residency", "Resident", "ResidentsSnapshot"]
 
@@ -89,40 +89,59 @@ class Residency:
 
     def resident(self, backend: Backend, model: str, busy: Mapping[str, int]) -> Resident | None:
         """``model`` (a model key) as ``backend`` holds it now, or None: one entry of
-        ``residents``, which is what each dispatch asks about."""
+        ``residents``."""
+        seen, sent = self._held(backend, model, busy)
+        if sent is not None:
+            size = self.estimate(backend, model, sent.num_ctx)
+            return Resident(model, sent.num_ctx, size, None if seen is None else seen.expires_at)
+        if seen is None:
+            return None
+        num_ctx = seen.context_length or backend.default_num_ctx
+        size = seen.size or self.estimate(backend, model, num_ctx)
+        return Resident(model, num_ctx, size, seen.expires_at)
+
+    def context(self, backend: Backend, model: str, busy: Mapping[str, int]) -> int | None:
+        """The context per slot ``model`` (a model key) is held with on ``backend`` now, or
+        None when it is not held: ``resident``'s num_ctx, all that a dispatch asks, without
+        the size it would estimate and the record it would build."""
+        seen, sent = self._held(backend, model, busy)
+        if sent is not None:
+            return sent.num_ctx
+        return None if seen is None else seen.context_length or backend.default_num_ctx
+
+    def _held(
+        self, backend: Backend, model: str, busy: Mapping[str, int]
+    ) -> tuple[LoadedModel | None, _Sent | None]:
+        """What says ``model`` is held: the last probe, unless the gateway has unloaded it
+        since, and the gateway's own dispatch the probe may not show yet, which wins. What
+        either says that no longer holds is dropped on the way."""
         state, mine = backend.state, self._of(backend)
         gone_at = mine.gone.get(model)
         if gone_at is not None and gone_at <= state.observed_at:
             del mine.gone[model]  # a probe since knows it is gone (or back)
             gone_at = None
-        seen, found = state.loaded.get(model), None
-        if seen is not None and gone_at is None:
-            num_ctx = seen.context_length or backend.default_num_ctx
-            if seen.size:
-                mine.sizes[model] = (num_ctx, seen.size)
-            size = seen.size or self.estimate(backend, model, num_ctx)
-            found = Resident(model, num_ctx, size, seen.expires_at)
+        seen = state.loaded.get(model)
+        found = seen if gone_at is None else None
+        if found is not None and found.size:
+            mine.sizes[model] = (found.context_length or backend.default_num_ctx, found.size)
         sent = mine.sent.get(model)
-        if sent is not None and not backend.lists(model):
+        if sent is None:
+            return found, None
+        if not backend.lists(model):
             # A dispatch loads only a model on the backend's disk: Ollama answers any other
             # name with 404 at once. So one its list does not confirm takes no room; kept
             # while the list is unknown (the list may yet confirm it), dropped once known.
-            if backend.state.models is not None:
+            if state.models is not None:
                 del mine.sent[model]
-            sent = None
-        if sent is None:
-            return found
+            return found, None
         running = busy.get(backend.group(model), 0) > 0
         if sent.at <= state.observed_at and not running:
             del mine.sent[model]  # the probe since knows better
             seen_ctx = seen.context_length if seen is not None else None
             if seen_ctx is not None and seen_ctx < sent.num_ctx:
                 mine.trained[model] = seen_ctx  # asked for more, got this much
-            return found
-        expires_at = found.expires_at if found is not None else None
-        return Resident(
-            model, sent.num_ctx, self.estimate(backend, model, sent.num_ctx), expires_at
-        )
+            return found, None
+        return found, sent
 
     def estimate(self, backend: Backend, model: str, num_ctx: int) -> int:
         """Bytes ``model`` takes loaded with ``num_ctx``: as /api/ps last said, scaled for

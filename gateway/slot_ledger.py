@@ -19,7 +19,7 @@ from gateway.backends.pool import Backend
 from gateway.tickets import Ticket
 from gateway.vocabulary import Lane
 
-__all__ = ["SlotLedger", "decrement"]
+__all__ = ["SlotLedger", "decrement", "increment"]
 
 
 class SlotLedger:
@@ -58,19 +58,23 @@ class SlotLedger:
     def has_free_slot(self, backends: Iterable[Backend]) -> bool:
         """Whether any of ``backends`` runs fewer requests than it has room for."""
         on_backend = self.on_backend
-        return any(on_backend[b.key] < b.capacity for b in backends)
+        # A loop, not any() over a generator: this runs at every arrival and release.
+        for backend in backends:  # noqa: SIM110
+            if on_backend.get(backend.key, 0) < backend.capacity:
+                return True
+        return False
 
     def take(self, ticket: Ticket, backend: Backend) -> None:
         """Count ``ticket``'s request as running on ``backend``."""
         group = backend.group(ticket.model)
-        self.busy[group] += 1
-        self.on_backend[backend.key] += 1
+        increment(self.busy, group)
+        increment(self.on_backend, backend.key)
         if ticket.heavy:
-            self.heavy[group] += 1
+            increment(self.heavy, group)
         if ticket.lane is Lane.BACKGROUND:
-            self.background[group] += 1
+            increment(self.background, group)
         elif not ticket.heavy:
-            self.people_light[group] += 1
+            increment(self.people_light, group)
         self._hold(ticket, backend)
 
     def give_back(self, ticket: Ticket, backend: Backend) -> None:
@@ -94,6 +98,13 @@ class SlotLedger:
         held = self.holders.get(id(ticket))
         started = self._clock() if held is None else held[2]
         self.holders[id(ticket)] = (ticket, backend.name, started)
+
+
+def increment(counter: Counter[str], key: str) -> None:
+    """Count one more of ``key``."""
+    # Not ``counter[key] += 1``: the key is new at every first request (``decrement``
+    # drops it at zero), and a Counter answers a missing key with a call in Python.
+    counter[key] = counter.get(key, 0) + 1
 
 
 def decrement(counter: Counter[str], key: str) -> None:

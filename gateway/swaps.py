@@ -62,6 +62,8 @@ class Placement:
 
 
 RESIDENT = Placement("resident")
+_LOAD = Placement("load")
+_RELOAD = Placement("reload")
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +104,6 @@ class _Swap:
 
 @dataclass(slots=True)
 class _Plans:
-    swap: _Swap | None = None
     unloading: str | None = None  # swapped in, its victims still being unloaded
     last_used: dict[str, float] = field(default_factory=dict)
     load_seconds: dict[str, float] = field(default_factory=dict)
@@ -119,6 +120,9 @@ class SwapPlanner:
         self._clock = clock
         self.residency = Residency(clock)
         self._plans: dict[str, _Plans] = {}
+        # The swaps planned, by backend key: apart from the plans, so that the common case,
+        # none, is one look (``planned``) for the room's every dispatch.
+        self._swaps: dict[str, _Swap] = {}
         self._barred: dict[str, float] = {}  # user -> until when no swap is planned for them
         self.counts: defaultdict[tuple[str, str, str], float] = defaultdict(float)
         self.recent: deque[DoneSwap] = deque(maxlen=_RECENT)
@@ -145,6 +149,11 @@ class SwapPlanner:
         self._barred = {other: until for other, until in self._barred.items() if until > now}
         self._barred[user] = now + SWAP_BAR_SECONDS
 
+    @property
+    def planned(self) -> bool:
+        """Whether a swap is planned on any backend (``keep_only`` has one to call off)."""
+        return bool(self._swaps)
+
     def may_plan_for(self, user: str) -> bool:
         """Whether a swap may be planned for ``user``'s request (see ``_wasted``)."""
         return self._barred_for(user) == 0.0
@@ -165,18 +174,17 @@ class SwapPlanner:
             # the gateway. A made-up name never waits for room nor unloads a model.
             return True
         model, num_ctx = model_key(model), self.residency.num_ctx(backend, model, asked)
-        plans = self._of(backend)
-        if plans.unloading == model:
+        if self._of(backend).unloading == model:
             return False  # it would reach Ollama before the room is made
-        swap = plans.swap
+        swap = self._swaps.get(backend.key)
         if swap is not None:
             if (swap.model, swap.num_ctx) == (model, num_ctx):
                 return all(busy.get(backend.group(v), 0) == 0 for v in swap.victims)
             if model in swap.victims:
                 return False  # draining
-        here = self.residency.resident(backend, model, busy)
-        if here is not None:
-            return here.num_ctx == num_ctx
+        held = self.residency.context(backend, model, busy)
+        if held is not None:
+            return held == num_ctx
         if swap is not None:
             return False
         return self._fits(backend, self.residency.residents(backend, busy), (), model, num_ctx)
@@ -194,8 +202,9 @@ class SwapPlanner:
         """Plan the swap that makes room for ``model``: True if there is one (and, unless
         ``dry_run``, it now drains its victims). ``demand``: waiting requests by backend
         key and model key."""
-        plans = self._of(backend) if backend.per_model else None
-        if plans is None or plans.swap is not None or plans.unloading is not None:
+        if not backend.per_model:
+            return False
+        if backend.key in self._swaps or self._of(backend).unloading is not None:
             return False  # one swap at a time, until its room is made
         if self.admits(backend, model, asked, busy):
             return False  # memory is not what keeps it waiting: its slots are
@@ -204,7 +213,7 @@ class SwapPlanner:
         if victims is None:
             return False
         if not dry_run:
-            self._of(backend).swap = _Swap(model, num_ctx, victims, self._clock())
+            self._swaps[backend.key] = _Swap(model, num_ctx, victims, self._clock())
         return True
 
     def placed(
@@ -215,10 +224,10 @@ class SwapPlanner:
             return RESIDENT
         model, num_ctx = model_key(model), self.residency.num_ctx(backend, model, asked)
         plans, now = self._of(backend), self._clock()
-        here = self.residency.resident(backend, model, busy)
-        swap = plans.swap
+        held = self.residency.context(backend, model, busy)
+        swap = self._swaps.get(backend.key)
         if swap is not None and (swap.model, swap.num_ctx) == (model, num_ctx):
-            plans.swap = None
+            del self._swaps[backend.key]
             unload = tuple(v for v in swap.victims if v != model)
             for victim in unload:
                 self.residency.gone(backend, victim)
@@ -228,10 +237,10 @@ class SwapPlanner:
             self.recent.append(DoneSwap(backend.key, model, swap.victims, swap.planned_at, now))
             placement = Placement("reload" if model in swap.victims else "swap", unload)
             plans.unloading = model if unload else None
-        elif here is not None:
-            placement = RESIDENT if here.num_ctx == num_ctx else Placement("reload")
+        elif held is not None:
+            placement = RESIDENT if held == num_ctx else _RELOAD
         else:
-            placement = Placement("load")
+            placement = _LOAD
         self.residency.sent(backend, model, num_ctx)
         plans.last_used[model] = now
         return placement
@@ -285,7 +294,7 @@ class SwapPlanner:
             if waits is None:
                 continue
             barred = self._barred_for(user)
-            if barred and self._of(backend).swap is None:
+            if barred and backend.key not in self._swaps:
                 return SwapWait(
                     f"{model} needs a swap on {backend.name}, and none is started for {user} "
                     f"for {barred:.0f} s more: the backend refused, without loading anything, a "
@@ -298,9 +307,9 @@ class SwapPlanner:
     def keep_only(self, wanted: Collection[tuple[str, str]]) -> None:
         """Call off the swaps for which no request waits any more (``wanted``: backend key
         and model key of every waiting request)."""
-        for key, plans in self._plans.items():
-            if plans.swap is not None and (key, plans.swap.model) not in wanted:
-                plans.swap = None
+        for key, swap in list(self._swaps.items()):
+            if (key, swap.model) not in wanted:
+                del self._swaps[key]
 
     def waits(
         self, backend: Backend, model: str, asked: int | None, busy: Mapping[str, int], hold: float
@@ -310,7 +319,7 @@ class SwapPlanner:
         long a request holds its slot lately), or the models that leave no room."""
         if self.admits(backend, model, asked, busy):
             return None
-        model, swap = model_key(model), self._of(backend).swap
+        model, swap = model_key(model), self._swaps.get(backend.key)
         load = self._load_seconds(backend, model)
         if self._of(backend).unloading is not None:
             return SwapWait(f"a swap on {backend.name} is making room", load)
@@ -331,9 +340,8 @@ class SwapPlanner:
     def snapshot(self) -> SwapsSnapshot:
         now = self._clock()
         pending = {
-            key: (plans.swap.model, plans.swap.victims, now - plans.swap.planned_at)
-            for key, plans in self._plans.items()
-            if plans.swap is not None
+            key: (swap.model, swap.victims, now - swap.planned_at)
+            for key, swap in self._swaps.items()
         }
         return SwapsSnapshot(dict(self.counts), pending, tuple(self.recent))
 

@@ -7,7 +7,7 @@ snapshot can name them without importing the room, which imports them all.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gateway.backends.pool import Backend
 from gateway.scheduler import Candidate
@@ -30,10 +30,11 @@ class Ticket:
     credential: str = ""  # how the user was identified (identity.Caller), for revocation
     lane: Lane = Lane.INTERACTIVE
     num_ctx: int | None = None  # the options.num_ctx forwarded (Ollama loads with it)
+    # Of its request class; computed once, as the room asks it at every take and release.
+    heavy: bool = field(init=False, compare=False, repr=False)
 
-    @property
-    def heavy(self) -> bool:
-        return self.request_class is RequestClass.HEAVY
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "heavy", self.request_class is RequestClass.HEAVY)
 
 
 @dataclass(eq=False, slots=True)

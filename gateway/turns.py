@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Offer", "free_backends", "free_to_start", "next_offer", "waits"]
 
+_NOBODY: frozenset[str] = frozenset()
+
 
 @dataclass(frozen=True, slots=True)
 class Offer:
@@ -76,16 +78,20 @@ def _first_offer(room: WaitingRoom, queue: Iterable[Waiter], lane: Lane) -> Offe
     return None
 
 
-def free_to_start(room: WaitingRoom, ticket: Ticket) -> list[Backend]:
+def free_to_start(
+    room: WaitingRoom, ticket: Ticket, serving: list[Backend] | None = None
+) -> list[Backend]:
     """The backends ``ticket``'s request may start on now: a free slot, and for a heavy
-    request an open prefill gate."""
-    free = free_backends(room, ticket)
+    request an open prefill gate (``serving``: the pool's for it, when known already)."""
+    free = free_backends(room, ticket, serving)
     if ticket.heavy:
         free = [backend for backend in free if _heavy_may_start(room, backend, ticket.model)]
     return free
 
 
-def free_backends(room: WaitingRoom, ticket: Ticket) -> list[Backend]:
+def free_backends(
+    room: WaitingRoom, ticket: Ticket, serving: list[Backend] | None = None
+) -> list[Backend]:
     """The backends serving ``ticket`` with a slot it may take now (the gate aside)."""
     heavy_slots = room.policy.classes.heavy.slots_on
     background_slots = room.policy.lanes.background.slots_on
@@ -93,11 +99,13 @@ def free_backends(room: WaitingRoom, ticket: Ticket) -> list[Backend]:
     # People first: background work does not start on a backend a person waits for, even
     # one who cannot take this slot (the heavy lane is full): the slot is theirs when the
     # lane frees, and background work would slow their stream meanwhile.
-    wanted = _wanted_by_people(room) if background else frozenset()
+    wanted = _wanted_by_people(room) if background else _NOBODY
     model, slots = ticket.model, room.slots
+    if serving is None:
+        serving = room.pool.serving(ticket.api, model)
     return [
         backend
-        for backend in room.pool.serving(ticket.api, model)
+        for backend in serving
         if slots.busy[group := backend.group(model)] < backend.slots
         and backend.key not in wanted
         and not (ticket.heavy and slots.heavy[group] >= heavy_slots(backend.slots))

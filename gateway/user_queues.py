@@ -14,7 +14,7 @@ from collections import Counter, deque
 from collections.abc import Iterator
 
 from gateway.policy import Policy
-from gateway.slot_ledger import decrement
+from gateway.slot_ledger import decrement, increment
 from gateway.tickets import Ticket, Waiter
 from gateway.vocabulary import Lane, Reason
 
@@ -87,7 +87,7 @@ class UserQueues:
 
     def started(self, ticket: Ticket) -> None:
         """``ticket``'s request runs: it takes one of its user's places in its lane."""
-        self.runs(ticket.lane)[ticket.user] += 1
+        increment(self.runs(ticket.lane), ticket.user)
 
     def ended(self, ticket: Ticket) -> None:
         """``ticket``'s request ended: its user's place in its lane is free again."""
@@ -95,8 +95,12 @@ class UserQueues:
 
     def idle(self, user: str) -> bool:
         """Whether ``user`` has nothing waiting and nothing running, in either lane."""
-        lanes = (self.waiting, self.background, self.running, self.background_running)
-        return all(user not in each for each in lanes)
+        return (
+            user not in self.waiting
+            and user not in self.background
+            and user not in self.running
+            and user not in self.background_running
+        )
 
     def newest_background(self) -> Waiter | None:
         """The background request that came last: the first to go when a person needs room."""

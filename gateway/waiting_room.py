@@ -123,18 +123,19 @@ class WaitingRoom:
         its ``turn`` resolved; None if it would have to wait. What ``join`` and ``dispatch``
         would do, the request being the only one to choose from, without queueing it only
         to take it out again: this is the path of every request on a gateway with room."""
-        if self.lines.depth or not self.slots.has_free_slot(self.pool.backends):
+        lines = self.lines
+        if lines.depth or not self.slots.has_free_slot(self.pool.backends):
             return None  # somebody waits (the ordering picks who goes next) or all is taken
-        if self.lines.at_cap(ticket.user, ticket.lane):
+        if lines.at_cap(ticket.user, ticket.lane):
             return None
-        # As dispatch does first, the waiting requests being this one alone.
         serving = self.pool.serving(ticket.api, ticket.model)
-        self.swaps.keep_only({(b.key, model_key(ticket.model)) for b in serving})
-        free = free_to_start(self, ticket)
+        if self.swaps.planned:  # as dispatch does first, the waiting being this one alone
+            self.swaps.keep_only({(b.key, model_key(ticket.model)) for b in serving})
+        free = free_to_start(self, ticket, serving)
         if not free:
             return None
         waiter = self._arrival(ticket, now, turn)
-        self.lines.started(ticket)
+        lines.started(ticket)
         self._start(waiter, self.prefer(free, ticket))
         self._on_change()
         self._wake_for_held()
@@ -194,7 +195,7 @@ class WaitingRoom:
         return first
 
     def _refuses_unseen_in(self, user: str, lane: Lane) -> Reason | None:
-        reason = self.lines.over_bound(user, lane, extra=1 + self.lines.arriving[user])
+        reason = self.lines.over_bound(user, lane, extra=1 + self.lines.arriving.get(user, 0))
         if reason is None:
             return None
         if reason is Reason.GATEWAY_BUSY and lane is Lane.INTERACTIVE and self.lines.background:
@@ -205,7 +206,8 @@ class WaitingRoom:
 
     def dispatch(self) -> None:
         """Give every free slot that a waiting request can use to the one the ordering picks."""
-        self.swaps.keep_only(waits(self))
+        if self.swaps.planned:  # none, nearly always: then nobody's demand needs counting
+            self.swaps.keep_only(waits(self))
         if not self.slots.has_free_slot(self.pool.backends):
             return  # every slot is taken: nobody waiting can start (the common overload case)
         while self.lines.depth:

@@ -76,6 +76,19 @@ class TestPolicy:
         assert not policy.budget_of("root")  # every default lifted
         assert not parse_policy("backends: [{name: b, url: 'http://x', slots: 1}]").budget_of("x")
 
+    def test_a_policy_is_budgeted_when_any_user_or_the_defaults_have_a_limit(self) -> None:
+        """Requests skip the budget lookup only when no budget limits anybody."""
+        backends = "backends: [{name: b, url: 'http://127.0.0.1:1', slots: 1}]\n"
+        users = "users:\n  kids: {keys: [k]%s}\n  root: {keys: [r]}\n"
+        assert not parse_policy(backends).budgeted
+        assert not parse_policy(users % "" + backends).budgeted
+        assert parse_policy(users % ", budget: {requests_per_hour: 20}" + backends).budgeted
+        assert parse_policy("defaults: {budget: {tokens_per_day: 1k}}\n" + backends).budgeted
+        lifted = "defaults: {budget: {tokens_per_day: 1k}}\n" + users % (
+            ", budget: {tokens_per_day: unlimited}"
+        )
+        assert parse_policy(lifted + backends).budgeted  # root still has the default's
+
     def test_a_budget_that_is_not_a_count_is_refused_at_its_line(self) -> None:
         """The message names the file's line and the field, as for every policy error."""
         text = (

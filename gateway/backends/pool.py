@@ -84,16 +84,14 @@ class Backend:
     protected: frozenset[str] = frozenset()  # model keys never unloaded for another
     default_num_ctx: int = 4096
     # The server (its URL), not the name: a reload renaming a backend cannot forget what
-    # runs on it. Computed once: every dispatch reads it several times.
+    # runs on it. Computed once, as ``per_model``: every dispatch reads them several times.
     key: str = field(init=False, compare=False, repr=False)
+    # Ollama's parallel slots belong to each loaded model (OLLAMA_NUM_PARALLEL).
+    per_model: bool = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "key", self.url.rstrip("/"))
-
-    @property
-    def per_model(self) -> bool:
-        """Ollama's parallel slots belong to each loaded model (OLLAMA_NUM_PARALLEL)."""
-        return self.kind == "ollama"
+        object.__setattr__(self, "per_model", self.kind == "ollama")
 
     def group(self, model: str) -> str:
         """What a request's slot is counted under: the server and, on Ollama, the model."""
