@@ -105,7 +105,9 @@ class Permit:
     async def __aexit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.release()
+        if not self._released:  # as ``release`` does, without a call more on every request
+            self._released = True
+            self._admission.release(self)
 
     def release(self) -> None:
         """Give the turn back, once: a second call (the block's exit after an explicit

@@ -39,6 +39,11 @@ class PrefillGate:
         """No heavy request waits any more."""
         self._held_since.clear()
 
+    @property
+    def holding(self) -> bool:
+        """Whether a heavy request is held anywhere (``opens_at`` has a time to say)."""
+        return bool(self._held_since)
+
     def opens_at(self, wait: float) -> float | None:
         """The earliest time a held heavy request may start anyway, or None if none is held."""
         if not self._held_since:

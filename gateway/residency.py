@@ -127,15 +127,14 @@ class Residency:
         sent = mine.sent.get(model)
         if sent is None:
             return found, None
-        if not backend.lists(model):
+        if state.models is None or model not in state.models:  # ``backend.lists``, of a key
             # A dispatch loads only a model on the backend's disk: Ollama answers any other
             # name with 404 at once. So one its list does not confirm takes no room; kept
             # while the list is unknown (the list may yet confirm it), dropped once known.
             if state.models is not None:
                 del mine.sent[model]
             return found, None
-        running = busy.get(backend.group(model), 0) > 0
-        if sent.at <= state.observed_at and not running:
+        if sent.at <= state.observed_at and not busy.get(backend.group(model), 0):
             del mine.sent[model]  # the probe since knows better
             seen_ctx = seen.context_length if seen is not None else None
             if seen_ctx is not None and seen_ctx < sent.num_ctx:
@@ -155,10 +154,17 @@ class Residency:
             return on_disk + (seen_size - on_disk) * num_ctx // seen_ctx
         return int(on_disk * _UNSEEN_OVERHEAD)
 
-    def sent(self, backend: Backend, model: str, num_ctx: int) -> None:
-        """A request for ``model`` with ``num_ctx`` was dispatched to ``backend``."""
-        if backend.per_model:
-            self._of(backend).sent[model_key(model)] = _Sent(num_ctx, self._clock())
+    def sent(self, backend: Backend, model: str, num_ctx: int, at: float) -> None:
+        """A request for ``model`` (a model key) with ``num_ctx`` was dispatched to
+        ``backend`` at ``at`` (the clock's time)."""
+        if not backend.per_model:
+            return
+        sent = self._of(backend).sent
+        found = sent.get(model)
+        if found is None:
+            sent[model] = _Sent(num_ctx, at)
+        else:  # the model's previous dispatch, as a rule: updated, not made anew
+            found.num_ctx, found.at = num_ctx, at
 
     def unsent(self, backend: Backend, model: str) -> None:
         """The request for ``model`` sent to ``backend`` was refused without a load: it

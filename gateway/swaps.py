@@ -241,7 +241,7 @@ class SwapPlanner:
             placement = RESIDENT if held == num_ctx else _RELOAD
         else:
             placement = _LOAD
-        self.residency.sent(backend, model, num_ctx)
+        self.residency.sent(backend, model, num_ctx, now)
         plans.last_used[model] = now
         return placement
 
@@ -249,11 +249,12 @@ class SwapPlanner:
         """The backend took the request sent with ``placement``: the load or reload it
         planned has happened. Counted now, not when sent: a request the backend refuses
         (``refused``) loads nothing, and a counter cannot take a count back."""
+        if not placement.loads:
+            return  # held already (nearly always): nothing to count
         model = model_key(model)
         if placement.kind == "reload":
             self.counts[backend.key, model, "reloads"] += 1
-        if placement.loads:
-            self.counts[backend.key, model, "loads"] += 1
+        self.counts[backend.key, model, "loads"] += 1
 
     def made_room(self, backend: Backend) -> None:
         """The victims of the swap last sent to ``backend`` are unloaded."""

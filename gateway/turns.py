@@ -93,9 +93,8 @@ def free_backends(
     room: WaitingRoom, ticket: Ticket, serving: list[Backend] | None = None
 ) -> list[Backend]:
     """The backends serving ``ticket`` with a slot it may take now (the gate aside)."""
-    heavy_slots = room.policy.classes.heavy.slots_on
-    background_slots = room.policy.lanes.background.slots_on
     background = ticket.lane is Lane.BACKGROUND
+    shared = ticket.heavy or background  # held to a share of the slots, as well
     # People first: background work does not start on a backend a person waits for, even
     # one who cannot take this slot (the heavy lane is full): the slot is theirs when the
     # lane frees, and background work would slow their stream meanwhile.
@@ -106,13 +105,23 @@ def free_backends(
     return [
         backend
         for backend in serving
-        if slots.busy[group := backend.group(model)] < backend.slots
+        if slots.busy.get(group := backend.group(model), 0) < backend.slots
         and backend.key not in wanted
-        and not (ticket.heavy and slots.heavy[group] >= heavy_slots(backend.slots))
-        and not (background and slots.background[group] >= background_slots(backend.slots))
+        and not (shared and _share_full(room, ticket, backend, group))
         # Last, as the dearest: what memory holds (Ollama backends only).
         and room.swaps.admits(backend, model, ticket.num_ctx, slots.busy)
     ]
+
+
+def _share_full(room: WaitingRoom, ticket: Ticket, backend: Backend, group: str) -> bool:
+    """Whether the heavy, or background, share of ``backend``'s slots that ``ticket``'s
+    request would take a place in is full."""
+    policy, slots = room.policy, room.slots
+    if ticket.heavy and slots.heavy[group] >= policy.classes.heavy.slots_on(backend.slots):
+        return True
+    if ticket.lane is not Lane.BACKGROUND:
+        return False
+    return slots.background[group] >= policy.lanes.background.slots_on(backend.slots)
 
 
 def waits(room: WaitingRoom) -> Counter[tuple[str, str]]:

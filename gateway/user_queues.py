@@ -52,7 +52,7 @@ class UserQueues:
 
     def at_cap(self, user: str, lane: Lane) -> bool:
         """Whether ``user`` already runs as many requests of ``lane`` as it may."""
-        return self.runs(lane)[user] >= self.caps(user, lane)[0]
+        return self.runs(lane).get(user, 0) >= self.caps(user, lane)[0]
 
     def over_bound(self, user: str, lane: Lane, extra: int) -> Reason | None:
         """Which bound the lines pass with ``extra`` more requests of ``user`` waiting."""

@@ -146,7 +146,8 @@ class WaitingRoom:
         if user not in lines.waiting and user not in lines.background:
             # VTC's rule: a user whose queue was empty is lifted to the least-served user
             # still waiting, so idle (or merely running) time cannot be banked into a burst.
-            self.ordering.on_arrival(user, lines.waiting.keys() | lines.background.keys())
+            waiting = lines.waiting.keys() | lines.background.keys() if lines.depth else ()
+            self.ordering.on_arrival(user, waiting)
         weight = self.policy.limits_of(user).weight * ticket.class_weight
         candidate = Candidate(next(self._seq), user, weight, ticket.input_tokens)
         return Waiter(ticket, candidate, now, turn)
@@ -208,6 +209,8 @@ class WaitingRoom:
         """Give every free slot that a waiting request can use to the one the ordering picks."""
         if self.swaps.planned:  # none, nearly always: then nobody's demand needs counting
             self.swaps.keep_only(waits(self))
+        if not self.lines.depth and not self.gate.holding:
+            return  # nobody to give a slot to, nor a held request's wake-up to set
         if not self.slots.has_free_slot(self.pool.backends):
             return  # every slot is taken: nobody waiting can start (the common overload case)
         while self.lines.depth:
