@@ -1,0 +1,253 @@
+"""What the generation handler spends on a request before admission, in microseconds.
+
+From ``Generation.generate``'s first line to the ``Ticket`` it hands to admission: who is
+calling, the budget and the early refusal, reading the body, the JSON parse with its
+ambiguity check and Ollama's field types, the model's alias, access and backends, the
+keep_alive and num_ctx rules, the estimate and the lane. All of it is on the critical
+path of every request. Here the real handler runs on requests shaped like a client's
+(their headers, a loopback peer, the body already arrived as it is for a chat), in a
+gateway built by ``create_app`` with a household's policy; admission's ``acquire`` is
+replaced by one that stops the handler, so nothing is relayed. Each body is timed alone:
+
+- ``chat``: a streamed Ollama ``/api/chat`` of a few messages (about 700 bytes);
+- ``chat-options``: the same with ``options`` and ``keep_alive`` under a num_ctx rule;
+- ``owui-task``: Open WebUI's follow-ups request (samples/open-webui, 1.8 KB);
+- ``openai``: a streamed ``/v1/chat/completions`` (about 700 bytes);
+- ``tiny``: the 71-byte body ``overhead.py`` sends.
+
+    python -m benchmarks.intake [--requests 20000]
+
+Old code against new, side by side in one run (each tree in its own processes, taking
+turns; the best of the rounds):
+
+    git archive main | tar -x -C /tmp/old
+    python benchmarks/intake.py --tree /tmp/old --tree . [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from aiohttp import HttpVersion11, web
+from aiohttp.http_parser import RawRequestMessage
+from aiohttp.streams import StreamReader
+from multidict import CIMultiDict, CIMultiDictProxy, istr
+from yarl import URL
+
+from gateway.access import RECORD, RequestRecord
+from gateway.admission import Permit, Refusal, Ticket
+from gateway.app import SERVICES, create_app
+from gateway.policy import parse_policy
+from gateway.proxy import Generation
+from gateway.settings import Settings
+
+_PEER = ("127.0.0.1", 51234)
+_HEADERS = {
+    "Host": "127.0.0.1:8080",
+    "User-Agent": "ollama-python/0.6.1 (x86_64 linux) Python/3.11.7",
+    "Accept": "application/json",
+    "Accept-Encoding": "gzip, deflate",
+    "Connection": "keep-alive",
+    "Authorization": "Bearer alice-key",
+    "Content-Type": "application/json",
+}
+# A household: keys, a model list for one user, a budget for another, two backends.
+_POLICY = """\
+users:
+  alice: {keys: [alice-key], max_concurrent: 2}
+  kids: {keys: [kids-key], models: ["llama3.2:3b"], budget: {requests_per_hour: 50}}
+  tv: {clients: ["192.168.1.50/32"]}
+aliases: {fast: "llama3.2:3b"}
+backends:
+  - {name: gpu, url: "http://127.0.0.1:9", kind: ollama, slots: 4}
+  - {name: cpu, url: "http://127.0.0.1:10", kind: llamacpp, slots: 2}
+"""
+# The same, with the rules a household sets against reloads.
+_RULES = "num_ctx: {max: 8192}\nkeep_alive: {max: 1h}\n"
+_MESSAGES = [
+    {"role": "system", "content": "You are a helpful assistant. Answer briefly."},
+    {"role": "user", "content": "Plan a 3-day trip to Lisbon for a family of four."},
+    {
+        "role": "assistant",
+        "content": "Day 1: Alfama and the castle; day 2: Belem and the riverside; "
+        "day 3: Sintra by train. Book the tram early and carry water for the hills.",
+    },
+    {"role": "user", "content": "What should we eat on day 2, near Belem? Keep it cheap."},
+]
+_OWUI = Path("/work/shared/samples/open-webui/follow-ups-request.json")
+
+
+def _bodies() -> dict[str, tuple[str, bytes, bool]]:
+    """By name: the path, the body as a client sends it (compact JSON), and whether the
+    policy carries the num_ctx and keep_alive rules."""
+    chat = {"model": "llama3.2:3b", "messages": _MESSAGES, "stream": True}
+    options = {**chat, "options": {"num_ctx": 4096, "temperature": 0.7}, "keep_alive": "10m"}
+    openai = {
+        "model": "llama3.2:3b",
+        "messages": _MESSAGES,
+        "stream": True,
+        "temperature": 0.7,
+        "stream_options": {"include_usage": True},
+    }
+    tiny = b'{"model":"llama3.2:3b","messages":[{"role":"user","content":"bench"}]}'
+    bodies = {
+        "chat": ("/api/chat", _compact(chat), False),
+        "chat-options": ("/api/chat", _compact(options), True),
+        "openai": ("/v1/chat/completions", _compact(openai), False),
+        "tiny": ("/api/chat", tiny, False),
+    }
+    if _OWUI.exists():
+        bodies["owui-task"] = ("/api/chat", _compact(json.loads(_OWUI.read_bytes())), False)
+    return bodies
+
+
+def _compact(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+class _Admitted(Exception):
+    """Stops the handler where admission would begin."""
+
+
+async def _stop(ticket: Ticket) -> Permit | Refusal:
+    raise _Admitted
+
+
+def measure(requests: int, rounds: int = 10) -> dict[str, float]:
+    """Microseconds per request for each body, in this process's ``gateway``."""
+    return asyncio.run(_measure(requests, rounds))
+
+
+async def _measure(requests: int, rounds: int) -> dict[str, float]:
+    directory = tempfile.mkdtemp(prefix="intake-")
+    settings = Settings(usage_db=Path(directory) / "usage.db")
+    loop = asyncio.get_running_loop()
+    figures: dict[str, float] = {}
+    for name, (path, body, rules) in _bodies().items():
+        app = create_app(settings, parse_policy(_POLICY + (_RULES if rules else "")))
+        services = app[SERVICES]
+        services.admission.acquire = _stop  # type: ignore[method-assign]
+        generate = Generation(services).generate
+        runs = []
+        # In batches, the least disturbed one counts: the machine is shared, and what
+        # others take only ever adds.
+        for _ in range(rounds):
+            fresh = [_request(path, body, loop) for _ in range(requests // rounds)]
+            for request in fresh:  # as the access log does, before the handler
+                record = RequestRecord("0", request.method, request.path, services.locate(request))
+                request[RECORD] = record
+            runs.append(await _timed(generate, fresh))
+        figures[name] = min(runs)
+    return figures
+
+
+async def _timed(generate: Any, requests: list[web.Request]) -> float:
+    """Microseconds per request up to admission."""
+    gc.collect()
+    start = time.perf_counter()
+    for request in requests:
+        try:  # noqa: SIM105  # not contextlib.suppress: its object would be timed too
+            await generate(request)
+        except _Admitted:
+            pass
+    return (time.perf_counter() - start) / len(requests) * 1e6
+
+
+def _request(path: str, body: bytes, loop: asyncio.AbstractEventLoop) -> web.Request:
+    """A request as aiohttp's parser makes it, its body already arrived (a chat's comes in
+    the same read as its head)."""
+    fields = {**_HEADERS, "Content-Length": str(len(body))}
+    raw = tuple((name.encode(), value.encode()) for name, value in fields.items())
+    headers = CIMultiDictProxy(CIMultiDict((istr(k), v) for k, v in fields.items()))
+    url = URL.build(path=path, query_string="", fragment="", encoded=True)
+    message = RawRequestMessage(
+        "POST", path, HttpVersion11, headers, raw, False, None, False, False, url
+    )
+    protocol = _Protocol()
+    payload = StreamReader(protocol, 2**16, loop=loop)  # type: ignore[arg-type]
+    payload.feed_data(body)
+    payload.feed_eof()
+    return web.Request(message, payload, protocol, None, None, loop)  # type: ignore[arg-type]
+
+
+class _Transport:
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return _PEER if name == "peername" else default
+
+    def is_closing(self) -> bool:
+        return False
+
+
+class _Protocol:
+    """What a request and its payload read of their connection's handler."""
+
+    max_field_size = 8190
+    max_line_length = 8190
+    max_headers = 128
+    peername = _PEER
+    sockname = ("127.0.0.1", 8080)
+    ssl_context = None
+    _reading_paused = False
+
+    def __init__(self) -> None:
+        self.transport = _Transport()
+        self.writer = None
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self, resume_parser: bool = True) -> None:
+        pass
+
+
+def side_by_side(trees: list[str], rounds: int, requests: int) -> None:
+    """Each tree's figures, measured in turns, with the last tree's ratio to the first."""
+    runs: dict[str, list[dict[str, float]]] = {tree: [] for tree in trees}
+    for _ in range(rounds):
+        for tree in trees:
+            env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve())}
+            command = [sys.executable, __file__, "--json", f"--requests={requests}"]
+            output = subprocess.run(command, env=env, check=True, capture_output=True)
+            runs[tree].append(json.loads(output.stdout))
+    names = list(runs[trees[0]][0])
+    # The least disturbed round: what other processes take only ever adds.
+    best = [{name: min(run[name] for run in runs[tree]) for name in names} for tree in trees]
+    print(f"us per request up to admission, best of {rounds} rounds of {requests}")
+    header = "".join(f"{Path(tree).resolve().name:>16}" for tree in trees)
+    print(f"{'body':<16}{header}   ratio")
+    for name in names:
+        values = [figures[name] for figures in best]
+        ratio = values[-1] / values[0] if values[0] > 0 else float("nan")
+        print(f"{name:<16}" + "".join(f"{value:16.2f}" for value in values) + f"{ratio:8.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=20_000)
+    parser.add_argument("--tree", action="append", help="a checkout to measure (repeatable)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json", action="store_true", help="one JSON document (for --tree)")
+    args = parser.parse_args()
+    if args.tree:
+        side_by_side(args.tree, args.rounds, args.requests)
+        return
+    figures = measure(args.requests)
+    if args.json:
+        print(json.dumps(figures))
+        return
+    for name, value in figures.items():
+        print(f"{name:<16}{value:8.2f} us")
+
+
+if __name__ == "__main__":
+    main()
