@@ -44,6 +44,7 @@ from aiohttp.streams import StreamReader
 from multidict import CIMultiDict, CIMultiDictProxy, istr
 from yarl import URL
 
+from benchmarks import bookkeeping
 from gateway.access import RECORD, RequestRecord
 from gateway.admission import Permit, Refusal, Ticket
 from gateway.app import SERVICES, create_app
@@ -51,7 +52,6 @@ from gateway.policy import parse_policy
 from gateway.proxy import Generation
 from gateway.settings import Settings
 
-_PEER = ("127.0.0.1", 51234)
 _HEADERS = {
     "Host": "127.0.0.1:8080",
     "User-Agent": "ollama-python/0.6.1 (x86_64 linux) Python/3.11.7",
@@ -173,35 +173,17 @@ def _request(path: str, body: bytes, loop: asyncio.AbstractEventLoop) -> web.Req
     message = RawRequestMessage(
         "POST", path, HttpVersion11, headers, raw, False, None, False, False, url
     )
-    protocol = _Protocol()
+    protocol = _Payload()
     payload = StreamReader(protocol, 2**16, loop=loop)  # type: ignore[arg-type]
     payload.feed_data(body)
     payload.feed_eof()
     return web.Request(message, payload, protocol, None, None, loop)  # type: ignore[arg-type]
 
 
-class _Transport:
-    def get_extra_info(self, name: str, default: object = None) -> object:
-        return _PEER if name == "peername" else default
+class _Payload(bookkeeping._Protocol):
+    """What a request's payload reads of its connection's handler too."""
 
-    def is_closing(self) -> bool:
-        return False
-
-
-class _Protocol:
-    """What a request and its payload read of their connection's handler."""
-
-    max_field_size = 8190
-    max_line_length = 8190
-    max_headers = 128
-    peername = _PEER
-    sockname = ("127.0.0.1", 8080)
-    ssl_context = None
     _reading_paused = False
-
-    def __init__(self) -> None:
-        self.transport = _Transport()
-        self.writer = None
 
     def pause_reading(self) -> None:
         pass

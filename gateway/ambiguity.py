@@ -130,13 +130,11 @@ def _checked_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     obj = dict(pairs)
     if len(obj) != len(pairs):
         raise _Ambiguous
-    # Keys that are already their own fold (the usual lower-case ASCII) cannot collide
-    # with each other once they are distinct; fold the rest only when one is seen.
-    for key in obj:
-        if not (key.isascii() and key.islower()):
-            if len({go_fold(k) for k in obj}) != len(obj):
-                raise _Ambiguous
-            break
+    # Keys that are already their own fold (lower-case ASCII, all of them at once) cannot
+    # collide with each other once they are distinct; fold them only otherwise.
+    keys = "".join(obj)
+    if not (keys.isascii() and keys.islower()) and len({go_fold(k) for k in obj}) != len(obj):
+        raise _Ambiguous
     return obj
 
 
@@ -162,7 +160,10 @@ def load_checked(body: bytes | str, *, in_thread: bool = False) -> dict[str, Any
     text = body.decode("utf-8", "surrogatepass") if isinstance(body, bytes) else body
     integer = _integer if in_thread else None
     try:
-        value = _decode(text, _checked_object, integer)
+        if integer is None and len(text) < 2 * MAX_OBJECTS:  # too short to hold too many
+            value = _loads(_CHECKED, text)
+        else:
+            value = _decode(text, _checked_object, integer)
     except _Ambiguous:
         found = _first_ambiguity(parse_object_pairs(text, in_thread=in_thread))
         if found is not None:
@@ -215,6 +216,14 @@ def _decode(
     )
 
 
+def _loads(decoder: json.JSONDecoder, text: str) -> Any:
+    """``json.loads(text)`` with a decoder built once (building one per body costs a
+    chat's parse a third again); its BOM check kept, with its words."""
+    if text.startswith("\ufeff"):
+        raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+    return decoder.decode(text)
+
+
 def _constant(name: str) -> float:
     raise ValueError(f"{name} is not a JSON number")
 
@@ -228,6 +237,12 @@ def _finite(text: str) -> float:
     if not math.isfinite(value):
         raise ValueError(f"the number {text[:30]} is out of range")
     return value
+
+
+# ``_decode``'s reading for a body too short to hold ``MAX_OBJECTS`` objects (two bytes each).
+_CHECKED = json.JSONDecoder(
+    object_pairs_hook=_checked_object, parse_constant=_constant, parse_float=_finite
+)
 
 
 def ambiguous_field(fields: object) -> str | None:
@@ -294,6 +309,7 @@ def canonical_keys(fields: dict[str, Any]) -> dict[str, Any] | None:
     """``fields`` with each top-level key spelled as Go's decoder matches it (``KEEP_ALIVE``
     -> ``keep_alive``), or None when every key already is. Only for a body ``load_checked``
     accepted, where no two keys fold alike; the policy then reads the fields Ollama acts on."""
-    if all(key == go_fold(key) for key in fields):
+    keys = "".join(fields)  # lower-case ASCII (nearly every body): each its own fold
+    if (keys.isascii() and keys.islower()) or all(key == go_fold(key) for key in fields):
         return None
     return {go_fold(key): value for key, value in fields.items()}

@@ -37,6 +37,7 @@ class Estimate:
     input_tokens: int
     request_class: RequestClass
     weight: float  # the class's share multiplier
+    num_ctx: int | None = None  # the context Ollama would load the model with (num_ctx_of)
 
 
 def classify(fields: dict[str, Any], policy: Policy) -> Estimate:
@@ -51,24 +52,53 @@ def classify(fields: dict[str, Any], policy: Policy) -> Estimate:
         heavy.min_num_ctx is not None and num_ctx is not None and num_ctx >= heavy.min_num_ctx
     )
     if tokens >= heavy.min_prompt_tokens or wants_long_context:
-        return Estimate(tokens, RequestClass.HEAVY, heavy.weight)
-    return Estimate(tokens, RequestClass.LIGHT, policy.classes.light.weight)
+        return Estimate(tokens, RequestClass.HEAVY, heavy.weight, num_ctx)
+    return Estimate(tokens, RequestClass.LIGHT, policy.classes.light.weight, num_ctx)
+
+
+# Every place a prompt can be, by field: text (a string, a list of strings, or content
+# parts), a schema the template renders as JSON, images, or messages.
+_TEXT, _SCHEMA, _IMAGES, _MESSAGES = "text", "schema", "images", "messages"
+_PROMPT_FIELDS = {
+    **dict.fromkeys(("prompt", "system", "suffix", "input", "template"), _TEXT),
+    **dict.fromkeys(("tools", "functions", "format", "response_format"), _SCHEMA),
+    "images": _IMAGES,
+    "messages": _MESSAGES,
+}
 
 
 def _prompt_size(fields: dict[str, Any]) -> tuple[int, int]:
-    """(characters of text, number of images) in every place a prompt can be."""
+    """(characters of text, number of images) in every place a prompt can be: the body's
+    few fields looked up among them, rather than each of them in the body."""
     characters, images = 0, 0
-    for key in ("prompt", "system", "suffix", "input", "template"):
-        text_chars, text_images = _content_size(fields.get(key))
+    for key, value in fields.items():
+        kind = _PROMPT_FIELDS.get(key)
+        if kind is None:
+            continue
+        if kind is _MESSAGES:
+            text_chars, text_images = _messages_size(value)
+        elif kind is _TEXT:
+            text_chars, text_images = _content_size(value)
+        elif kind is _SCHEMA:
+            text_chars, text_images = _schema_size(value), 0
+        else:
+            text_chars, text_images = 0, _count(value)
         characters, images = characters + text_chars, images + text_images
-    for key in ("tools", "functions", "format", "response_format"):
-        characters += _schema_size(fields.get(key))
-    images += _count(fields.get("images"))
-    for message in _items(fields.get("messages")):
+    return characters, images
+
+
+def _messages_size(messages: object) -> tuple[int, int]:
+    """Text and images of every message (a message's content is most often one string)."""
+    characters, images = 0, 0
+    for message in _items(messages):
         if isinstance(message, dict):
-            text_chars, text_images = _content_size(message.get("content"))
-            characters += text_chars
-            images += text_images + _count(message.get("images"))
+            content = message.get("content")
+            if isinstance(content, str):
+                characters += len(content)
+            else:
+                text_chars, text_images = _content_size(content)
+                characters, images = characters + text_chars, images + text_images
+            images += _count(message.get("images"))
     return characters, images
 
 

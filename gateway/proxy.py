@@ -16,7 +16,7 @@ from gateway.classify import classify
 from gateway.errors import BackendFailure, GatewayError
 from gateway.lanes import lane_of, possible_lanes
 from gateway.listings import model_forbidden, model_not_found, no_backend
-from gateway.load_options import apply_num_ctx_policy, num_ctx_of
+from gateway.load_options import apply_num_ctx_policy
 from gateway.policy import Policy, Timeouts
 from gateway.relay import Relay, Target
 from gateway.services import Services
@@ -97,7 +97,7 @@ class Generation:
             estimate.weight,
             caller.credential,
             lane,
-            num_ctx_of(fields.values) if api is Api.OLLAMA else None,
+            estimate.num_ctx if api is Api.OLLAMA else None,
         )
         # Again, right before joining the room: no await between the two, so the requests
         # that passed this check all count as in flight for the next one.

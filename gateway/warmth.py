@@ -153,6 +153,8 @@ def kept_alive(backends: list[BackendConfig], model: str) -> float | None:
     holds it ``resident``, the longest keep-warm ``keep_alive`` when one keeps it warm."""
     key, floors = model_key(model), []
     for backend in backends:
+        if not backend.resident and not backend.keep_warm:  # most: nothing kept
+            continue
         if key in map(model_key, backend.resident):
             return -1.0
         if key in map(model_key, backend.keep_warm):

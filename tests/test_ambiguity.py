@@ -425,3 +425,9 @@ def test_the_fields_around_those_maps_are_still_checked() -> None:
     with pytest.raises(AmbiguousField) as caught:
         load_checked(tool)
     assert caught.value.path == "tools[0].function.name"
+
+
+def test_a_byte_order_mark_is_refused_in_json_loads_own_words() -> None:
+    """A UTF-8 body that starts with a byte order mark is not JSON, as json.loads says."""
+    with pytest.raises(json.JSONDecodeError, match="Unexpected UTF-8 BOM"):
+        load_checked(b'\xef\xbb\xbf{"model": "llama3.2:3b"}')

@@ -20,6 +20,10 @@ from gateway.ollama_fields import field_type_error
          "field ChatRequest.messages of type api.Message"),
         ("api.ChatRequest", {"stream": "yes"}, "cannot unmarshal string into Go struct field "
          "ChatRequest.stream of type bool"),
+        ("api.ChatRequest", {"messages": [{"role": "user"}, 0]}, "cannot unmarshal number "
+         "into Go struct field ChatRequest.messages of type api.Message"),
+        ("api.ChatRequest", {"tools": [False]}, "cannot unmarshal bool into Go struct "
+         "field ChatRequest.tools of type api.Tool"),
         ("api.EmbedRequest", {"dimensions": 1.5}, "cannot unmarshal number 1.5 into Go struct "
          "field EmbedRequest.dimensions of type int"),
     ],
@@ -39,3 +43,11 @@ def test_nulls_and_fields_of_the_right_type_pass() -> None:
     }  # fmt: skip
     assert field_type_error("api.ChatRequest", fields) is None
     assert field_type_error("api.GenerateRequest", {"context": [1, 2], "images": ["aGk="]}) is None
+
+
+def test_the_first_failing_field_is_named_in_the_structs_order() -> None:
+    """With several fields of the wrong type, Go's error names the first of its struct."""
+    fields = {"stream": "yes", "messages": "hi", "model": 5}
+    assert field_type_error("api.ChatRequest", fields) == (
+        "json: cannot unmarshal number into Go struct field ChatRequest.model of type string"
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import aiohttp
@@ -156,6 +157,24 @@ class TestRefusals:
         status, _, body = await _post(gateway.url + "/v1/completions", big)
         assert status == 413
         assert json.loads(body)["error"]["code"] == "body_too_large"
+
+    async def test_a_compressed_body_that_inflates_past_the_limit_gets_413(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """A gzip body within the limit as sent but over it decoded is refused with 413."""
+        sim, sim_url = await start_sim()
+        gateway = await start_gateway(one_backend(sim_url), max_body_bytes=1024)
+        big = json.dumps({"model": MODEL, "prompt": "x" * 4096}).encode()
+        headers = {"Content-Encoding": "gzip", "Content-Type": "application/json"}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                gateway.url + "/api/generate", data=gzip.compress(big), headers=headers
+            ) as reply,
+        ):
+            assert reply.status == 413
+            assert (await reply.json())["error"]
+        assert sim.stats.prompts == []
 
     async def test_a_request_without_a_model_gets_400(
         self, start_sim: StartSim, start_gateway: StartGateway
