@@ -38,10 +38,20 @@ class LocalTurns:
 
     async def take(self, ticket: Ticket, within: float) -> Permit | Refusal:
         """A permit once ``ticket``'s turn comes, within ``within`` seconds, or a refusal."""
+        permit = self.at_once(ticket)
+        if permit is not None:
+            return permit
+        return await self.queue(ticket, within)
+
+    def at_once(self, ticket: Ticket) -> Permit | None:
+        """The quick yes: a permit now if a place is free and nobody waits, else None."""
+        turn = asyncio.get_running_loop().create_future()
+        started = self._room.start_at_once(ticket, self._clock(), turn)
+        return None if started is None else Permit(self._issuer, started, turn.result())
+
+    async def queue(self, ticket: Ticket, within: float) -> Permit | Refusal:
+        """What ``take`` does when the quick yes said no: the quick no, or the wait."""
         room, turn = self._room, asyncio.get_running_loop().create_future()
-        started = room.start_at_once(ticket, self._clock(), turn)
-        if started is not None:  # the quick yes: a place was free and nobody waits
-            return Permit(self._issuer, started, turn.result())
         reason = room.over_bound(ticket.user, ticket.lane, joining=True)
         if reason is not None and room.cannot_start(ticket):
             if reason is Reason.GATEWAY_BUSY and ticket.lane is Lane.INTERACTIVE:

@@ -196,5 +196,5 @@ class Fair:
             self._counters[user] = total + self._unshared.get(user, 0.0)
 
     def _charge(self, user: str, amount: float) -> None:
-        self._counters[user] = self._counter(user) + amount
+        self._counters[user] = self._counters.get(user, 0.0) + amount
         self._unshared[user] = self._unshared.get(user, 0.0) + amount

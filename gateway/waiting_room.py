@@ -245,6 +245,8 @@ class WaitingRoom:
         waiter.turn.set_result(backend)
 
     def _wake_for_held(self) -> None:
+        if not self.gate.holding:
+            return  # nearly always: no heavy request is held
         opens = self.gate.opens_at(self.policy.classes.heavy.wait_for_light)
         if opens is None:
             return
