@@ -81,12 +81,18 @@ def _head(method: str, origin: _Origin, headers: CIMultiDict[str], body: bytes |
 
 
 class BackendClient:
-    """Keep-alive connections to every backend, ``limit`` open at most (busy or idle)."""
+    """Keep-alive connections to every backend, ``limit`` open at most (busy or idle); an
+    idle one is closed after ``idle_seconds``."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, idle_seconds: float = _IDLE_SECONDS) -> None:
         self._limit = limit
+        self._idle_seconds = idle_seconds
         self._open = 0  # connections open or being opened
+        # Oldest first in each list (given back at the end, taken from the end).
         self._idle: dict[tuple[str, int, bool], list[Connection]] = {}
+        # One timer for the pool, at the time the oldest idle connection is due to close,
+        # rather than a timer armed and cancelled for every request.
+        self._sweep: asyncio.TimerHandle | None = None
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._tls: ssl.SSLContext | None = None
 
@@ -141,8 +147,6 @@ class BackendClient:
         idle = self._idle.get(key)
         while idle:
             conn = idle.pop()
-            if conn.idle_timer is not None:
-                conn.idle_timer.cancel()
             if not conn.closed:
                 return conn
         return None
@@ -190,21 +194,38 @@ class BackendClient:
         if (conn.paused or conn.held) and conn.transport is not None:
             conn.transport.resume_reading()
         conn.reset(False)
+        loop = asyncio.get_running_loop()
+        conn.idle_since = loop.time()
         self._idle.setdefault(conn.key, []).append(conn)
-        conn.idle_timer = asyncio.get_running_loop().call_later(_IDLE_SECONDS, conn.close)
+        if self._sweep is None:
+            self._sweep = loop.call_at(conn.idle_since + self._idle_seconds, self._close_idle)
         self._wake_one()
+
+    def _close_idle(self) -> None:
+        """Close the connections idle for ``idle_seconds``; again when the next one is."""
+        loop = asyncio.get_running_loop()
+        now, due = loop.time(), None
+        for idle in self._idle.values():
+            while idle and idle[0].idle_since + self._idle_seconds <= now:
+                idle.pop(0).close()
+            if idle and (due is None or idle[0].idle_since < due):
+                due = idle[0].idle_since
+        self._sweep = (
+            None if due is None else loop.call_at(due + self._idle_seconds, self._close_idle)
+        )
 
     def lost(self, conn: Connection) -> None:
         """A connection has closed (either end)."""
         self._open -= 1
-        if conn.idle_timer is not None:
-            conn.idle_timer.cancel()
         idle = self._idle.get(conn.key)
         if idle and conn in idle:
             idle.remove(conn)
         self._wake_one()
 
     async def close(self) -> None:
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
         for idle in self._idle.values():
             for conn in idle:
                 conn.close()

@@ -54,7 +54,7 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.active = False  # a request is under way (else any byte received is an error)
-        self.idle_timer: asyncio.TimerHandle | None = None
+        self.idle_since = 0.0  # when it was last given back to the pool (loop time)
         self._parser = httptools.HttpResponseParser(self)
         self._loop = asyncio.get_running_loop()
         self.reset(False)
@@ -233,8 +233,10 @@ class Reply:
         self.status = conn.status
         self.reason = conn.reason
         self.headers: CIMultiDict[str] = CIMultiDict(
-            (name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape"))
-            for name, value in conn.raw_headers
+            [
+                (name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape"))
+                for name, value in conn.raw_headers
+            ]
         )
         length = self.headers.get("Content-Length")
         self.content_length = int(length) if length is not None and length.isdigit() else None

@@ -9,6 +9,8 @@ themselves. aiohttp hands the handler a body already decompressed, so the client
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from multidict import CIMultiDict, CIMultiDictProxy
 
 __all__ = ["forwarded_headers", "returned_headers"]
@@ -38,23 +40,35 @@ _NOT_RETURNED = _NOT_FORWARDED | {"server", "date", "set-cookie"}
 
 
 def forwarded_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
-    dropped = _NOT_FORWARDED | _named_by_connection(headers)
-    forwarded = CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in dropped)
+    dropped = _dropped(_NOT_FORWARDED, headers)
+    forwarded = CIMultiDict([(k, v) for k, v in headers.items() if k.lower() not in dropped])
     # Uncompressed replies keep the relay byte-faithful and the final counts readable.
     forwarded["Accept-Encoding"] = "identity"
     return forwarded
 
 
-def returned_headers(upstream: CIMultiDict[str]) -> CIMultiDict[str]:
-    dropped = _NOT_RETURNED | _named_by_connection(upstream)
-    return CIMultiDict((k, v) for k, v in upstream.items() if k.lower() not in dropped)
+def returned_headers(upstream: CIMultiDict[str]) -> list[tuple[str, str]]:
+    """The reply's headers that go on to the client, as pairs: the response they are given
+    to makes its own CIMultiDict of them."""
+    dropped = _dropped(_NOT_RETURNED, upstream)
+    return [(k, v) for k, v in upstream.items() if k.lower() not in dropped]
 
 
-def _named_by_connection(headers: CIMultiDict[str] | CIMultiDictProxy[str]) -> frozenset[str]:
-    """The headers a Connection header names: they were meant for this hop only."""
-    return frozenset(
-        name.strip().lower()
-        for value in headers.getall("Connection", ())
-        for name in value.split(",")
-        if name.strip()
-    )
+def _dropped(
+    always: frozenset[str], headers: CIMultiDict[str] | CIMultiDictProxy[str]
+) -> frozenset[str]:
+    """``always``, and the headers a Connection header names: they were meant for this hop
+    only. Mostly it names none but itself (``keep-alive``, ``close``): ``always`` as it is."""
+    dropped = always
+    for value in headers.getall("Connection", ()):
+        named = _named_by_connection(value)
+        if not named <= dropped:
+            dropped = dropped | named
+    return dropped
+
+
+@lru_cache(maxsize=64)
+def _named_by_connection(value: str) -> frozenset[str]:
+    """The header names one Connection header lists (a client sends the same few values,
+    each split once)."""
+    return frozenset(name.strip().lower() for name in value.split(",") if name.strip())

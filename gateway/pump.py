@@ -144,13 +144,18 @@ class _Passing:
         self._watch = watch
 
     def __call__(self, data: bytes) -> None:
+        # Once per read: ``gap`` and ``count`` written out, a call each less.
         transport = self._request.transport
         if transport is None or transport.is_closing():
             raise ConnectionResetError("the client has gone")
-        self.gap()
-        self._watch.silent_since = self._last
+        now = self._loop.time()
+        self._gaps.append(now - self._last)
+        self._watch.silent_since = self._last = now
         transport.write(b"%x\r\n%b\r\n" % (len(data), data))
-        self.count(data)
+        self._progress.bytes_out += len(data)
+        self.tail.add(data)
+        if self.meter is not None:
+            self.meter.add(data)
         if transport.get_write_buffer_size() > _CLIENT_HIGH_WATER:
             self._upstream.hold(True)
 
