@@ -6,7 +6,7 @@ import logging
 import random
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,8 +28,8 @@ __all__ = [
     "Listener",
     "RequestRecord",
     "access_log",
-    "add_reply_headers",
     "error_response",
+    "reply_headers",
 ]
 
 log = structlog.get_logger("fairgate.access")
@@ -122,6 +122,7 @@ class RequestRecord:
 RECORD = web.RequestKey("record", RequestRecord)
 Listener = Callable[[RequestRecord], None]
 Locate = Callable[[web.Request], Client]
+ReplyHook = Callable[[web.Request, web.StreamResponse], Awaitable[None]]
 
 
 def error_response(api: Api, error: GatewayError) -> web.Response:
@@ -227,19 +228,24 @@ class _AccessLine:
             self._logger.info("request", **record.fields())
 
 
-async def add_reply_headers(request: web.Request, response: web.StreamResponse) -> None:
-    """Every reply names its request, as the access log does, and one that waited for its
-    turn says how long and from which place (on_response_prepare): people ask "was it the
-    gateway or the model?", and a front end can show it."""
-    try:
-        record = request[RECORD]
-    except KeyError:  # a reply aiohttp made without the middleware (a malformed request)
-        return
-    headers = response.headers
-    headers[_X_REQUEST_ID] = record.request_id
-    if record.queue_wait is not None:
-        headers[_X_QUEUE_WAIT] = f"{record.queue_wait:.3f}"
-        headers[_X_QUEUE_POSITION] = str(record.queue_position or 0)
+def reply_headers(cors: Cors) -> ReplyHook:
+    """The one on_response_prepare hook: every reply names its request, as the access log
+    does, and one that waited for its turn says how long and from which place (people ask
+    "was it the gateway or the model?", and a front end can show it); a reply to a listed
+    origin gets its CORS headers (``cors``). One hook rather than one per concern: each is
+    a coroutine of its own for every reply, on the path of its first byte."""
+
+    async def add_reply_headers(request: web.Request, response: web.StreamResponse) -> None:
+        headers = response.headers
+        record = request.get(RECORD)
+        if record is not None:  # else a reply aiohttp made without the middleware
+            headers[_X_REQUEST_ID] = record.request_id
+            if record.queue_wait is not None:
+                headers[_X_QUEUE_WAIT] = f"{record.queue_wait:.3f}"
+                headers[_X_QUEUE_POSITION] = str(record.queue_position or 0)
+        cors.add_headers(request, headers)
+
+    return add_reply_headers
 
 
 def _refused(

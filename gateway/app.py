@@ -14,7 +14,7 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
-from gateway.access import access_log, add_reply_headers
+from gateway.access import access_log, reply_headers
 from gateway.connections import Listener
 from gateway.cors import Cors
 from gateway.house import House
@@ -60,8 +60,7 @@ def create_app(
         client_max_size=settings.max_body_bytes,
     )
     app[SERVICES] = services
-    app.on_response_prepare.append(add_reply_headers)
-    app.on_response_prepare.append(cors.on_prepare)
+    app.on_response_prepare.append(reply_headers(cors))
     app.cleanup_ctx.append(lambda _: _lifetime(services))
     for routes in (
         Generation(services),

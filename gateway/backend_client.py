@@ -128,7 +128,7 @@ class BackendClient:
         conn.reset(method == "HEAD")
         conn.active = True
         # One timer for the whole first byte, where asyncio.timeout costs a few times more.
-        expiry = loop.call_at(deadline, conn.fail, TimeoutError())
+        expiry = loop.call_at(deadline, conn.time_out)
         try:
             assert conn.transport is not None
             conn.transport.write(head if body is None else head + body)

@@ -183,6 +183,10 @@ class Connection(asyncio.Protocol):
         self.sink = None  # nothing more reaches the client after a failure
         self._wake()
 
+    def time_out(self) -> None:
+        """The first byte's deadline has passed (the exception made only then)."""
+        self.fail(TimeoutError())
+
     def hold(self, held: bool) -> None:
         """Stop reading from the backend (and wake the relay), or read again."""
         self.held = held

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import structlog
 from aiohttp import hdrs, web
+from multidict import CIMultiDict
 
 from gateway.errors import GatewayError
 from gateway.reload import LivePolicy
@@ -61,17 +62,17 @@ class Cors:
             headers[hdrs.ACCESS_CONTROL_ALLOW_HEADERS] = asked
         return web.Response(status=204, headers=headers)
 
-    async def on_prepare(self, request: web.Request, response: web.StreamResponse) -> None:
-        """A reply to a listed origin says it may read it (on_response_prepare)."""
+    def add_headers(self, request: web.Request, headers: CIMultiDict[str]) -> None:
+        """A reply to a listed origin says it may read it (as the reply is prepared)."""
         origin = request.headers.get(hdrs.ORIGIN)
         if origin is None or not self._policy.current.policy.cors.origins:
             return
         # Caches must not give one origin's reply to another.
-        response.headers.add(hdrs.VARY, hdrs.ORIGIN)
+        headers.add(hdrs.VARY, hdrs.ORIGIN)
         if self._allows(origin):
-            response.headers[hdrs.ACCESS_CONTROL_ALLOW_ORIGIN] = origin
+            headers[hdrs.ACCESS_CONTROL_ALLOW_ORIGIN] = origin
             if not _is_preflight(request):
-                response.headers[hdrs.ACCESS_CONTROL_EXPOSE_HEADERS] = _EXPOSED
+                headers[hdrs.ACCESS_CONTROL_EXPOSE_HEADERS] = _EXPOSED
 
     def _allows(self, origin: str) -> bool:
         return origin in self._policy.current.policy.cors.origins

@@ -79,10 +79,12 @@ class Relay:
         upstream, first = await _open(request, self._client, self._target, body, headers)
         self.progress.first_byte_at = time.monotonic()
         self._reply = upstream
-        async with upstream:
+        try:  # not ``async with``: two coroutines less for every reply
             if upstream.status >= 400 and not _speaks_json(upstream):
                 return await _wrapped_error(request, upstream, first)
             return await self._pump(request, upstream, first)
+        finally:
+            upstream.release()
 
     async def _pump(
         self, request: web.Request, upstream: Reply, first: bytes
