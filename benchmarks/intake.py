@@ -21,7 +21,7 @@ Old code against new, side by side in one run (each tree in its own processes, t
 turns; the best of the rounds):
 
     git archive main | tar -x -C /tmp/old
-    python benchmarks/intake.py --tree /tmp/old --tree . [--rounds 5]
+    python -m benchmarks.intake --tree /tmp/old --tree . [--rounds 5]
 """
 
 from __future__ import annotations

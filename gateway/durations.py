@@ -13,6 +13,7 @@ tells the callers that must decide about a number.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Annotated
@@ -28,33 +29,43 @@ _DURATION_UNITS.update({"m": 60.0, "h": 3600.0})
 _DURATION_PART = re.compile(r"(\d*)(\.\d*)?([^\d.]*)")
 
 
+# A client's keep_alive is read on each of its requests, and a household sends a handful of
+# spellings ("5m", "24h", "-1"): each parsed once. Bounded, and a pure function of the text.
+@functools.lru_cache(maxsize=256)
 def parse_go_duration(text: str) -> float:
     """Seconds from Go's time.ParseDuration syntax; ValueError carries Go's own message."""
-    quoted = json.dumps(text, ensure_ascii=False)
     sign = -1.0 if text.startswith("-") else 1.0
     body = text[1:] if text[:1] in ("-", "+") else text
     if body == "0":
         return 0.0
     if not body:
-        raise ValueError(f"time: invalid duration {quoted}")
+        raise _invalid(text)
     total = 0.0
     while body:
         match = _DURATION_PART.match(body)
         assert match is not None  # every group may be empty, so this always matches
         whole, fraction, unit = match.group(1), match.group(2) or "", match.group(3)
         if not whole and len(fraction) < 2:
-            raise ValueError(f"time: invalid duration {quoted}")
+            raise _invalid(text)
         if not unit:
-            raise ValueError(f"time: missing unit in duration {quoted}")
+            raise ValueError(f"time: missing unit in duration {_quoted(text)}")
         if unit not in _DURATION_UNITS:
-            raise ValueError(
-                f"time: unknown unit {json.dumps(unit, ensure_ascii=False)} in duration {quoted}"
-            )
+            raise ValueError(f"time: unknown unit {_quoted(unit)} in duration {_quoted(text)}")
         total += float(whole + fraction if whole else "0" + fraction) * _DURATION_UNITS[unit]
         body = body[match.end() :]
     if not fits_go_duration(total):
-        raise ValueError(f"time: invalid duration {quoted}")  # Go's overflow error
+        raise _invalid(text)  # Go's overflow error
     return sign * total
+
+
+def _invalid(text: str) -> ValueError:
+    return ValueError(f"time: invalid duration {_quoted(text)}")
+
+
+def _quoted(text: str) -> str:
+    # Go quotes the text in its errors. Only for an error: a keep_alive read on each
+    # request would otherwise build a JSON encoder for nothing (a few microseconds).
+    return json.dumps(text, ensure_ascii=False)
 
 
 def fits_go_duration(seconds: float) -> bool:

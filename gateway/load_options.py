@@ -80,19 +80,18 @@ def apply_num_ctx_policy(fields: dict[str, Any], rules: NumCtxPolicy) -> bool:
     options = fields.get("options")
     if not rules.active or not isinstance(options, dict | None):
         return False
-    options = dict(options or {})
-    given = options.get("num_ctx")
+    given = None if options is None else options.get("num_ctx")
     if given is not None and (isinstance(given, bool) or not isinstance(given, int | float)):
         raise GatewayError(400, Reason.BAD_REQUEST, "options.num_ctx must be a number")
     wanted = _wanted(num_ctx_of(fields) if given is not None else None, rules)
     if wanted == "default":
-        if "num_ctx" not in options:
+        if options is None or "num_ctx" not in options:
             return False
-        del options["num_ctx"]
+        options = {key: value for key, value in options.items() if key != "num_ctx"}
     elif wanted is None or (wanted == given and type(given) is int):
         return False
-    else:
-        options["num_ctx"] = wanted
+    else:  # a copy (the body's own options stay as parsed): the client's order kept
+        options = {**(options or {}), "num_ctx": wanted}
     fields["options"] = options
     return True
 
