@@ -8,10 +8,11 @@ background script and a published message) runs on the same loop meanwhile, as i
 in the gateway.
 
 First, the CPU one replica spends on an uncontended request's admission (a free slot,
-nobody waiting, one Ollama backend holding the model, no swap planned), in process time
-per pair, the best of several rounds: the acquire and the release alone, then with what
-the request handler adds around them (the quick no before the body, the arrival while it
-is read, the permit's notes as the reply ends). To compare two trees, run it in each.
+nobody waiting, one Ollama backend holding the model, no swap planned, the policy of
+benchmarks/overhead.py), in process time per pair, the best of several rounds: the
+acquire and the release alone, then with what the request handler adds around them (the
+quick no before the body, the arrival while it is read, the permit's notes as the reply
+ends). To compare two trees, copy this file into the other (``git archive``) and run both.
 
     .venv/bin/python -m benchmarks.admission_overhead [--requests 2000] [--cpu-only]
 """
@@ -45,13 +46,20 @@ backends:
   - {name: gpu, url: http://127.0.0.1:9, kind: ollama, slots: 16}
 """
 
+# The CPU figures: as benchmarks/overhead.py configures the gateway (nothing queues: a
+# request that cannot start is refused, after the quick no's full check).
+UNCONTENDED = """\
+defaults: {max_concurrent: 400, max_queued: 0}
+backends:
+  - {name: gpu, url: http://127.0.0.1:9, kind: ollama, slots: 100000}
+"""
 MODEL = "llama3.2:3b"
 ROUNDS = 7
 
 
-def _admission(holds: HoldStore | None) -> Admission:
+def _admission(holds: HoldStore | None, text: str = POLICY) -> Admission:
     """One Ollama backend that lists the model and holds it, as the monitor would see it."""
-    policy, states = parse_policy(POLICY), BackendStates()
+    policy, states = parse_policy(text), BackendStates()
     state = states.of("gpu")
     state.models, state.loaded = frozenset({MODEL}), {MODEL: LoadedModel(size=2_000_000_000)}
     return Admission(policy, PolicyView.of(policy, states).pool, holds=holds)
@@ -87,7 +95,8 @@ async def _requests(admission: Admission, ticket: Ticket, n: int) -> float:
 
 async def cpu_per_request(requests: int) -> tuple[float, float]:
     """The best of ``ROUNDS`` rounds, in seconds of CPU per request: (pair, handler's)."""
-    admission, ticket = _admission(None), Ticket("alice", MODEL, Api.OLLAMA, 12.0)
+    admission = _admission(None, UNCONTENDED)
+    ticket = Ticket("alice", MODEL, Api.OLLAMA, 12.0)
     await _requests(admission, ticket, 200)  # warm up
     pair = min([await _pairs(admission, ticket, requests) for _ in range(ROUNDS)])
     whole = min([await _requests(admission, ticket, requests) for _ in range(ROUNDS)])

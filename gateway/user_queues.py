@@ -52,7 +52,12 @@ class UserQueues:
 
     def at_cap(self, user: str, lane: Lane) -> bool:
         """Whether ``user`` already runs as many requests of ``lane`` as it may."""
-        return self.runs(lane).get(user, 0) >= self.caps(user, lane)[0]
+        # ``caps``' first, read without the pair: asked twice of every request.
+        if lane is Lane.BACKGROUND:
+            return (
+                self.background_running.get(user, 0) >= self.policy.lanes.background.max_concurrent
+            )
+        return self.running.get(user, 0) >= self.policy.limits_of(user).max_concurrent
 
     def over_bound(self, user: str, lane: Lane, extra: int) -> Reason | None:
         """Which bound the lines pass with ``extra`` more requests of ``user`` waiting."""

@@ -196,14 +196,13 @@ class WaitingRoom:
         return first
 
     def _refuses_unseen_in(self, user: str, lane: Lane) -> Reason | None:
-        reason = self.lines.over_bound(user, lane, extra=1 + self.lines.arriving.get(user, 0))
-        if reason is None:
-            return None
-        if reason is Reason.GATEWAY_BUSY and lane is Lane.INTERACTIVE and self.lines.background:
+        lines = self.lines
+        if not lines.at_cap(user, lane) and self.slots.has_free_slot(self.pool.backends):
+            return None  # it may start at once, whatever its waiting would pass: asked first
+        reason = lines.over_bound(user, lane, extra=1 + lines.arriving.get(user, 0))
+        if reason is Reason.GATEWAY_BUSY and lane is Lane.INTERACTIVE and lines.background:
             return None  # a person's request would displace background work
-        if self.lines.at_cap(user, lane) or not self.slots.has_free_slot(self.pool.backends):
-            return reason
-        return None
+        return reason
 
     def dispatch(self) -> None:
         """Give every free slot that a waiting request can use to the one the ordering picks."""
