@@ -41,14 +41,19 @@ class _ClientRule:
     user: str
 
 
+_ANONYMOUS_CALLER = Caller(ANONYMOUS, _ANONYMOUS_CREDENTIAL)  # a value: one for every request
+
+
 class Directory:
     """Resolves a request's credentials to a user name, built once per policy version."""
 
     def __init__(self, policy: Policy) -> None:
-        self._digests: list[tuple[bytes, str]] = []
+        # Each key's digest and the Caller it makes, built once: the same for each request.
+        self._digests: list[tuple[bytes, Caller]] = []
         rules: list[_ClientRule] = []
         for name, user in policy.users.items():
-            self._digests += [(_digest_of_configured(key), name) for key in user.keys]
+            digests = map(_digest_of_configured, user.keys)
+            self._digests += [(digest, Caller(name, "key:" + digest.hex())) for digest in digests]
             rules += [_ClientRule(net, net.prefixlen, name) for net in user.clients]
         # The most specific range wins: a /32 for the TV beats a /24 for the whole LAN.
         self._client_rules = sorted(rules, key=lambda rule: -rule.prefix)
@@ -71,23 +76,25 @@ class Directory:
         if key is not None:
             # surrogateescape: the header's bytes as sent, even when they are not UTF-8.
             digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()
-            user = self._user_of_digest(digest)
-            if user is not None:
-                if named in self._names and named != user:
+            found = self._caller_of_digest(digest)
+            if found is not None:
+                if named in self._names and named != found.user:
                     # http://bob:ALICEKEY@host must not run as alice: a name that is a
                     # user's is checked; any other name is a label, as clients need one.
                     raise GatewayError(
                         401, Reason.UNAUTHORIZED, "the user name and key do not match"
                     )
-                return Caller(self._person(user, headers), "key:" + digest.hex())
+                if found.user not in self._on_behalf:
+                    return found
+                return Caller(self._person(found.user, headers), found.credential)
             if self._open:
-                return Caller(ANONYMOUS, _ANONYMOUS_CREDENTIAL)
+                return _ANONYMOUS_CALLER
             raise GatewayError(401, Reason.UNAUTHORIZED, "unknown API key")
         user = self._user_of_address(address)
         if user is not None:
             return Caller(user, f"client:{address}")
         if self._anonymous:
-            return Caller(ANONYMOUS, _ANONYMOUS_CREDENTIAL)
+            return _ANONYMOUS_CALLER
         # Say how to pass a key and where keys come from: the first curl of a new admin
         # lands here, and the example policy's key is easy to find once that is said.
         raise GatewayError(
@@ -101,7 +108,8 @@ class Directory:
         """Whether this policy still lets ``credential`` in as ``user`` (after a reload)."""
         kind, _, value = credential.partition(":")
         if kind == "key":
-            owner = self._user_of_digest(bytes.fromhex(value))
+            found = self._caller_of_digest(bytes.fromhex(value))
+            owner = None if found is None else found.user
             return owner is not None and (
                 owner == user
                 or (owner in self._on_behalf and user.startswith(owner + PERSON_SEPARATOR))
@@ -127,12 +135,12 @@ class Directory:
             )
         return f"{user}{PERSON_SEPARATOR}{person}"
 
-    def _user_of_digest(self, digest: bytes) -> str | None:
-        user = None
-        for known, name in self._digests:  # no early exit: the time taken says nothing
+    def _caller_of_digest(self, digest: bytes) -> Caller | None:
+        caller = None
+        for known, holder in self._digests:  # no early exit: the time taken says nothing
             if hmac.compare_digest(known, digest):
-                user = name
-        return user
+                caller = holder
+        return caller
 
     def _user_of_address(self, address: Address | None) -> str | None:
         if address is not None:

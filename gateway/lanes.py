@@ -104,7 +104,7 @@ def possible_lanes(lanes: Lanes, headers: Mapping[str, str]) -> tuple[Lane, ...]
     named = lane_from_header(lanes, headers)
     if named is not None:
         return (named,)
-    if lanes.presets or any(rule.lane is Lane.BACKGROUND for rule in lanes.rules):
+    if lanes.presets or (lanes.rules and any(r.lane is Lane.BACKGROUND for r in lanes.rules)):
         return (Lane.INTERACTIVE, Lane.BACKGROUND)
     return (Lane.INTERACTIVE,)
 
@@ -131,6 +131,8 @@ def lane_of(
     named = lane_from_header(lanes, headers)
     if named is not None:
         return named
+    if not lanes.rules and not lanes.presets:  # most policies: nothing to read the prompt for
+        return Lane.INTERACTIVE
     prompt = _last_prompt(fields)
     for rule in lanes.rules:
         if rule.matches(user, model, path, prompt):

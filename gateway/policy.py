@@ -116,12 +116,18 @@ class Policy(Strict):
     def may_use(self, user: str, model: str) -> bool:
         """Whether the user's ``models:`` list (if any) names ``model``, either of them
         perhaps by an alias: what is compared is the model the backend would be sent."""
-        config = self.users.get(self.account_of(user))
-        if config is None or config.models is None:
-            return True
-        # As Ollama names them: ``phi3`` and ``phi3:latest`` are one model.
-        allowed = {model_key(self.resolve(name)) for name in config.models}
-        return model_key(self.resolve(model)) in allowed
+        allowed = self._allowed_models.get(self.account_of(user))
+        return allowed is None or model_key(self.resolve(model)) in allowed
+
+    @cached_property
+    def _allowed_models(self) -> dict[str, frozenset[str]]:
+        """By user with a ``models:`` list, the models it names, as Ollama names them
+        (``phi3`` and ``phi3:latest`` are one model), aliases resolved."""
+        return {
+            name: frozenset(model_key(self.resolve(model)) for model in config.models)
+            for name, config in self.users.items()
+            if config.models is not None
+        }
 
     def num_ctx_for(self, model: str) -> NumCtxPolicy:
         """The num_ctx rules for ``model``'s requests: its own, else every model's."""
