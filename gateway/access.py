@@ -19,7 +19,7 @@ from gateway.connections import Connections
 from gateway.cors import Cors
 from gateway.errors import GatewayError, error_body, retry_after_header
 from gateway.forwarded import Client
-from gateway.logs import REQUEST_ID, printable
+from gateway.logs import REQUEST_ID, info_writer, printable
 from gateway.pump import Progress
 from gateway.vocabulary import Api, Lane, Reason, RequestClass, api_of
 
@@ -32,7 +32,8 @@ __all__ = [
     "reply_headers",
 ]
 
-log = structlog.get_logger("fairgate.access")
+_LOGGER_NAME = "fairgate.access"
+log = structlog.get_logger(_LOGGER_NAME)
 
 NOWHERE = Client(None)
 """The client of a record made outside a request (tests, tools)."""
@@ -211,21 +212,20 @@ def access_log(
 class _AccessLine:
     """The access log line, its fields built only when it is written.
 
-    structlog's module-level logger is a proxy that looks the configured logger up again
-    at every call (half a microsecond, per request); logging is configured before the
-    first request, so the line's logger, and whether it writes INFO, are looked up once,
-    then."""
+    Logging is configured before the first request, so whether INFO is written, and the
+    writer of the line (``info_writer``: the configured pipeline without structlog's
+    bound logger around it), are looked up once, then."""
 
     def __init__(self) -> None:
-        self._logger: Any = None
+        self._write: Callable[[str, dict[str, Any]], None] | None = None
         self._writes = False
 
     def write(self, record: RequestRecord) -> None:
-        if self._logger is None:
-            self._logger = log.bind()
-            self._writes = self._logger.is_enabled_for(logging.INFO)
+        if self._write is None:
+            self._writes = log.bind().is_enabled_for(logging.INFO)
+            self._write = info_writer(_LOGGER_NAME)
         if self._writes:
-            self._logger.info("request", **record.fields())
+            self._write("request", record.fields())
 
 
 def reply_headers(cors: Cors) -> ReplyHook:

@@ -9,20 +9,26 @@ sets ``REQUEST_ID`` for the request's task (aiohttp runs each request in a task 
 own), and one processor reads it. That is structlog's ``bind_contextvars`` with one
 variable: binding and unbinding through structlog cost 1.5 us a request, a tenth of all the
 gateway's own bookkeeping, where setting and resetting one ContextVar costs 0.1 us.
+
+The access line is written for every request (at INFO, the default), on the path of the
+next one: ``info_writer`` runs the configured processors for it directly, without the
+bound logger around them, and the JSON renderer's encoder is built once, not per line.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from contextvars import ContextVar
+from functools import cache
 from typing import Any
 
 import structlog
 
-__all__ = ["REQUEST_ID", "configure_logging", "console_rendering", "printable"]
+__all__ = ["REQUEST_ID", "configure_logging", "console_rendering", "info_writer", "printable"]
 
 REQUEST_ID: ContextVar[str | None] = ContextVar("fairgate_request_id", default=None)
 """The id of the request being handled in this task, if any."""
@@ -32,7 +38,8 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 def configure_logging(log_format: str = "auto", level: str = "INFO") -> None:
     use_console = log_format == "console" or (log_format == "auto" and sys.stderr.isatty())
-    rendering = console_rendering() if use_console else [structlog.processors.JSONRenderer()]
+    json_rendering = [structlog.processors.JSONRenderer(serializer=_dumps)]
+    rendering = console_rendering() if use_console else json_rendering
     structlog.configure(
         processors=[
             _add_request_id,
@@ -45,6 +52,48 @@ def configure_logging(log_format: str = "auto", level: str = "INFO") -> None:
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
+
+
+def info_writer(logger_name: str) -> Callable[[str, dict[str, Any]], None]:
+    """What ``structlog.get_logger(logger_name).info(event, **fields)`` does, the same
+    line to the same place, for a line written for every request: the configured
+    processors run on ``fields`` (which they may change) without the bound logger's
+    layers around them (its keyword arguments, the copy of its context: a third of the
+    line's cost). Ask for it after ``configure_logging``; it does not filter by level."""
+    config = structlog.get_config()
+    processors = config["processors"]
+    logger = config["logger_factory"](logger_name)
+
+    def write(event: str, fields: dict[str, Any]) -> None:
+        fields["event"] = event
+        line: Any = fields
+        try:
+            for processor in processors:
+                line = processor(logger, "info", line)
+        except structlog.DropEvent:  # a processor's way to drop it (structlog.testing's)
+            return
+        # What the last processor returns, taken as structlog takes it.
+        if isinstance(line, tuple):
+            logger.info(*line[0], **line[1])
+        elif isinstance(line, dict):
+            logger.info(**line)
+        else:
+            logger.info(line)
+
+    return write
+
+
+def _dumps(value: Any, default: Callable[[Any], Any] | None = None, **options: Any) -> str:
+    """``json.dumps`` with an encoder made once for each ``default``, where json.dumps
+    makes one for every line when it is given one: the same text, a microsecond less."""
+    if options:
+        return json.dumps(value, default=default, **options)
+    return _encoder(default).encode(value)
+
+
+@cache
+def _encoder(default: Callable[[Any], Any] | None) -> json.JSONEncoder:
+    return json.JSONEncoder(default=default)
 
 
 def console_rendering() -> list[structlog.typing.Processor]:
