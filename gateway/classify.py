@@ -98,7 +98,9 @@ def _messages_size(messages: object) -> tuple[int, int]:
             else:
                 text_chars, text_images = _content_size(content)
                 characters, images = characters + text_chars, images + text_images
-            images += _count(message.get("images"))
+            pictures = message.get("images")
+            if isinstance(pictures, list):
+                images += len(pictures)
     return characters, images
 
 

@@ -119,11 +119,9 @@ def field_type_error(struct: str, fields: Mapping[str, Any]) -> str | None:
 
 def _fits(field: _Field, value: Any) -> bool:
     check, _, items = field
-    if value is None:
-        return True
-    if not check(value):
-        return False
-    return items is None or _all_pass(items[0], value) or _failing_item(items[0], value) is None
+    if value is None or items is None:
+        return value is None or check(value)
+    return check(value) and (_all_pass(items[0], value) or _failing_item(items[0], value) is None)
 
 
 def _failing_item(check: _Check, items: list[Any]) -> Any:
