@@ -5,7 +5,8 @@ this process every label set it counted, so a value a client makes up (a person'
 a model name) would cost memory and disk on both sides per request. A user label is a
 configured name, ``anonymous``, or ``unknown`` (an unknown key, a user removed by a
 reload); a person a front end names (``owui/alice@example.com``) counts under the front
-end. A model label is one a backend lists or keeps warm, else ``other``.
+end. A model label is one a backend lists or keeps warm, spelt as Ollama lists it
+(``llama3.2:latest``, however a client wrote it), else ``other``.
 Per-person detail stays where it belongs: /status and the house page (the people in the
 room now), the usage store.
 
@@ -67,7 +68,10 @@ class MetricLabels:
         # A probe replaces a list, mostly with an equal one: keeping the newest lets the
         # next comparison end at identity, as list comparison tries that first.
         self._lists = lists
-        return model if model_key(model) in self._models else OTHER
+        # One spelling per model, Ollama's (``llama3.2`` is ``llama3.2:latest``): a
+        # dashboard's series for a model does not split by how each client wrote it.
+        key = model_key(model)
+        return key if key in self._models else OTHER
 
     def _current(self) -> PolicyView:
         view = self._policy.current

@@ -103,6 +103,24 @@ async def test_made_up_models_are_one_label_value_in_every_series(
     assert models["fairgate_requests"] == models["fairgate_cold_starts"] == {MODEL, OTHER}
 
 
+async def test_a_model_written_with_or_without_its_default_tag_is_one_label_value(
+    start_sim: StartSim, start_gateway: StartGateway
+) -> None:
+    """Requests for ``llama3.2`` and for ``llama3.2:latest`` (one model to Ollama) count
+    under one model label value, the one Ollama lists, in every fairgate_* family."""
+    _, url = await start_sim(models=["llama3.2:latest"])
+    gateway = await start_gateway(one_backend(url, slots=2))
+    async with aiohttp.ClientSession() as session:
+        for model in ["llama3.2", "llama3.2:latest"]:
+            body = {"model": model, "prompt": "hi", "stream": False}
+            async with session.post(gateway.url + "/api/generate", json=body) as reply:
+                assert reply.status == 200
+    models = label_values("model", await scrape(gateway))
+    assert models["fairgate_requests"] == {"llama3.2:latest"}, models
+    strays = {name: values for name, values in models.items() if values != {"llama3.2:latest"}}
+    assert not strays, strays
+
+
 @web.middleware
 async def _no_listing(request: web.Request, handler: Handler) -> web.StreamResponse:
     """An Ollama whose model list fails (a disk it cannot read, say): it still generates."""
