@@ -23,6 +23,7 @@ import contextlib
 import structlog
 
 from gateway.access import RequestRecord
+from gateway.backends import model_key
 from gateway.budget_policy import Budget
 from gateway.budgets import BudgetState, budget_states, over_budget
 from gateway.refusals import Refusal
@@ -100,7 +101,9 @@ class Ledger:
             completion = record.streamed_tokens
         seconds = max(0.0, record.finished - dispatched_at)
         batch = self._batch
-        self._row(windows, user, record.model or "").count(prompt, completion, seconds)
+        # One row per model, however each client spelt it (as the metrics' labels do).
+        model = model_key(record.model) if record.model else ""
+        self._row(windows, user, model).count(prompt, completion, seconds)
         batch.minutes[(windows.minute, user)] += 1
         tally = self._tally(user, windows)
         tally.requests += 1

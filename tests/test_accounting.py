@@ -168,6 +168,22 @@ class TestCounts:
         }
         assert gateway.services.usage.used("bob").refused == 2
 
+    async def test_a_model_written_with_or_without_its_default_tag_is_one_row(
+        self, tmp_path: Path
+    ) -> None:
+        """Requests for ``llama3.2`` and ``llama3.2:latest`` (one model to Ollama) are
+        counted in one row, under the spelling Ollama lists."""
+        ledger = Ledger(SqliteUsage(tmp_path / "u.db"), Calendar(PARIS), 1.0)
+        await ledger.start()
+        for model in ("llama3.2", "llama3.2:latest"):
+            record = served("bob")
+            record.model = model
+            ledger.observe(record)
+        await ledger.flush()
+        await ledger.close()
+        rows, _ = await reopened(tmp_path / "u.db", ("2000-01-01", 0))
+        assert [(row.model, row.requests) for row in rows] == [("llama3.2:latest", 2)]
+
 
 class TestDays:
     async def test_a_users_day_adds_up_until_midnight_in_the_admins_time_zone(
