@@ -30,10 +30,20 @@ _DURATION_PART = re.compile(r"(\d*)(\.\d*)?([^\d.]*)")
 
 
 # A client's keep_alive is read on each of its requests, and a household sends a handful of
-# spellings ("5m", "24h", "-1"): each parsed once. Bounded, and a pure function of the text.
-@functools.lru_cache(maxsize=256)
+# short spellings ("5m", "24h", "-1"): each parsed once. Only short ones are cached: a cache
+# entry keeps its text, and a client's keep_alive may be a body's 32 MiB (Go takes any
+# number of leading zeros), which 256 entries would keep for good.
+_CACHED_LENGTH = 32
+
+
 def parse_go_duration(text: str) -> float:
     """Seconds from Go's time.ParseDuration syntax; ValueError carries Go's own message."""
+    if len(text) <= _CACHED_LENGTH:
+        return _parse_cached(text)
+    return _parse(text)
+
+
+def _parse(text: str) -> float:
     sign = -1.0 if text.startswith("-") else 1.0
     body = text[1:] if text[:1] in ("-", "+") else text
     if body == "0":
@@ -56,6 +66,9 @@ def parse_go_duration(text: str) -> float:
     if not fits_go_duration(total):
         raise _invalid(text)  # Go's overflow error
     return sign * total
+
+
+_parse_cached = functools.lru_cache(maxsize=256)(_parse)
 
 
 def _invalid(text: str) -> ValueError:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import gc
+import tracemalloc
+
 import pytest
 
-from gateway.durations import parse_duration
+from gateway.durations import parse_duration, parse_go_duration
 
 
 @pytest.mark.parametrize(
@@ -42,3 +45,21 @@ def test_durations_longer_than_gos_are_refused(text: object) -> None:
     """Past about 292 years Go refuses the string and overflows the number: refused here."""
     with pytest.raises(ValueError, match="duration"):
         parse_duration(text)
+
+
+def _parse_a_long_keep_alive() -> None:
+    # Valid for Go too (leading zeros): a client may send it as keep_alive on every request.
+    assert parse_go_duration("0" * 1_000_000 + "5m") == 300.0
+
+
+def test_a_long_duration_string_is_not_kept_once_it_is_parsed() -> None:
+    """A client's megabyte-long keep_alive is not remembered after its request: the parse's
+    cache holds the few short spellings, not whatever a client sends (256 of 32 MiB each)."""
+    tracemalloc.start()
+    try:
+        _parse_a_long_keep_alive()
+        gc.collect()
+        kept, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert kept < 100_000, kept
