@@ -35,6 +35,8 @@ from gateway.vocabulary import Reason
 __all__ = ["KeepWarm", "WarmthSnapshot", "apply_keep_alive_policy", "kept_alive"]
 
 log = structlog.get_logger("fairgate.warmth")
+# Go's longest duration, spelt out, is 25 characters ("-2562047h47m16.854775807s").
+_LONGEST_KEEP_ALIVE = 64
 _MAX_BACKOFF = 5  # doublings of the interval after repeated errors
 
 
@@ -204,6 +206,15 @@ def _asked(given: object) -> float | None:
     if given is None or isinstance(given, bool) or not isinstance(given, int | float | str):
         return None
     if isinstance(given, str):
+        if len(given) > _LONGEST_KEEP_ALIVE:
+            # Parsed on the event loop in time that grows with its square: a client's
+            # 32 MiB of "1s" (valid Go) would hold every stream for hours.
+            raise GatewayError(
+                400,
+                Reason.BAD_REQUEST,
+                f"keep_alive is {len(given):,} characters long; a duration such as 5m or "
+                f"24h is at most {_LONGEST_KEEP_ALIVE}",
+            )
         try:
             return parse_go_duration(given)
         except ValueError:

@@ -123,6 +123,18 @@ class TestMalformedInput:
         status, _ = await post(gateway, path, json.dumps({**body, "stream": False}).encode())
         assert status < 500
 
+    async def test_a_keep_alive_string_longer_than_any_duration_is_refused_unparsed(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """A keep_alive of 32,768 "1s" parts is parsed on the event loop in time that grows
+        with its square (half a MiB held every stream 1.7 s, a 32 MiB one would for hours):
+        refused with a 400 that says why, nothing forwarded."""
+        sim, gateway = await start(start_sim, start_gateway)
+        body = {"model": MODEL, "prompt": "hi", "stream": False, "keep_alive": "1s" * 32_768}
+        status, reply = await post(gateway, "/api/generate", json.dumps(body).encode())
+        assert status == 400 and "keep_alive" in reply, reply
+        assert not sim.loaded_models()
+
     async def test_deep_nesting_gets_a_400(
         self, start_sim: StartSim, start_gateway: StartGateway
     ) -> None:
