@@ -163,7 +163,7 @@ class Residency:
         found = sent.get(model)
         if found is None:
             sent[model] = _Sent(num_ctx, at)
-        else:  # the model's previous dispatch, as a rule: updated, not made anew
+        else:  # its previous dispatch, as nearly always: updated rather than made anew
             found.num_ctx, found.at = num_ctx, at
 
     def unsent(self, backend: Backend, model: str) -> None:
