@@ -13,7 +13,9 @@ replaced by one that stops the handler, so nothing is relayed. Each body is time
 - ``chat-options``: the same with ``options`` and ``keep_alive`` under a num_ctx rule;
 - ``owui-task``: Open WebUI's follow-ups request (samples/open-webui, 1.8 KB);
 - ``openai``: a streamed ``/v1/chat/completions`` (about 700 bytes);
-- ``tiny``: the 71-byte body ``overhead.py`` sends.
+- ``tiny``: the 71-byte body ``overhead.py`` sends;
+- ``bench``: that body as ``overhead.py`` and the profiles send it: no key, to a gateway
+  with no users (``defaults:`` and one backend).
 
     python -m benchmarks.intake [--requests 20000]
 
@@ -72,7 +74,13 @@ backends:
   - {name: gpu, url: "http://127.0.0.1:9", kind: ollama, slots: 4}
   - {name: cpu, url: "http://127.0.0.1:10", kind: llamacpp, slots: 2}
 """
-# The same, with the rules a household sets against reloads.
+# What overhead.py and the profiles run: anybody, one backend.
+_OPEN = """\
+defaults: {max_concurrent: 400, max_queued: 0}
+backends:
+  - {name: stub, url: "http://127.0.0.1:9", kind: ollama, slots: 100000}
+"""
+# The household's, with the rules a household sets against reloads.
 _RULES = "num_ctx: {max: 8192}\nkeep_alive: {max: 1h}\n"
 _MESSAGES = [
     {"role": "system", "content": "You are a helpful assistant. Answer briefly."},
@@ -87,9 +95,9 @@ _MESSAGES = [
 _OWUI = Path("/work/shared/samples/open-webui/follow-ups-request.json")
 
 
-def _bodies() -> dict[str, tuple[str, bytes, bool]]:
-    """By name: the path, the body as a client sends it (compact JSON), and whether the
-    policy carries the num_ctx and keep_alive rules."""
+def _bodies() -> dict[str, tuple[str, bytes, str, bool]]:
+    """By name: the path, the body as a client sends it (compact JSON), the policy, and
+    whether the request carries a key."""
     chat = {"model": "llama3.2:3b", "messages": _MESSAGES, "stream": True}
     options = {**chat, "options": {"num_ctx": 4096, "temperature": 0.7}, "keep_alive": "10m"}
     openai = {
@@ -101,13 +109,15 @@ def _bodies() -> dict[str, tuple[str, bytes, bool]]:
     }
     tiny = b'{"model":"llama3.2:3b","messages":[{"role":"user","content":"bench"}]}'
     bodies = {
-        "chat": ("/api/chat", _compact(chat), False),
-        "chat-options": ("/api/chat", _compact(options), True),
-        "openai": ("/v1/chat/completions", _compact(openai), False),
-        "tiny": ("/api/chat", tiny, False),
+        "chat": ("/api/chat", _compact(chat), _POLICY, True),
+        "chat-options": ("/api/chat", _compact(options), _POLICY + _RULES, True),
+        "openai": ("/v1/chat/completions", _compact(openai), _POLICY, True),
+        "tiny": ("/api/chat", tiny, _POLICY, True),
+        "bench": ("/api/chat", tiny, _OPEN, False),
     }
     if _OWUI.exists():
-        bodies["owui-task"] = ("/api/chat", _compact(json.loads(_OWUI.read_bytes())), False)
+        owui = _compact(json.loads(_OWUI.read_bytes()))
+        bodies["owui-task"] = ("/api/chat", owui, _POLICY, True)
     return bodies
 
 
@@ -133,8 +143,8 @@ async def _measure(requests: int, rounds: int) -> dict[str, float]:
     settings = Settings(usage_db=Path(directory) / "usage.db")
     loop = asyncio.get_running_loop()
     figures: dict[str, float] = {}
-    for name, (path, body, rules) in _bodies().items():
-        app = create_app(settings, parse_policy(_POLICY + (_RULES if rules else "")))
+    for name, (path, body, policy, keyed) in _bodies().items():
+        app = create_app(settings, parse_policy(policy))
         services = app[SERVICES]
         services.admission.acquire = _stop  # type: ignore[method-assign]
         generate = Generation(services).generate
@@ -142,7 +152,7 @@ async def _measure(requests: int, rounds: int) -> dict[str, float]:
         # In batches, the least disturbed one counts: the machine is shared, and what
         # others take only ever adds.
         for _ in range(rounds):
-            fresh = [_request(path, body, loop) for _ in range(requests // rounds)]
+            fresh = [_request(path, body, keyed, loop) for _ in range(requests // rounds)]
             for request in fresh:  # as the access log does, before the handler
                 record = RequestRecord("0", request.method, request.path, services.locate(request))
                 request[RECORD] = record
@@ -163,10 +173,12 @@ async def _timed(generate: Any, requests: list[web.Request]) -> float:
     return (time.perf_counter() - start) / len(requests) * 1e6
 
 
-def _request(path: str, body: bytes, loop: asyncio.AbstractEventLoop) -> web.Request:
+def _request(path: str, body: bytes, keyed: bool, loop: asyncio.AbstractEventLoop) -> web.Request:
     """A request as aiohttp's parser makes it, its body already arrived (a chat's comes in
     the same read as its head)."""
     fields = {**_HEADERS, "Content-Length": str(len(body))}
+    if not keyed:
+        del fields["Authorization"]
     raw = tuple((name.encode(), value.encode()) for name, value in fields.items())
     headers = CIMultiDictProxy(CIMultiDict((istr(k), v) for k, v in fields.items()))
     url = URL.build(path=path, query_string="", fragment="", encoded=True)
