@@ -23,7 +23,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from gateway.durations import Duration
-from gateway.policy_base import SlotShare, Strict, slots_on
+from gateway.policy_base import SlotShare, Strict, model_key, slots_on
 from gateway.vocabulary import Lane
 
 __all__ = [
@@ -54,13 +54,19 @@ class LaneRule(Strict):
     def matches(self, user: str, model: str, path: str, prompt: str | None) -> bool:
         return (
             (self.users is None or user in self.users)
-            and (self.models is None or model in self.models)
+            and (self.models is None or _names_model(self.models, model))
             and (self.paths is None or path in self.paths)
             and (
                 self.prompt_prefix is None
                 or (prompt is not None and prompt.startswith(self.prompt_prefix))
             )
         )
+
+
+def _names_model(models: list[str], model: str) -> bool:
+    """Whether ``models`` names ``model`` in any of Ollama's spellings of it."""
+    key = model_key(model)
+    return any(model_key(named) == key for named in models)
 
 
 class InteractiveLane(Strict):

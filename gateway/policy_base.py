@@ -41,6 +41,40 @@ def slots_on(share: int | str, backend_slots: int) -> int:
     return max(1, backend_slots * int(share[:-1]) // 100)
 
 
+_HOST, _NAMESPACE, _TAG = "registry.ollama.ai", "library", "latest"  # Ollama's defaults
+
+
 def model_key(name: str) -> str:
-    """Ollama treats ``llama3.2`` and ``llama3.2:latest`` as one model."""
-    return name if ":" in name else f"{name}:latest"
+    """The model ``name`` names, as Ollama tells models apart: one key for ``llama3.2``,
+    ``llama3.2:latest``, ``library/llama3.2`` and ``registry.ollama.ai/library/LLAMA3.2``.
+
+    Ollama parses a name into host, namespace, model and tag, fills in the missing ones
+    (types/model/name.go: ParseName), and finds the model on its disk matching each part
+    case-insensitively (server/routes.go: getExistingName, on every generation route).
+    Every lookup by model goes through this key, so that no spelling Ollama runs as a
+    model escapes the rules written for it. The key is the name as /api/tags lists it
+    (DisplayShortest), in lower case. A name Ollama would refuse as invalid may share a
+    key with a valid one: the rules of that one apply, and Ollama runs nothing."""
+    host, namespace, model, tag = _ollama_parts(name)
+    host, namespace = (host or _HOST).lower(), (namespace or _NAMESPACE).lower()
+    if host != _HOST:
+        prefix = f"{host}/{namespace}/"
+    else:
+        prefix = "" if namespace == _NAMESPACE else f"{namespace}/"
+    return f"{prefix}{model}:{tag or _TAG}".lower()
+
+
+def _ollama_parts(name: str) -> tuple[str, str, str, str]:
+    """Host, namespace, model and tag of ``name``, each empty where it names none; as
+    Ollama's ParseNameBare splits them."""
+    rest, tag = name, ""
+    if name.rfind(":") > name.rfind("/"):  # no tag holds a "/"; a host may hold a ":"
+        rest, _, tag = name.rpartition(":")
+    if "/" not in rest:
+        return "", "", rest, tag
+    rest, _, model = rest.rpartition("/")
+    if "/" not in rest:
+        return "", rest, model, tag
+    rest, _, namespace = rest.rpartition("/")
+    scheme, separator, host = rest.partition("://")
+    return host if separator else scheme, namespace, model, tag

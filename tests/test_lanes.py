@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from gateway.lanes import LaneRule
 from gateway.vocabulary import Lane
 from tests.conftest import Gateway, StartGateway, StartSim, one_backend
 from tests.test_admission import MODEL, idle, queued, until
@@ -269,3 +270,12 @@ class TestOnBehalf:
         posing = {"X-OpenWebUI-User-Email": "alice@example.com"}
         async with running(gateway, "bob-key", "hold", posing):
             assert gateway.services.admission.snapshot().users == {"bob": (1, 0)}
+
+
+def test_a_rule_naming_a_model_matches_every_spelling_ollama_runs_as_it() -> None:
+    """A rule for nomic-embed-text holds for NOMIC-EMBED-TEXT:latest too: Ollama runs
+    the one model for both, so a client cannot step out of the lane by its spelling."""
+    rule = LaneRule(lane=Lane.BACKGROUND, models=["nomic-embed-text"])
+    for spelling in ("nomic-embed-text", "NOMIC-EMBED-TEXT:latest", "library/nomic-embed-text"):
+        assert rule.matches("alice", spelling, "/api/embed", None)
+    assert not rule.matches("alice", "nomic-embed-text:v1.5", "/api/embed", None)

@@ -4,15 +4,19 @@ keep_alive."""
 from __future__ import annotations
 
 import math
+from contextlib import AsyncExitStack
 from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
+from aiohttp.typedefs import Handler
 
+from fairsim import SimConfig, Simulator
 from gateway.errors import GatewayError
 from gateway.load_options import NumCtxPolicy, apply_num_ctx_policy, num_ctx_of
 from gateway.policy import PolicyError, parse_policy
-from tests.conftest import Gateway, StartGateway, StartSim
+from tests.conftest import Gateway, StartGateway, StartSim, serve
 
 LLAMA, QWEN = "llama3.2:3b", "qwen2.5:7b"
 FAST = (
@@ -146,6 +150,28 @@ class TestKeptLoaded:
         assert list(sim.loaded_models()) == [LLAMA]
         assert sim.loaded_models()[LLAMA] >= sim.engine.clock() + 1799
 
+    @pytest.mark.parametrize("listed", [True, False])
+    async def test_a_keep_warm_model_survives_keep_alive_zero_under_a_name_in_another_case(
+        self,
+        listed: bool,
+        start_sim: StartSim,
+        start_gateway: StartGateway,
+        servers: AsyncExitStack,
+    ) -> None:
+        """Ollama runs llama3.2:3b for LLAMA3.2:3B (it finds a model case-insensitively):
+        the keep-warm rule holds for that spelling too, whether the backend's list is
+        known (the request is served, not a 404) or not (every name is sent on)."""
+        sim = Simulator(SimConfig(prefill_tokens_per_s=0.0, decode_tokens_per_s=500.0))
+        app = sim.make_app()
+        if not listed:
+            app.middlewares.append(_no_listing)
+        url = await serve(servers, app)
+        gateway = await start_gateway(
+            FAST + backend(url, f", keep_warm: [{LLAMA}], keep_alive: 30m")
+        )
+        assert await chat(gateway, LLAMA.upper(), keep_alive=0) == 200
+        assert list(sim.loaded_models()) == [LLAMA]
+
     async def test_a_resident_model_is_pinned_whatever_the_client_asks(
         self, start_sim: StartSim, start_gateway: StartGateway
     ) -> None:
@@ -157,3 +183,11 @@ class TestKeptLoaded:
             body = {} if keep_alive is None else {"keep_alive": keep_alive}
             assert await chat(gateway, LLAMA, **body) == 200
             assert sim.loaded_models() == {LLAMA: math.inf}
+
+
+@web.middleware
+async def _no_listing(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """An Ollama whose model list fails (a disk it cannot read, say): it still generates."""
+    if request.path == "/api/tags":
+        return web.json_response({"error": "simulated failure"}, status=500)
+    return await handler(request)

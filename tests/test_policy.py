@@ -8,6 +8,7 @@ import pytest
 
 from gateway.__main__ import main
 from gateway.policy import PolicyError, load_policy, parse_policy
+from gateway.policy_base import model_key
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -143,3 +144,29 @@ def test_a_models_list_names_a_model_as_ollama_does() -> None:
     assert policy.may_use("kids", "tiny")
     assert not policy.may_use("kids", "phi3:mini") and not policy.may_use("kids", "big")
     assert policy.may_use("ann", "llama3.2") and policy.may_use("ann", "phi3")
+
+
+@pytest.mark.parametrize(
+    ("names", "key"),
+    [
+        (
+            [
+                "llama3.2",
+                "llama3.2:latest",
+                "LLAMA3.2",
+                "library/llama3.2",
+                "registry.ollama.ai/library/Llama3.2:Latest",
+                "https://registry.ollama.ai/library/llama3.2",
+            ],
+            "llama3.2:latest",
+        ),
+        (["qwen2.5:7b", "Qwen2.5:7B", "library/qwen2.5:7b"], "qwen2.5:7b"),
+        (["hf.co/bartowski/Llama-3.2-1B-GGUF:Q4_K_M"], "hf.co/bartowski/llama-3.2-1b-gguf:q4_k_m"),
+        (["me/mine", "registry.ollama.ai/me/mine:latest"], "me/mine:latest"),
+        (["localhost:5000/team/model"], "localhost:5000/team/model:latest"),
+    ],
+)
+def test_every_spelling_ollama_runs_as_one_model_has_one_key(names: list[str], key: str) -> None:
+    """Ollama fills in the default host, namespace and tag and matches each part in any
+    case (types/model/name.go, getExistingName): so does the key every rule is found by."""
+    assert {model_key(name) for name in names} == {key}
