@@ -34,7 +34,7 @@ from gateway.ambiguity import (
 )
 from gateway.errors import GatewayError
 from gateway.json_counts import TooManyValues
-from gateway.ollama_fields import field_type_error
+from gateway.ollama_fields import field_type_error, option_type_error
 from gateway.vocabulary import Reason
 
 __all__ = [
@@ -115,7 +115,11 @@ class Fields:
         self.body = body
         # Found with the parse, so that a million token ids are checked beside the loop
         # too (60 ms of it otherwise); the handler decides when it is said.
-        self.type_error = None if struct is None else field_type_error(struct, values)
+        self.type_error = (
+            None
+            if struct is None
+            else field_type_error(struct, values) or option_type_error(values.get("options"))
+        )
 
     def changed(self) -> None:
         """The gateway rewrote a value (a keep_alive policy): forward the new encoding."""

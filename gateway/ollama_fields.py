@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from types import NoneType
 from typing import Any
 
-__all__ = ["STRUCTS", "field_type_error", "go_type_name"]
+__all__ = ["STRUCTS", "field_type_error", "go_type_name", "option_type_error"]
 
 _Check = Callable[[Any], bool]
 
@@ -115,6 +115,53 @@ def field_type_error(struct: str, fields: Mapping[str, Any]) -> str | None:
         if value is not None and not _fits(field, value):
             return _error(f"{name_in_error}.{name}", field, value)
     return None
+
+
+# The type Options.FromMap (api/types.go) wants for each option it knows (Options and
+# Runner), by its JSON name; it ignores the others, and nulls.
+_OPTION_TYPES = {
+    **dict.fromkeys(
+        ("num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread", "draft_num_predict"),
+        "integer",
+    ),
+    **dict.fromkeys(("num_keep", "seed", "num_predict", "top_k", "repeat_last_n"), "integer"),
+    **dict.fromkeys(
+        ("top_p", "min_p", "typical_p", "temperature", "repeat_penalty", "presence_penalty"),
+        "float32",
+    ),
+    "frequency_penalty": "float32",
+    "use_mmap": "boolean",
+    "stop": "array",
+}
+
+
+def option_type_error(options: object) -> str | None:
+    """Ollama's error for an option of a type it cannot take, or None.
+
+    Ollama reads ``options`` after the body (``Options.FromMap``), when it schedules the
+    request, and answers such an option with a 500: the client's mistake would read as
+    the server's. The gateway names it first, in Ollama's words, as a 400."""
+    if not isinstance(options, dict):
+        return None  # not an object: the struct's own type error, found before this
+    for name, value in options.items():
+        wanted = _OPTION_TYPES.get(name)
+        if wanted is None or value is None:
+            continue
+        if wanted == "array" and isinstance(value, list):
+            if not all(isinstance(item, str) for item in value):
+                return f'option "{name}" must be of an array of strings'
+        elif not _is_option(wanted, value):
+            return f'option "{name}" must be of type {wanted}'
+    return None
+
+
+def _is_option(wanted: str, value: object) -> bool:
+    """Whether a JSON ``value`` is of the ``wanted`` option type (an array checked apart)."""
+    if wanted == "boolean":
+        return isinstance(value, bool)
+    if wanted == "array":
+        return False  # not a list
+    return isinstance(value, int | float) and not isinstance(value, bool)  # a JSON number
 
 
 def _fits(field: _Field, value: Any) -> bool:

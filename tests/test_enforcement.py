@@ -123,6 +123,35 @@ class TestMalformedInput:
         status, _ = await post(gateway, path, json.dumps({**body, "stream": False}).encode())
         assert status < 500
 
+    @pytest.mark.parametrize(
+        ("path", "options", "error"),
+        [
+            ("/api/chat", {"main_gpu": True}, 'option "main_gpu" must be of type integer'),
+            (
+                "/api/generate",
+                {"temperature": "0.2"},
+                'option "temperature" must be of type float32',
+            ),
+            ("/api/embed", {"use_mmap": 1}, 'option "use_mmap" must be of type boolean'),
+            ("/api/embeddings", {"stop": [1]}, 'option "stop" must be of an array of strings'),
+        ],
+    )
+    async def test_an_option_of_the_wrong_type_gets_ollamas_words_in_a_400(
+        self,
+        start_sim: StartSim,
+        start_gateway: StartGateway,
+        path: str,
+        options: dict[str, Any],
+        error: str,
+    ) -> None:
+        """Ollama reads options when it schedules the request and answers a wrong type with
+        a 500; the gateway refuses it first, in Ollama's words, and nothing is loaded."""
+        sim, gateway = await start(start_sim, start_gateway)
+        body = {**GENERATION.get(path, {"model": MODEL, "prompt": "hi"}), "options": options}
+        status, reply = await post(gateway, path, json.dumps({**body, "stream": False}).encode())
+        assert (status, json.loads(reply)["error"]) == (400, error)
+        assert not sim.loaded_models()
+
     async def test_a_keep_alive_string_longer_than_any_duration_is_refused_unparsed(
         self, start_sim: StartSim, start_gateway: StartGateway
     ) -> None:
