@@ -7,6 +7,7 @@ can declare its models beside its logic without importing the whole policy.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from typing import Annotated
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict
@@ -45,6 +46,21 @@ _HOST, _NAMESPACE, _TAG = "registry.ollama.ai", "library", "latest"  # Ollama's 
 
 
 def model_key(name: str) -> str:
+    """``_key(name)``: remembered for short names (each request asks a dozen times, for the
+    same few models), worked out again for long ones, so that clients' names cannot fill
+    memory."""
+    return _remembered_key(name) if len(name) <= _REMEMBERED_NAME else _key(name)
+
+
+_REMEMBERED_NAME = 128  # characters: any real model's name
+
+
+@lru_cache(maxsize=1024)
+def _remembered_key(name: str) -> str:
+    return _key(name)
+
+
+def _key(name: str) -> str:
     """The model ``name`` names, as Ollama tells models apart: one key for ``llama3.2``,
     ``llama3.2:latest``, ``library/llama3.2`` and ``registry.ollama.ai/library/LLAMA3.2``.
 

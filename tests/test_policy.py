@@ -8,7 +8,7 @@ import pytest
 
 from gateway.__main__ import main
 from gateway.policy import PolicyError, load_policy, parse_policy
-from gateway.policy_base import model_key
+from gateway.policy_base import _remembered_key, model_key
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -170,3 +170,13 @@ def test_every_spelling_ollama_runs_as_one_model_has_one_key(names: list[str], k
     """Ollama fills in the default host, namespace and tag and matches each part in any
     case (types/model/name.go, getExistingName): so does the key every rule is found by."""
     assert {model_key(name) for name in names} == {key}
+
+
+def test_a_long_model_name_is_not_remembered() -> None:
+    """Keys of short names are remembered (each request asks for them a dozen times); a
+    client's long name is worked out and forgotten, so names cannot fill memory."""
+    before = _remembered_key.cache_info().currsize
+    assert model_key("m" * 100_000) == "m" * 100_000 + ":latest"
+    assert _remembered_key.cache_info().currsize == before
+    model_key("a-model-named-once:7b")
+    assert _remembered_key.cache_info().currsize == before + 1
