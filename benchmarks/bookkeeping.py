@@ -18,7 +18,7 @@ Old code against new, side by side in one run (each tree in its own processes, t
 turns; the best of the rounds):
 
     git archive main | tar -x -C /tmp/old
-    python benchmarks/bookkeeping.py --tree /tmp/old --tree . [--rounds 5]
+    python -m benchmarks.bookkeeping --tree /tmp/old --tree . [--rounds 5]
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import asyncio
 import gc
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -230,32 +229,19 @@ class _Protocol:
 
 def side_by_side(trees: list[str], rounds: int, requests: int, level: str) -> None:
     """Each tree's figures, measured in turns, with the last tree's ratio to the first."""
-    runs: dict[str, list[dict[str, float]]] = {tree: [] for tree in trees}
-    for _ in range(rounds):
-        for tree in trees:
-            env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve())}
-            command = [sys.executable, __file__, "--json", f"--requests={requests}"]
-            output = subprocess.run(
-                [*command, f"--level={level}"], env=env, check=True, capture_output=True
-            )
-            runs[tree].append(json.loads(output.stdout))
-    # The least disturbed round: what other processes take only ever adds.
-    best = [{piece: min(run[piece] for run in runs[tree]) for piece in _PIECES} for tree in trees]
+    from benchmarks.trees import best_of_rounds, print_header, print_row
+
+    arguments = [f"--requests={requests}", f"--level={level}"]
+    best = best_of_rounds(__file__, trees, rounds, arguments)
     print(f"us per request, best of {rounds} rounds of {requests}; logging at {level}")
-    names = "".join(f"{Path(tree).resolve().name:>16}" for tree in trees)
-    print(f"{'piece':<28}{names}   ratio")
+    print_header("piece", trees, 28)
     for piece in _PIECES:
-        _row(_LABELS.get(piece, piece), [figures[piece] for figures in best])
-    _row("total", [_total(figures) for figures in best])
+        print_row(_LABELS.get(piece, piece), [figures[piece] for figures in best], 28)
+    print_row("total", [_total(figures) for figures in best], 28)
 
 
 def _total(figures: dict[str, float]) -> float:
     return figures["middlewares"] + figures["reply headers"]  # the others are inside
-
-
-def _row(label: str, values: list[float]) -> None:
-    ratio = values[-1] / values[0] if values[0] > 0 else float("nan")
-    print(f"{label:<28}" + "".join(f"{value:16.2f}" for value in values) + f"{ratio:8.2f}")
 
 
 def main() -> None:

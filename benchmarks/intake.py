@@ -32,9 +32,6 @@ import argparse
 import asyncio
 import gc
 import json
-import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -206,23 +203,13 @@ class _Payload(bookkeeping._Protocol):
 
 def side_by_side(trees: list[str], rounds: int, requests: int) -> None:
     """Each tree's figures, measured in turns, with the last tree's ratio to the first."""
-    runs: dict[str, list[dict[str, float]]] = {tree: [] for tree in trees}
-    for _ in range(rounds):
-        for tree in trees:
-            env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve())}
-            command = [sys.executable, __file__, "--json", f"--requests={requests}"]
-            output = subprocess.run(command, env=env, check=True, capture_output=True)
-            runs[tree].append(json.loads(output.stdout))
-    names = list(runs[trees[0]][0])
-    # The least disturbed round: what other processes take only ever adds.
-    best = [{name: min(run[name] for run in runs[tree]) for name in names} for tree in trees]
+    from benchmarks.trees import best_of_rounds, print_header, print_row
+
+    best = best_of_rounds(__file__, trees, rounds, [f"--requests={requests}"])
     print(f"us per request up to admission, best of {rounds} rounds of {requests}")
-    header = "".join(f"{Path(tree).resolve().name:>16}" for tree in trees)
-    print(f"{'body':<16}{header}   ratio")
-    for name in names:
-        values = [figures[name] for figures in best]
-        ratio = values[-1] / values[0] if values[0] > 0 else float("nan")
-        print(f"{name:<16}" + "".join(f"{value:16.2f}" for value in values) + f"{ratio:8.2f}")
+    print_header("body", trees, 16)
+    for name in best[0]:
+        print_row(name, [figures[name] for figures in best], 16)
 
 
 def main() -> None:

@@ -15,13 +15,13 @@ bookkeeping) and the cost of each further read.
 (``benchmarks/bare_relay.py``'s aiohttp server with the gateway's backend client), the
 floor of this stack.
 
-    python benchmarks/relay_path.py [--requests 4000]
+    python -m benchmarks.relay_path [--requests 4000]
 
 Old code against new, side by side (each tree in its own processes, taking turns; the
 best of the rounds):
 
     git archive main | tar -x -C /tmp/old
-    python benchmarks/relay_path.py --tree /tmp/old --tree . [--rounds 5]
+    python -m benchmarks.relay_path --tree /tmp/old --tree . [--rounds 5]
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -254,29 +253,16 @@ def measure(requests: int) -> dict[str, float]:
 
 def side_by_side(trees: list[str], rounds: int, requests: int) -> None:
     """Each tree's figures, measured in turns, with the last tree's ratio to the first."""
-    runs: dict[str, list[dict[str, float]]] = {tree: [] for tree in trees}
-    for _ in range(rounds):
-        for tree in trees:
-            env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve())}
-            command = [sys.executable, __file__, "--json", f"--requests={requests}"]
-            output = subprocess.run(command, env=env, check=True, capture_output=True)
-            runs[tree].append(json.loads(output.stdout))
-    # The least disturbed round: what other processes take only ever adds.
-    best = [{row: min(run[row] for run in runs[tree]) for row in _ROWS} for tree in trees]
+    from benchmarks.trees import best_of_rounds, print_header, print_row
+
+    best = best_of_rounds(__file__, trees, rounds, [f"--requests={requests}"])
     print(f"CPU us per request, best of {rounds} rounds of {requests}")
-    names = "".join(f"{Path(tree).resolve().name:>16}" for tree in trees)
-    print(f"{'':<28}{names}   ratio")
+    print_header("", trees, 28)
     for row in _ROWS:
-        _row(row, [figures[row] for figures in best])
+        print_row(row, [figures[row] for figures in best], 28)
     per_read = [(f[_ROWS[1]] - f[_ROWS[0]]) / (_READS[1] - _READS[0]) for f in best]
-    _row("gateway, each further read", per_read)
-    over_bare = [f[_ROWS[0]] - f[_ROWS[2]] for f in best]
-    _row("gateway over bare, 1 read", over_bare)
-
-
-def _row(label: str, values: list[float]) -> None:
-    ratio = values[-1] / values[0] if values[0] > 0 else float("nan")
-    print(f"{label:<28}" + "".join(f"{value:16.2f}" for value in values) + f"{ratio:8.2f}")
+    print_row("gateway, each further read", per_read, 28)
+    print_row("gateway over bare, 1 read", [f[_ROWS[0]] - f[_ROWS[2]] for f in best], 28)
 
 
 def main() -> None:
