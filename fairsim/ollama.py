@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -40,10 +41,14 @@ class OllamaAPI:
         self.engine = engine
 
     def resolve(self, name: str) -> str | None:
-        """The configured model ``name`` refers to (":latest" implied, case-insensitive)."""
-        wanted = name.lower()
+        """The configured model ``name`` refers to, as Ollama finds one on its disk: the
+        name's missing host, namespace and tag filled in (types/model/name.go ParseName),
+        each part matched case-insensitively (server/routes.go getExistingName)."""
+        wanted = _name_parts(name)
+        if wanted is None:
+            return None
         for model in self.engine.config.models:
-            if model.lower() in (wanted, f"{wanted}:latest"):
+            if _name_parts(model) == wanted:
                 return model
         return None
 
@@ -283,3 +288,20 @@ class OllamaAPI:
             # The embed handlers report a missing model through handleScheduleError.
             raise RequestError(404, f"model {json.dumps(name)} not found, try pulling it first")
         return model
+
+
+# [[scheme://]host/][namespace/]model[:tag]: a tag is what follows the last ":" after the
+# last "/" (a host may hold a port).
+_NAME = re.compile(
+    r"(?:(?:(?:\w+://)?(?P<host>[^/]+)/)?(?P<namespace>[^/]+)/)?(?P<model>[^/]+?)(?::(?P<tag>[^:/]+))?"
+)
+
+
+def _name_parts(name: str) -> tuple[str, str, str, str] | None:
+    """Host, namespace, model and tag, Ollama's defaults filled in, in lower case."""
+    found = _NAME.fullmatch(name)
+    if found is None or not found["model"]:
+        return None
+    host = (found["host"] or "registry.ollama.ai").lower()
+    namespace = (found["namespace"] or "library").lower()
+    return host, namespace, found["model"].lower(), (found["tag"] or "latest").lower()

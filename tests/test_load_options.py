@@ -151,16 +151,19 @@ class TestKeptLoaded:
         assert sim.loaded_models()[LLAMA] >= sim.engine.clock() + 1799
 
     @pytest.mark.parametrize("listed", [True, False])
-    async def test_a_keep_warm_model_survives_keep_alive_zero_under_a_name_in_another_case(
+    @pytest.mark.parametrize("spelling", ["LLAMA3.2:3B", "registry.ollama.ai/library/llama3.2:3b"])
+    async def test_a_keep_warm_model_survives_keep_alive_zero_under_another_spelling(
         self,
         listed: bool,
+        spelling: str,
         start_sim: StartSim,
         start_gateway: StartGateway,
         servers: AsyncExitStack,
     ) -> None:
-        """Ollama runs llama3.2:3b for LLAMA3.2:3B (it finds a model case-insensitively):
-        the keep-warm rule holds for that spelling too, whether the backend's list is
-        known (the request is served, not a 404) or not (every name is sent on)."""
+        """Ollama runs llama3.2:3b for LLAMA3.2:3B and for its full name (it fills in the
+        default host and namespace and finds a model case-insensitively): the keep-warm
+        rule holds for those spellings too, whether the backend's list is known (the
+        request is served, not a 404) or not (every name is sent on)."""
         sim = Simulator(SimConfig(prefill_tokens_per_s=0.0, decode_tokens_per_s=500.0))
         app = sim.make_app()
         if not listed:
@@ -169,7 +172,7 @@ class TestKeptLoaded:
         gateway = await start_gateway(
             FAST + backend(url, f", keep_warm: [{LLAMA}], keep_alive: 30m")
         )
-        assert await chat(gateway, LLAMA.upper(), keep_alive=0) == 200
+        assert await chat(gateway, spelling, keep_alive=0) == 200
         assert list(sim.loaded_models()) == [LLAMA]
 
     async def test_a_resident_model_is_pinned_whatever_the_client_asks(
