@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
@@ -140,6 +141,17 @@ async def simulated() -> AsyncIterator[Start]:
 async def http() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession() as session:
         yield session
+
+
+async def post_gzipped(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, str]:
+    """POST ``body`` gzip-compressed (Content-Encoding: gzip, with ``headers``); the reply's
+    status and text."""
+    headers = {**headers, "Content-Encoding": "gzip"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url, data=gzip.compress(body), headers=headers) as reply,
+    ):
+        return reply.status, await reply.text()
 
 
 def one_backend(url: str, slots: int = 1, kind: str = "ollama", extra: str = "") -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import gzip
 import json
 import os
 import socket
@@ -22,7 +21,7 @@ from aiohttp import web
 
 from gateway.bodies import ON_LOOP_BYTES
 from gateway.logs import console_rendering
-from tests.conftest import Gateway, StartGateway, StartSim, one_backend, serve
+from tests.conftest import Gateway, StartGateway, StartSim, one_backend, post_gzipped, serve
 from tests.test_admission import MODEL, held, idle, until
 from tests.test_metrics import scrape
 
@@ -268,14 +267,9 @@ class TestHttpHygiene:
         Content-Encoding that would claim they are still compressed."""
         sim, url = await start_sim(record_replies=True)
         gateway = await start_gateway(POLICY + one_backend(url, slots=2))
-        headers = {"Authorization": "Bearer alice-key", "Content-Encoding": "gzip"}
-        async with (
-            aiohttp.ClientSession() as session,
-            session.post(
-                gateway.url + "/api/generate", data=gzip.compress(CHAT), headers=headers
-            ) as reply,
-        ):
-            assert reply.status == 200, await reply.text()
+        headers = {"Authorization": "Bearer alice-key"}
+        status, text = await post_gzipped(gateway.url + "/api/generate", CHAT, headers)
+        assert status == 200, text
         assert "content-encoding" not in {name.lower() for name in sim.request_headers[-1]}
 
     async def test_only_a_safe_client_request_id_becomes_ours(

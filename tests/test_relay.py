@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 
 import aiohttp
@@ -10,7 +9,7 @@ import ollama
 import openai
 import pytest
 
-from tests.conftest import StartGateway, StartSim, one_backend
+from tests.conftest import StartGateway, StartSim, one_backend, post_gzipped
 
 MODEL = "llama3.2:3b"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Why is the sky blue?"}]}
@@ -165,15 +164,9 @@ class TestRefusals:
         sim, sim_url = await start_sim()
         gateway = await start_gateway(one_backend(sim_url), max_body_bytes=1024)
         big = json.dumps({"model": MODEL, "prompt": "x" * 4096}).encode()
-        headers = {"Content-Encoding": "gzip", "Content-Type": "application/json"}
-        async with (
-            aiohttp.ClientSession() as session,
-            session.post(
-                gateway.url + "/api/generate", data=gzip.compress(big), headers=headers
-            ) as reply,
-        ):
-            assert reply.status == 413
-            assert (await reply.json())["error"]
+        headers = {"Content-Type": "application/json"}
+        status, text = await post_gzipped(gateway.url + "/api/generate", big, headers)
+        assert status == 413 and json.loads(text)["error"]
         assert sim.stats.prompts == []
 
     async def test_a_request_without_a_model_gets_400(
