@@ -23,10 +23,8 @@ turns; the best of the rounds):
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gc
-import json
 import os
 import sys
 import tempfile
@@ -227,42 +225,22 @@ class _Protocol:
         self.writer = None
 
 
-def side_by_side(trees: list[str], rounds: int, requests: int, level: str) -> None:
-    """Each tree's figures, measured in turns, with the last tree's ratio to the first."""
-    from benchmarks.trees import best_of_rounds, print_header, print_row
+def report(trees: list[str], best: list[dict[str, float]]) -> None:
+    """The trees' microseconds per request, piece by piece."""
+    from benchmarks.trees import print_header, print_row
 
-    arguments = [f"--requests={requests}", f"--level={level}"]
-    best = best_of_rounds(__file__, trees, rounds, arguments)
-    print(f"us per request, best of {rounds} rounds of {requests}; logging at {level}")
-    print_header("piece", trees, 28)
+    print_header("us per request", trees)
     for piece in _PIECES:
-        print_row(_LABELS.get(piece, piece), [figures[piece] for figures in best], 28)
-    print_row("total", [_total(figures) for figures in best], 28)
+        print_row(_LABELS.get(piece, piece), [figures[piece] for figures in best])
+    print_row("total", [_total(figures) for figures in best])
 
 
 def _total(figures: dict[str, float]) -> float:
     return figures["middlewares"] + figures["reply headers"]  # the others are inside
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=20_000)
-    parser.add_argument("--level", default="WARNING", choices=["WARNING", "INFO"])
-    parser.add_argument("--tree", action="append", help="a checkout to measure (repeatable)")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--json", action="store_true", help="one JSON document (for --tree)")
-    args = parser.parse_args()
-    if args.tree:
-        side_by_side(args.tree, args.rounds, args.requests, args.level)
-        return
-    figures = measure(args.requests, args.level)
-    if args.json:
-        print(json.dumps(figures))
-        return
-    for piece, value in figures.items():
-        print(f"{_LABELS.get(piece, piece):<28}{value:8.2f} us")
-    print(f"{'total':<28}{_total(figures):8.2f} us")
-
-
 if __name__ == "__main__":
-    main()
+    from benchmarks.trees import run
+
+    level = {"default": "WARNING", "choices": ["WARNING", "INFO"]}
+    run(__file__, __doc__ or "", measure, report, requests=20_000, options={"level": level})

@@ -28,7 +28,6 @@ turns; the best of the rounds):
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gc
 import json
@@ -201,34 +200,16 @@ class _Payload(bookkeeping._Protocol):
         pass
 
 
-def side_by_side(trees: list[str], rounds: int, requests: int) -> None:
-    """Each tree's figures, measured in turns, with the last tree's ratio to the first."""
-    from benchmarks.trees import best_of_rounds, print_header, print_row
+def report(trees: list[str], best: list[dict[str, float]]) -> None:
+    """The trees' microseconds per request up to admission, body by body."""
+    from benchmarks.trees import print_header, print_row
 
-    best = best_of_rounds(__file__, trees, rounds, [f"--requests={requests}"])
-    print(f"us per request up to admission, best of {rounds} rounds of {requests}")
-    print_header("body", trees, 16)
+    print_header("us up to admission", trees)
     for name in best[0]:
-        print_row(name, [figures[name] for figures in best], 16)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=20_000)
-    parser.add_argument("--tree", action="append", help="a checkout to measure (repeatable)")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--json", action="store_true", help="one JSON document (for --tree)")
-    args = parser.parse_args()
-    if args.tree:
-        side_by_side(args.tree, args.rounds, args.requests)
-        return
-    figures = measure(args.requests)
-    if args.json:
-        print(json.dumps(figures))
-        return
-    for name, value in figures.items():
-        print(f"{name:<16}{value:8.2f} us")
+        print_row(name, [figures[name] for figures in best])
 
 
 if __name__ == "__main__":
-    main()
+    from benchmarks.trees import run
+
+    run(__file__, __doc__ or "", measure, report, requests=20_000)

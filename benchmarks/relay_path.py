@@ -26,9 +26,7 @@ best of the rounds):
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import os
 import sys
 import tempfile
@@ -251,37 +249,19 @@ def measure(requests: int) -> dict[str, float]:
     return figures
 
 
-def side_by_side(trees: list[str], rounds: int, requests: int) -> None:
-    """Each tree's figures, measured in turns, with the last tree's ratio to the first."""
-    from benchmarks.trees import best_of_rounds, print_header, print_row
+def report(trees: list[str], best: list[dict[str, float]]) -> None:
+    """The trees' figures, and what a further read and the logic cost in each."""
+    from benchmarks.trees import print_header, print_row
 
-    best = best_of_rounds(__file__, trees, rounds, [f"--requests={requests}"])
-    print(f"CPU us per request, best of {rounds} rounds of {requests}")
-    print_header("", trees, 28)
+    print_header("CPU us per request", trees)
     for row in _ROWS:
-        print_row(row, [figures[row] for figures in best], 28)
+        print_row(row, [figures[row] for figures in best])
     per_read = [(f[_ROWS[1]] - f[_ROWS[0]]) / (_READS[1] - _READS[0]) for f in best]
-    print_row("gateway, each further read", per_read, 28)
-    print_row("gateway over bare, 1 read", [f[_ROWS[0]] - f[_ROWS[2]] for f in best], 28)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=4000)
-    parser.add_argument("--tree", action="append", help="a checkout to measure (repeatable)")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--json", action="store_true", help="one JSON document (for --tree)")
-    args = parser.parse_args()
-    if args.tree:
-        side_by_side(args.tree, args.rounds, args.requests)
-        return
-    figures = measure(args.requests)
-    if args.json:
-        print(json.dumps(figures))
-        return
-    for row, value in figures.items():
-        print(f"{row:<28}{value:8.2f} us")
+    print_row("gateway, each further read", per_read)
+    print_row("gateway over bare, 1 read", [f[_ROWS[0]] - f[_ROWS[2]] for f in best])
 
 
 if __name__ == "__main__":
-    main()
+    from benchmarks.trees import run
+
+    run(__file__, __doc__ or "", measure, report, requests=4000)
