@@ -40,15 +40,17 @@ class OllamaAPI:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    def resolve(self, name: str) -> str | None:
+    def resolve(self, name: str, any_case: bool = True) -> str | None:
         """The configured model ``name`` refers to, as Ollama finds one on its disk: the
         name's missing host, namespace and tag filled in (types/model/name.go ParseName),
-        each part matched case-insensitively (server/routes.go getExistingName)."""
-        wanted = _name_parts(name)
+        each part matched case-insensitively (server/routes.go getExistingName, on every
+        route but the legacy /api/embeddings, which reads the manifest at the path the
+        name spells: ``any_case`` False)."""
+        wanted = _name_parts(name, any_case)
         if wanted is None:
             return None
         for model in self.engine.config.models:
-            if _name_parts(model) == wanted:
+            if _name_parts(model, any_case) == wanted:
                 return model
         return None
 
@@ -270,7 +272,8 @@ class OllamaAPI:
         name = body.get("model") or ""
         prompt = body.get("prompt") or ""
         keep_alive = keep_alive_of(body)
-        model = self._embedding_model(name, body)
+        # The legacy route skips getExistingName: the manifest is read as the name spells it.
+        model = self._embedding_model(name, body, any_case=False)
         load = load_options_of(body.get("options"))
         if not prompt:
             await self.engine.touch(model, load, keep_alive)
@@ -279,11 +282,11 @@ class OllamaAPI:
         vector = embed_text(prompt, self.engine.config.embedding_dims, None)
         return json_response({"embedding": [float32_widened(v) for v in vector]})
 
-    def _embedding_model(self, name: str, body: dict[str, Any]) -> str:
+    def _embedding_model(self, name: str, body: dict[str, Any], any_case: bool = True) -> str:
         faults = faults_from(body, native=True)
         if faults.status is not None:
             raise RequestError(faults.status, "simulated failure")
-        model = self.resolve(name) if name else None
+        model = self.resolve(name, any_case) if name else None
         if model is None:
             # The embed handlers report a missing model through handleScheduleError.
             raise RequestError(404, f"model {json.dumps(name)} not found, try pulling it first")
@@ -297,11 +300,12 @@ _NAME = re.compile(
 )
 
 
-def _name_parts(name: str) -> tuple[str, str, str, str] | None:
-    """Host, namespace, model and tag, Ollama's defaults filled in, in lower case."""
+def _name_parts(name: str, any_case: bool) -> tuple[str, ...] | None:
+    """Host, namespace, model and tag, Ollama's defaults filled in (in lower case when
+    ``any_case``)."""
     found = _NAME.fullmatch(name)
     if found is None or not found["model"]:
         return None
-    host = (found["host"] or "registry.ollama.ai").lower()
-    namespace = (found["namespace"] or "library").lower()
-    return host, namespace, found["model"].lower(), (found["tag"] or "latest").lower()
+    host, namespace = found["host"] or "registry.ollama.ai", found["namespace"] or "library"
+    parts = (host, namespace, found["model"], found["tag"] or "latest")
+    return tuple(part.lower() for part in parts) if any_case else parts

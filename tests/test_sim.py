@@ -184,6 +184,22 @@ async def test_unknown_models_get_ollamas_404_wording(
     assert raised.value.status_code == 404
 
 
+async def test_a_model_is_found_by_any_spelling_ollama_finds_it_by(
+    simulated: Start, http: aiohttp.ClientSession
+) -> None:
+    """As Ollama (getExistingName): the default host and namespace filled in and any case
+    on chat and /api/embed; the legacy /api/embeddings reads the name as written."""
+    _, url = await simulated()
+    spelling = "Registry.Ollama.AI/Library/LLAMA3.2:3B"
+    for path, status in (("/api/chat", 200), ("/api/embed", 200), ("/api/embeddings", 404)):
+        body = {**CHAT, "model": spelling, "stream": False, "input": "x", "prompt": "x"}
+        async with http.post(url + path, json=body) as response:
+            assert response.status == status, (path, await response.text())
+    body = {"model": "registry.ollama.ai/library/llama3.2:3b", "prompt": "x"}
+    async with http.post(url + "/api/embeddings", json=body) as response:
+        assert response.status == 200
+
+
 async def test_malformed_json_gets_a_400_with_gos_decoder_message(
     simulated: Start, http: aiohttp.ClientSession
 ) -> None:
