@@ -147,21 +147,18 @@ def option_type_error(options: object) -> str | None:
         wanted = _OPTION_TYPES.get(name)
         if wanted is None or value is None:
             continue
-        if wanted == "array" and isinstance(value, list):
-            if not all(isinstance(item, str) for item in value):
+        if wanted == "boolean":
+            fits = isinstance(value, bool)
+        elif wanted == "array":
+            fits = isinstance(value, list)
+            # Each item too, a null included (Go's item.(string) fails for it).
+            if fits and not all(isinstance(item, str) for item in value):
                 return f'option "{name}" must be of an array of strings'
-        elif not _is_option(wanted, value):
+        else:  # integer or float32: a JSON number either way
+            fits = isinstance(value, int | float) and not isinstance(value, bool)
+        if not fits:
             return f'option "{name}" must be of type {wanted}'
     return None
-
-
-def _is_option(wanted: str, value: object) -> bool:
-    """Whether a JSON ``value`` is of the ``wanted`` option type (an array checked apart)."""
-    if wanted == "boolean":
-        return isinstance(value, bool)
-    if wanted == "array":
-        return False  # not a list
-    return isinstance(value, int | float) and not isinstance(value, bool)  # a JSON number
 
 
 def _fits(field: _Field, value: Any) -> bool:
