@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +68,16 @@ async def processes() -> AsyncIterator[list[asyncio.subprocess.Process]]:
     yield started
     for process in started:
         await stop(process)
+
+
+@pytest.fixture
+def refusing_url() -> Iterator[str]:
+    """A loopback URL whose connections are refused for the whole test: its port is bound
+    and never listened on, so no other server (another test's, another process's) can take
+    it meanwhile, as it could a port that was merely free when looked at."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{held.getsockname()[1]}"
 
 
 @pytest.fixture

@@ -303,10 +303,10 @@ async def serving(server: str) -> AsyncIterator[str]:
 
 class TestBackendFailures:
     async def test_a_backend_refusing_at_start_is_logged_at_once_as_a_sentence(
-        self, tmp_path: Path, processes: list[asyncio.subprocess.Process]
+        self, tmp_path: Path, processes: list[asyncio.subprocess.Process], refusing_url: str
     ) -> None:
         """Nothing on the backend's port: one line at start says so and what to check."""
-        backend = f"http://127.0.0.1:{free_port()}"
+        backend = refusing_url
         policy = tmp_path / "fairgate.yaml"
         policy.write_text(gpu_backend(backend))
         listen = f"127.0.0.1:{free_port()}"
@@ -342,10 +342,10 @@ class TestBackendFailures:
         assert str(failed.value) == cause
 
     async def test_no_backend_names_each_backend_and_its_last_error(
-        self, start_gateway: StartGateway, http: aiohttp.ClientSession
+        self, start_gateway: StartGateway, http: aiohttp.ClientSession, refusing_url: str
     ) -> None:
         """The 503 for a model whose backends are down says which, and what to check."""
-        backend = f"http://127.0.0.1:{free_port()}"
+        backend = refusing_url
         gateway = await start_gateway(gpu_backend(backend, extra=FAST_MONITOR))
         await wait_backend(gateway, "gpu", lambda b: not b.state.healthy)
         async with http.post(gateway.url + "/api/chat", json=CHAT) as reply:
@@ -379,10 +379,11 @@ class TestBackendFailures:
         path: str,
         body: object,
         wanted: str,
+        refusing_url: str,
     ) -> None:
         """show, version and the listings answer a down backend's 503 as a chat does: cause
         and Retry-After (an empty list would read as "no models")."""
-        backend = f"http://127.0.0.1:{free_port()}"
+        backend = refusing_url
         gateway = await start_gateway(gpu_backend(backend, extra=FAST_MONITOR))
         await wait_backend(gateway, "gpu", lambda b: not b.state.healthy)
         async with http.request(method, gateway.url + path, json=body) as reply:
@@ -430,11 +431,11 @@ class TestBackendFailures:
         assert error.startswith("no backend answered /api/tags within")
 
     async def test_a_chat_at_a_first_run_without_ollama_learns_what_to_check(
-        self, start_gateway: StartGateway, http: aiohttp.ClientSession
+        self, start_gateway: StartGateway, http: aiohttp.ClientSession, refusing_url: str
     ) -> None:
         """The first chat finds the backend refusing (502); the next is told what to check,
         in the probes' words rather than the relay's."""
-        backend = f"http://127.0.0.1:{free_port()}"
+        backend = refusing_url
         gateway = await start_gateway(gpu_backend(backend))  # probes every 5 s: none between
         statuses, errors = [], []
         for _ in range(2):
