@@ -194,7 +194,7 @@ class BackendClient:
         if (conn.paused or conn.held) and conn.transport is not None:
             conn.transport.resume_reading()
         conn.reset(False)
-        loop = asyncio.get_running_loop()
+        loop = conn.loop
         conn.idle_since = loop.time()
         self._idle.setdefault(conn.key, []).append(conn)
         if self._sweep is None:

@@ -56,7 +56,8 @@ class Connection(asyncio.Protocol):
         self.active = False  # a request is under way (else any byte received is an error)
         self.idle_since = 0.0  # when it was last given back to the pool (loop time)
         self._parser = httptools.HttpResponseParser(self)
-        self._loop = asyncio.get_running_loop()
+        # Taken once: each get_running_loop() costs a getpid() system call (CPython 3.11).
+        self.loop = asyncio.get_running_loop()
         self.reset(False)
 
     def reset(self, head_only: bool) -> None:
@@ -162,7 +163,7 @@ class Connection(asyncio.Protocol):
 
     async def wait(self) -> None:
         """Until something new: the head, body bytes, the end, or a failure."""
-        self.waiter = self._loop.create_future()
+        self.waiter = self.loop.create_future()
         try:
             await self.waiter
         finally:
@@ -228,12 +229,22 @@ class Connection(asyncio.Protocol):
 class Reply:
     """A backend's reply to one request: its head, and its body as it arrives."""
 
-    __slots__ = ("_close", "_conn", "_deadline", "content_length", "headers", "reason", "status")
+    __slots__ = (
+        "_close",
+        "_conn",
+        "_deadline",
+        "content_length",
+        "headers",
+        "loop",
+        "reason",
+        "status",
+    )
 
     def __init__(self, conn: Connection, close: bool, deadline: asyncio.TimerHandle) -> None:
         self._conn: Connection | None = conn
         self._close = close
         self._deadline: asyncio.TimerHandle | None = deadline
+        self.loop = conn.loop  # the loop its connection reads on: for the relay's timers
         self.status = conn.status
         self.reason = conn.reason
         self.headers: CIMultiDict[str] = CIMultiDict(

@@ -19,9 +19,11 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import structlog
 from aiohttp import web
+from aiohttp.http_writer import StreamWriter
 
 from gateway.backend_connection import Reply
 from gateway.policy import Timeouts
@@ -64,14 +66,20 @@ async def pump(
     """Send ``first``, the rest of the body and its end to the prepared ``response``, the
     tallies into ``progress``. Raises what failed the reply (ConnectionResetError: the
     client has gone)."""
-    loop = asyncio.get_running_loop()
-    watch = _Watch(request, upstream, timeouts, progress)
-    passing = _Passing(request, upstream, progress, meter, watch, loop.time())
+    # The head and the first bytes go out first: the watches and tallies are set up after,
+    # off the path of the first byte. The write cannot wait here (``drain=False``); a client
+    # that is not reading is waited for below, under the watch.
+    writer = cast(StreamWriter, request.writer)
+    await writer.write(first, drain=False)
+    loop = upstream.loop
+    now = loop.time()
+    watch = _Watch(request, upstream, timeouts, progress, loop, now)
+    passing = _Passing(request, upstream, progress, meter, watch, loop, now)
     try:
-        watch.unread_since = loop.time()
-        await response.write(first)  # the head and the first bytes, through aiohttp
-        watch.unread_since = None
         passing.count(first)
+        watch.unread_since = now
+        await writer.drain()
+        watch.unread_since = None
         if response.headers.get("Transfer-Encoding") == "chunked":
             watch.silent_since = loop.time()
             upstream.pass_to(passing)
@@ -130,13 +138,14 @@ class _Passing:
         progress: Progress,
         charge: Callable[[int], None] | None,
         watch: _Watch,
+        loop: asyncio.AbstractEventLoop,
         now: float,
     ) -> None:
         self._request = request
         self._upstream = upstream
         self._progress = progress
         self._gaps = progress.gaps
-        self._loop = asyncio.get_running_loop()
+        self._loop = loop
         self._last = now
         self.tail = _Tail()
         content_type = upstream.headers.get("Content-Type", "")
@@ -229,7 +238,13 @@ class _Watch:
     """
 
     def __init__(
-        self, request: web.Request, reply: Reply, timeouts: Timeouts, progress: Progress
+        self,
+        request: web.Request,
+        reply: Reply,
+        timeouts: Timeouts,
+        progress: Progress,
+        loop: asyncio.AbstractEventLoop,
+        now: float,
     ) -> None:
         self.silent_since: float | None = None
         self.unread_since: float | None = None
@@ -237,10 +252,8 @@ class _Watch:
         self._reply = reply
         self._idle, self._stall = timeouts.idle, timeouts.client_stall
         self._progress = progress
-        self._loop = asyncio.get_running_loop()
-        self._timer = self._loop.call_at(
-            self._loop.time() + min(self._idle, self._stall), self._check
-        )
+        self._loop = loop
+        self._timer = loop.call_at(now + min(self._idle, self._stall), self._check)
 
     def _check(self) -> None:
         now = self._loop.time()
