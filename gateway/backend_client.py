@@ -21,6 +21,7 @@ from urllib.parse import unquote, urlsplit
 from multidict import CIMultiDict
 
 from gateway.backend_connection import Connection, Reply
+from gateway.deadlines import Deadlines
 
 __all__ = ["BackendClient", "ConnectTimeout"]
 
@@ -95,6 +96,7 @@ class BackendClient:
         self._sweep: asyncio.TimerHandle | None = None
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._tls: ssl.SSLContext | None = None
+        self._first_bytes = Deadlines()  # every request's first-byte deadline, one timer
 
     @property
     def waiting(self) -> int:
@@ -127,8 +129,8 @@ class BackendClient:
                 conn = await self._connection(origin, connect_timeout)
         conn.reset(method == "HEAD")
         conn.active = True
-        # One timer for the whole first byte, where asyncio.timeout costs a few times more.
-        expiry = loop.call_at(deadline, conn.time_out)
+        # One deadline for the whole first byte, where asyncio.timeout costs a few times more.
+        expiry = self._first_bytes.arm(loop, deadline, conn.time_out)
         try:
             assert conn.transport is not None
             conn.transport.write(head if body is None else head + body)
@@ -223,6 +225,7 @@ class BackendClient:
         self._wake_one()
 
     async def close(self) -> None:
+        self._first_bytes.close()
         if self._sweep is not None:
             self._sweep.cancel()
             self._sweep = None

@@ -18,6 +18,8 @@ from typing import cast
 import httptools
 from multidict import CIMultiDict
 
+from gateway.deadlines import Deadline
+
 __all__ = ["BackendClosed", "Connection", "MalformedReply", "Reply", "UpstreamError"]
 
 _HIGH_WATER = 64 * 1024  # body bytes held for a slow relay before the backend is paused
@@ -240,10 +242,10 @@ class Reply:
         "status",
     )
 
-    def __init__(self, conn: Connection, close: bool, deadline: asyncio.TimerHandle) -> None:
+    def __init__(self, conn: Connection, close: bool, deadline: Deadline) -> None:
         self._conn: Connection | None = conn
         self._close = close
-        self._deadline: asyncio.TimerHandle | None = deadline
+        self._deadline: Deadline | None = deadline
         self.loop = conn.loop  # the loop its connection reads on: for the relay's timers
         self.status = conn.status
         self.reason = conn.reason

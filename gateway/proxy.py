@@ -154,7 +154,8 @@ class Generation:
     ) -> web.StreamResponse:
         record = request[RECORD]
         record.backend = permit.backend.name
-        await self._make_room(permit, target.timeouts.connect)
+        if permit.placement.unload:  # nearly never: no coroutine made for nothing
+            await self._make_room(permit, target.timeouts.connect)
         relay = Relay(self._services.upstream.replies, target, meter=permit.add_output)
         streams = self._services.streams
         streams.add(relay)  # so that a shutdown can end it with an in-band error
@@ -169,8 +170,6 @@ class Generation:
         the requests for the model swapped in follow; sent before, they would find no room
         and Ollama would unload a model of its own choosing."""
         victims = permit.placement.unload
-        if not victims:
-            return
         permit.placement = replace(permit.placement, unload=())  # once, whatever happens
         try:
             await self._services.warmth.unload(permit.backend, victims, within)
