@@ -161,7 +161,7 @@ def load_checked(body: bytes | str, *, in_thread: bool = False) -> dict[str, Any
     integer = _integer if in_thread else None
     try:
         if integer is None and len(text) < 2 * MAX_OBJECTS:  # too short to hold too many
-            value = _loads(_CHECKED, text)
+            value = _loads(_SCAN_CHECKED, text)
         else:
             value = _decode(text, _checked_object, integer)
     except _Ambiguous:
@@ -216,12 +216,34 @@ def _decode(
     )
 
 
-def _loads(decoder: json.JSONDecoder, text: str) -> Any:
+_Scan = Callable[[str, int], tuple[Any, int]]
+
+
+def _loads(scan: _Scan, text: str) -> Any:
     """``json.loads(text)`` with a decoder built once (building one per body costs a
-    chat's parse a third again); its BOM check kept, with its words."""
+    chat's parse a third again) and ``scan``, its scanner; its BOM check kept, with its
+    words.
+
+    The decoder's ``decode`` itself, without its two calls around the scanner and, for a
+    body that starts with its object and ends with it (nearly all), without its two
+    matches of whitespace: the same errors, in the same words, a fifth less time."""
     if text.startswith("\ufeff"):
         raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
-    return decoder.decode(text)
+    # (_WHITESPACE matches the empty string: never None.)
+    start = 0 if text.startswith("{") else _WHITESPACE(text).end()  # type: ignore[union-attr]
+    try:
+        value, end = scan(text, start)
+    except StopIteration as exc:
+        raise json.JSONDecodeError("Expecting value", text, exc.value) from None
+    if end != len(text):
+        end = _WHITESPACE(text, end).end()  # type: ignore[union-attr]
+        if end != len(text):
+            raise json.JSONDecodeError("Extra data", text, end)
+    return value
+
+
+# What json.decoder.JSONDecoder.decode skips around the value (its WHITESPACE).
+_WHITESPACE = re.compile(r"[ \t\n\r]*").match
 
 
 def _constant(name: str) -> float:
@@ -243,6 +265,7 @@ def _finite(text: str) -> float:
 _CHECKED = json.JSONDecoder(
     object_pairs_hook=_checked_object, parse_constant=_constant, parse_float=_finite
 )
+_SCAN_CHECKED: _Scan = _CHECKED.scan_once  # type: ignore[attr-defined]  # not in typeshed
 
 
 def ambiguous_field(fields: object) -> str | None:

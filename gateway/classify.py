@@ -30,9 +30,10 @@ __all__ = ["Estimate", "classify"]
 _CHARS_PER_TOKEN = 4
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: that sets each field by a call, on every request's path
 class Estimate:
-    """The estimated prompt size of a request, and the class that follows from it."""
+    """The estimated prompt size of a request, and the class that follows from it; made
+    once for a request, never changed."""
 
     input_tokens: int
     request_class: RequestClass

@@ -153,17 +153,18 @@ def apply_keep_alive_policy(
 def kept_alive(backends: list[BackendConfig], model: str) -> float | None:
     """How long ``model`` must stay loaded after a request: forever (-1) when a backend
     holds it ``resident``, the longest keep-warm ``keep_alive`` when one keeps it warm."""
-    key, floors = model_key(model), []
+    key, floors = "", []
     for backend in backends:
         if not backend.resident and not backend.keep_warm:  # most: nothing kept
             continue
+        key = key or model_key(model)  # only then: on every request's path
         if key in map(model_key, backend.resident):
             return -1.0
         if key in map(model_key, backend.keep_warm):
             floors.append(backend.keep_alive)
-    if any(floor < 0 for floor in floors):
-        return -1.0
-    return max(floors, default=None)
+    if not floors:
+        return None
+    return -1.0 if min(floors) < 0 else max(floors)
 
 
 def _protected(given: object, kept: float) -> float | None:

@@ -431,3 +431,34 @@ def test_a_byte_order_mark_is_refused_in_json_loads_own_words() -> None:
     """A UTF-8 body that starts with a byte order mark is not JSON, as json.loads says."""
     with pytest.raises(json.JSONDecodeError, match="Unexpected UTF-8 BOM"):
         load_checked(b'\xef\xbb\xbf{"model": "llama3.2:3b"}')
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"model": "m"}',
+        ' \n\t{"model": "m"} \r\n',
+        '{"model": "m"}  x',
+        '{"model": "m"}{}',
+        "",
+        "   ",
+        '  ["m"] ',
+        "  nope",
+        '{"model": "m"',
+    ],
+)
+def test_a_body_reads_as_json_loads_reads_it_around_its_value(text: str) -> None:
+    """Blanks before and after the value, extra data and no value at all: the same value,
+    or the same error in the same words (at the same place), as json.loads."""
+    try:
+        expected: object = json.loads(text)
+    except json.JSONDecodeError as exc:
+        with pytest.raises(json.JSONDecodeError) as caught:
+            load_checked(text.encode())
+        assert (caught.value.msg, caught.value.pos) == (exc.msg, exc.pos)
+        return
+    if isinstance(expected, dict):
+        assert load_checked(text.encode()) == expected
+    else:
+        with pytest.raises(NotAnObject):
+            load_checked(text.encode())
