@@ -73,7 +73,7 @@ async def aiohttp_server_relay(request: web.Request) -> web.StreamResponse:
         await response.write(first)
         transport = request.transport
         assert transport is not None
-        upstream.pass_to(lambda data: transport.write(b"%x\r\n%b\r\n" % (len(data), data)))
+        upstream.pass_to(lambda data, _: transport.write(b"%x\r\n%b\r\n" % (len(data), data)))
         await upstream.passed()
         await response.write_eof()
         return response
@@ -121,7 +121,7 @@ class ProtocolRelay(asyncio.Protocol):
                 b"HTTP/1.1 %d %b\r\nContent-Type: %b\r\nTransfer-Encoding: chunked\r\n\r\n"
                 b"%x\r\n%b\r\n" % (reply.status, reply.reason.encode(), kind, len(first), first)
             )
-            reply.pass_to(lambda data: transport.write(b"%x\r\n%b\r\n" % (len(data), data)))
+            reply.pass_to(lambda data, _: transport.write(b"%x\r\n%b\r\n" % (len(data), data)))
             await reply.passed()
             transport.write(b"0\r\n\r\n")
 

@@ -76,7 +76,9 @@ class Connection(asyncio.Protocol):
         self.buffered = 0
         self.head_bytes = 0
         self.paused = False
-        self.sink: Callable[[bytes], None] | None = None  # given each read's body bytes
+        # Given each read's body bytes, and whether the body ends with them.
+        self.sink: Callable[[bytes, bool], None] | None = None
+        self.delivered = False  # the sink has had the whole body
         self.held = False  # the sink asked for a pause (its client's buffer is full)
         self.waiter: asyncio.Future[None] | None = None
 
@@ -172,16 +174,21 @@ class Connection(asyncio.Protocol):
             self.waiter = None
 
     def pass_on(self) -> None:
-        """The body bytes read so far, joined, to the sink."""
+        """The body bytes read so far, joined, to the sink (with the end, if it came)."""
         assert self.sink is not None
         pieces, self.pieces, self.buffered = self.pieces, [], 0
+        last = self.complete
         try:
-            self.sink(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+            self.sink(pieces[0] if len(pieces) == 1 else b"".join(pieces), last)
         except Exception as exc:  # the relay's failure, reported where it waits
             self.fail(exc)
+        else:
+            self.delivered = last
 
     def fail(self, exc: BaseException) -> None:
-        if self.exception is None:
+        # Once the sink has had the whole body (and sent its end), a failure has nothing
+        # left to fail: an error after the end would be bytes after the reply.
+        if self.exception is None and not self.delivered:
             self.exception = exc
         self.sink = None  # nothing more reaches the client after a failure
         self._wake()
@@ -293,10 +300,11 @@ class Reply:
             data += more
         return data
 
-    def pass_to(self, sink: Callable[[bytes], None]) -> None:
+    def pass_to(self, sink: Callable[[bytes, bool], None]) -> None:
         """From now on, hand every read's body bytes to ``sink`` as they arrive (in the
-        connection's callback, with no wake-up); ``passed`` waits for the end.
-        ``sink`` may call ``hold`` when its client cannot take more."""
+        connection's callback, with no wake-up), and whether the body ends with them;
+        ``passed`` waits for the end. ``sink`` may call ``hold`` when its client cannot
+        take more."""
         conn = self._conn
         if conn is None:
             raise RuntimeError("a reply passed on after its release")

@@ -2,8 +2,9 @@
 
 Once the head and the first bytes have gone out through aiohttp, a chunked reply (every
 stream) is passed on from the backend connection's own callback: each read's bytes, joined,
-go to the client in one send, with no task wake-up between; the relay's task wakes only at
-the end, on a failure, or when the client's buffer is full. Per read, and not per token,
+go to the client in one send (with the body's end, when it came in the same read), with no
+task wake-up between; the relay's task wakes only at the end, on a failure, or when the
+client's buffer is full. Per read, and not per token,
 the gaps between reads are noted (ITL), the bytes counted, the tail kept for the tallies and
 the newlines counted for the fair scheduler's meter. Chunk boundaries are not part of NDJSON
 or SSE, so joining reads changes no byte a client parses.
@@ -69,7 +70,7 @@ async def pump(
     # The head and the first bytes go out first: the watches and tallies are set up after,
     # off the path of the first byte. The write cannot wait here (``drain=False``); a client
     # that is not reading is waited for below, under the watch.
-    writer = cast(StreamWriter, request.writer)
+    writer = cast(StreamWriter, request.writer)  # aiohttp's server makes only these
     await writer.write(first, drain=False)
     loop = upstream.loop
     now = loop.time()
@@ -127,6 +128,7 @@ class _Passing:
         "_request",
         "_upstream",
         "_watch",
+        "_writer",
         "meter",
         "tail",
     )
@@ -142,6 +144,7 @@ class _Passing:
         now: float,
     ) -> None:
         self._request = request
+        self._writer = cast(StreamWriter, request.writer)
         self._upstream = upstream
         self._progress = progress
         self._gaps = progress.gaps
@@ -152,7 +155,7 @@ class _Passing:
         self.meter = _Meter(charge, content_type) if charge is not None else None
         self._watch = watch
 
-    def __call__(self, data: bytes) -> None:
+    def __call__(self, data: bytes, last: bool) -> None:
         # Once per read: ``gap`` and ``count`` written out, a call each less.
         transport = self._request.transport
         if transport is None or transport.is_closing():
@@ -160,11 +163,19 @@ class _Passing:
         now = self._loop.time()
         self._gaps.append(now - self._last)
         self._watch.silent_since = self._last = now
-        transport.write(b"%x\r\n%b\r\n" % (len(data), data))
         self._progress.bytes_out += len(data)
         self.tail.add(data)
         if self.meter is not None:
             self.meter.add(data)
+        if last:
+            # The backend's end came with these bytes: the client gets both in one send
+            # (a write less per reply, and the end a write sooner), and aiohttp's writer is
+            # told that the end has gone out, so its write_eof writes nothing more. Last
+            # in this call: once the end is out, nothing may fail the reply.
+            transport.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(data), data))
+            self._writer._eof = True
+        else:
+            transport.write(b"%x\r\n%b\r\n" % (len(data), data))
         if transport.get_write_buffer_size() > _CLIENT_HIGH_WATER:
             self._upstream.hold(True)
 

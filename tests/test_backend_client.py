@@ -98,6 +98,32 @@ class TestReplies:
             assert reply.status == 200 and reply.content_length is None
             assert await _body(reply) == b"".join(lines)
 
+    async def test_a_sink_is_told_which_bytes_end_the_body_and_no_failure_comes_after(
+        self, client: BackendClient
+    ) -> None:
+        """The bytes that came with the end reach the sink marked last (the relay sends its
+        end with them); a failure after that (a shutdown's interrupt) fails nothing."""
+        go_on = asyncio.Event()
+
+        async def answer(_: bytes, writer: asyncio.StreamWriter) -> None:
+            writer.write(_STREAM_HEAD + b"Transfer-Encoding: chunked\r\n\r\n3\r\none\r\n")
+            await writer.drain()
+            await go_on.wait()
+            writer.write(b"3\r\ntwo\r\n5\r\nthree\r\n0\r\n\r\n")
+
+        async with raw_backend(answer) as backend:
+            reply = await _post(client, backend.url)
+            async with reply:
+                assert await reply.first() == b"one"
+                passed: list[tuple[bytes, bool]] = []
+                reply.pass_to(lambda data, last: passed.append((data, last)))
+                go_on.set()
+                assert await reply.passed()
+                assert b"".join(data for data, _ in passed) == b"twothree"
+                assert [last for _, last in passed] == [False] * (len(passed) - 1) + [True]
+                reply.set_exception(TimeoutError())
+                assert await reply.passed()
+
     async def test_a_body_without_a_length_ends_with_the_connection(
         self, client: BackendClient
     ) -> None:
