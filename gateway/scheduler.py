@@ -23,26 +23,32 @@ others' service (the bound in tests/test_scheduler.py).
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 __all__ = ["Candidate", "Fair", "Fifo", "Ordering"]
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """A waiting request as the ordering sees it."""
-
+class _CandidateFields(NamedTuple):
     seq: int  # arrival order, unique and increasing
     user: str
     weight: float  # the user's weight times the request class's weight
     input_tokens: float  # estimated prompt tokens of this request
 
-    def __post_init__(self) -> None:
+
+class Candidate(_CandidateFields):
+    """A waiting request as the ordering sees it.
+
+    Immutable, as the frozen dataclass it was, but a tuple: one is made for every request,
+    where a frozen dataclass sets each field through ``object.__setattr__``."""
+
+    __slots__ = ()
+
+    def __new__(cls, seq: int, user: str, weight: float, input_tokens: float) -> Candidate:
         # Charges are divided by the weight: zero would divide by zero, a negative weight
         # would turn service into credit.
-        if not self.weight > 0:
-            raise ValueError(f"a candidate's weight must be > 0, not {self.weight!r}")
+        if not weight > 0:
+            raise ValueError(f"a candidate's weight must be > 0, not {weight!r}")
+        return tuple.__new__(cls, (seq, user, weight, input_tokens))
 
 
 class Ordering(Protocol):
