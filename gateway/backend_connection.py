@@ -273,12 +273,8 @@ class Reply:
         if conn is None:
             raise RuntimeError("a reply read after its release")
         while True:
-            pieces = conn.pieces
-            if pieces:
-                conn.pieces, conn.buffered = [], 0
-                if conn.paused:
-                    conn.resume()
-                return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            if conn.pieces:
+                return _taken(conn)
             if conn.exception is not None:
                 raise conn.exception
             if conn.complete:
@@ -292,6 +288,15 @@ class Reply:
             return await self.read()
         finally:
             self._disarm()
+
+    def first_if_here(self) -> bytes | None:
+        """``first``, when its bytes have arrived (mostly they come with the head): no
+        coroutine, no wait. None when there are none yet: then await ``first``."""
+        conn = self._conn
+        if conn is None or not conn.pieces:
+            return None
+        self._disarm()
+        return _taken(conn)
 
     async def read_up_to(self, limit: int) -> bytes:
         """The body, or its first ``limit`` bytes or a little more."""
@@ -359,3 +364,11 @@ class Reply:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.release()
+
+
+def _taken(conn: Connection) -> bytes:
+    """The body bytes that have arrived, joined, taken from the connection."""
+    pieces, conn.pieces, conn.buffered = conn.pieces, [], 0
+    if conn.paused:
+        conn.resume()
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)

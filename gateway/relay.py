@@ -158,7 +158,8 @@ async def _open(
             raise BackendFailure(
                 502, Reason.BACKEND_FAILED, f"the backend answered {upstream.status}: {detail}"
             )
-        return upstream, await upstream.first()
+        first = upstream.first_if_here()
+        return upstream, await upstream.first() if first is None else first
     except BaseException as exc:
         if upstream is not None:
             upstream.release()
