@@ -6,14 +6,14 @@ import logging
 import random
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
-from multidict import istr
+from multidict import CIMultiDict, istr
 
 from gateway.connections import Connections
 from gateway.cors import Cors
@@ -25,11 +25,12 @@ from gateway.vocabulary import Api, Lane, Reason, RequestClass, api_of
 
 __all__ = [
     "RECORD",
+    "REPLY_HEADERS",
     "Listener",
+    "ReplyHeaders",
     "RequestRecord",
     "access_log",
     "error_response",
-    "reply_headers",
 ]
 
 _LOGGER_NAME = "fairgate.access"
@@ -123,7 +124,6 @@ class RequestRecord:
 RECORD = web.RequestKey("record", RequestRecord)
 Listener = Callable[[RequestRecord], None]
 Locate = Callable[[web.Request], Client]
-ReplyHook = Callable[[web.Request, web.StreamResponse], Awaitable[None]]
 
 
 def error_response(api: Api, error: GatewayError) -> web.Response:
@@ -228,24 +228,33 @@ class _AccessLine:
             self._write("request", record.fields())
 
 
-def reply_headers(cors: Cors) -> ReplyHook:
-    """The one on_response_prepare hook: every reply names its request, as the access log
-    does, and one that waited for its turn says how long and from which place (people ask
-    "was it the gateway or the model?", and a front end can show it); a reply to a listed
-    origin gets its CORS headers (``cors``). One hook rather than one per concern: each is
-    a coroutine of its own for every reply, on the path of its first byte."""
+class ReplyHeaders:
+    """What the gateway says on every reply: it names its request, as the access log does;
+    one that waited for its turn says how long and from which place (people ask "was it
+    the gateway or the model?", and a front end can show it); a reply to a listed origin
+    gets its CORS headers (``cors``).
 
-    async def add_reply_headers(request: web.Request, response: web.StreamResponse) -> None:
-        headers = response.headers
+    Said by the app's one on_response_prepare hook (``hook``: each hook is a coroutine of
+    its own for every reply), except in a relayed reply: the relay builds it with them
+    (``add``) and prepares it without the hooks, off the path of its first byte."""
+
+    def __init__(self, cors: Cors) -> None:
+        self._cors = cors
+
+    def add(self, request: web.Request, headers: CIMultiDict[str]) -> None:
         record = request.get(RECORD)
         if record is not None:  # else a reply aiohttp made without the middleware
             headers[_X_REQUEST_ID] = record.request_id
             if record.queue_wait is not None:
                 headers[_X_QUEUE_WAIT] = f"{record.queue_wait:.3f}"
                 headers[_X_QUEUE_POSITION] = str(record.queue_position or 0)
-        cors.add_headers(request, headers)
+        self._cors.add_headers(request, headers)
 
-    return add_reply_headers
+    async def hook(self, request: web.Request, response: web.StreamResponse) -> None:
+        self.add(request, response.headers)
+
+
+REPLY_HEADERS = web.AppKey("reply_headers", ReplyHeaders)
 
 
 def _refused(

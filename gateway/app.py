@@ -14,7 +14,7 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
-from gateway.access import access_log, reply_headers
+from gateway.access import REPLY_HEADERS, ReplyHeaders, access_log
 from gateway.connections import Listener
 from gateway.cors import Cors
 from gateway.house import House
@@ -60,7 +60,10 @@ def create_app(
         client_max_size=settings.max_body_bytes,
     )
     app[SERVICES] = services
-    app.on_response_prepare.append(reply_headers(cors))
+    # The one hook: relayed replies are built with its headers and prepared without the
+    # hooks (relay._Relayed), so a header for every reply belongs in ReplyHeaders.add.
+    app[REPLY_HEADERS] = reply_headers = ReplyHeaders(cors)
+    app.on_response_prepare.append(reply_headers.hook)
     app.cleanup_ctx.append(lambda _: _lifetime(services))
     for routes in (
         Generation(services),

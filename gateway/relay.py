@@ -16,8 +16,10 @@ from typing import NamedTuple
 
 import structlog
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
 from multidict import CIMultiDict
 
+from gateway.access import REPLY_HEADERS
 from gateway.backend_client import BackendClient, ConnectTimeout
 from gateway.backend_connection import Reply, UpstreamError
 from gateway.errors import BackendFailure, GatewayError, error_body, inband_error
@@ -90,7 +92,7 @@ class Relay:
     async def _pump(
         self, request: web.Request, upstream: Reply, first: bytes
     ) -> web.StreamResponse:
-        response = _response_for(upstream)
+        response = _response_for(request, upstream)
         await response.prepare(request)
         try:
             await pump(
@@ -234,9 +236,20 @@ class _Relayed(web.StreamResponse):
 
     _send_headers_immediately = False
 
+    async def _start(self, request: web.BaseRequest) -> AbstractStreamWriter:
+        # aiohttp's own, without its call of the app's on_response_prepare hooks (the
+        # gateway's one hook, ReplyHeaders.hook): this reply was given their headers when
+        # it was built, and the hooks' coroutines would be on the path of its first byte.
+        self._req = request
+        writer = self._payload_writer = request._payload_writer
+        await self._prepare_headers()
+        await self._write_headers()
+        return writer
 
-def _response_for(upstream: Reply) -> web.StreamResponse:
+
+def _response_for(request: web.Request, upstream: Reply) -> web.StreamResponse:
     response = _Relayed(status=upstream.status, headers=returned_headers(upstream.headers))
+    request.app[REPLY_HEADERS].add(request, response.headers)
     if upstream.content_length is not None:
         response.content_length = upstream.content_length
     return response
