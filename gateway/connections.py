@@ -31,6 +31,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
 from gateway.errors import GatewayError
+from gateway.hot_routes import HOT_PATHS, HotRoutes
 from gateway.settings import Settings
 from gateway.vocabulary import Reason
 
@@ -130,6 +131,10 @@ class Listener:
         """Start the app (probes, policy watch), then listen on the settings' address (or
         on ``port``: 0 picks a free one); OSError if the address cannot be bound."""
         await self._runner.setup()
+        server = self._runner.server
+        assert server is not None
+        app = self._runner.app
+        server.request_handler = HotRoutes(app, app.get(HOT_PATHS, ()))
         loop = asyncio.get_running_loop()
         settings = self._settings
         try:

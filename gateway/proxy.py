@@ -14,6 +14,7 @@ from gateway.backends import Backend, BackendPool
 from gateway.bodies import Fields, defer_continue, parsed, read_body
 from gateway.classify import classify
 from gateway.errors import BackendFailure, GatewayError
+from gateway.hot_routes import HOT_PATHS
 from gateway.lanes import lane_of, possible_lanes
 from gateway.listings import model_forbidden, model_not_found, no_backend
 from gateway.load_options import apply_num_ctx_policy
@@ -49,6 +50,7 @@ class Generation:
     def add_routes(self, app: web.Application) -> None:
         for path in GENERATION_PATHS:
             app.router.add_post(path, self.generate, expect_handler=defer_continue)
+        app[HOT_PATHS] = GENERATION_PATHS
         for path in (*MANAGEMENT_PATHS, "/api/blobs/{digest}"):
             app.router.add_route("*", path, refuse_management, expect_handler=defer_continue)
         app.router.add_get("/", root)

@@ -244,6 +244,22 @@ def html_error_backend() -> web.Application:
 
 
 class TestHttpHygiene:
+    async def test_a_generation_path_written_with_an_escaped_slash_is_no_route(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """/api%2Fchat is not /api/chat to aiohttp's router, nor to the generation routes'
+        shortcut past it (hot_routes.py): a 404, and nothing reaches the backend."""
+        sim, url = await start_sim(record_replies=True)
+        gateway = await start_gateway(POLICY + one_backend(url, slots=2))
+        reader, writer = await open_raw(gateway)
+        try:
+            writer.write(request_bytes("/api%2Fchat", CHAT, extra="X-Escaped: 1\r\n"))
+            head = await head_of(reader)
+        finally:
+            writer.close()
+        assert head.startswith(b"HTTP/1.1 404")
+        assert not any("X-Escaped" in headers for headers in sim.request_headers)
+
     async def test_headers_named_in_connection_are_not_forwarded(
         self, start_sim: StartSim, start_gateway: StartGateway
     ) -> None:
