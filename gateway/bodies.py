@@ -21,7 +21,7 @@ from concurrent.futures import Executor
 from typing import Any
 
 import orjson
-from aiohttp import web
+from aiohttp import hdrs, web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
@@ -68,7 +68,8 @@ async def read_body(request: web.Request, limit: int, deadline: float) -> bytes:
         raise GatewayError(
             413, Reason.BODY_TOO_LARGE, f"the body is {declared} bytes; the limit is {limit}"
         )
-    expect = request.headers.get("Expect")
+    # hdrs' names: looked up without folding their case each time.
+    expect = request.headers.get(hdrs.EXPECT)
     if expect is not None:
         if expect.lower() != "100-continue":
             raise GatewayError(417, Reason.BAD_REQUEST, "only Expect: 100-continue is supported")
@@ -78,7 +79,7 @@ async def read_body(request: web.Request, limit: int, deadline: float) -> bytes:
     content = request.content
     try:
         if content.is_eof():  # all here already (a chat's body comes with its head)
-            if declared is not None and "Content-Encoding" not in request.headers:
+            if declared is not None and hdrs.CONTENT_ENCODING not in request.headers:
                 # Exactly the declared bytes (none decoded into more), within the limit:
                 # taken as they are, without read()'s copy and its two awaits.
                 return content.read_nowait()

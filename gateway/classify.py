@@ -90,8 +90,12 @@ def _prompt_size(fields: dict[str, Any]) -> tuple[int, int]:
 
 def _messages_size(messages: object) -> tuple[int, int]:
     """Text and images of every message (a message's content is most often one string)."""
+    # A body is the client's: any field may hold any JSON type. The backend refuses the
+    # wrong ones in its own words; the estimate only must not fail on them.
+    if not isinstance(messages, list):
+        return 0, 0
     characters, images = 0, 0
-    for message in _items(messages):
+    for message in messages:
         if isinstance(message, dict):
             content = message.get("content")
             if isinstance(content, str):
@@ -114,12 +118,6 @@ def _schema_size(value: object) -> int:
         return len(orjson.dumps(value))
     except orjson.JSONEncodeError:  # an integer beyond 64 bits: the backend will refuse it
         return 0
-
-
-def _items(value: object) -> list[Any]:
-    # A body is the client's: any field may hold any JSON type. The backend refuses the
-    # wrong ones in its own words; the estimate only must not fail on them.
-    return value if isinstance(value, list) else []
 
 
 def _count(value: object) -> int:

@@ -160,12 +160,14 @@ def _digest_of_configured(key: str) -> bytes:
 
 def _presented_key(headers: Mapping[str, str]) -> tuple[str | None, str | None]:
     """The key a request carries, and the user name that came with it (basic auth), if any."""
-    authorization = headers.get("Authorization", "")
-    scheme, _, value = authorization.partition(" ")
-    if scheme.lower() == "bearer" and value.strip():
-        return value.strip(), None
-    if scheme.lower() == "basic" and value.strip():
-        return _basic_credentials(value.strip())
+    authorization = headers.get("Authorization")
+    if authorization is not None:
+        scheme, _, value = authorization.partition(" ")
+        scheme, value = scheme.lower(), value.strip()
+        if scheme == "bearer" and value:
+            return value, None
+        if scheme == "basic" and value:
+            return _basic_credentials(value)
     api_key = headers.get("X-API-Key", "").strip()
     return api_key or None, None
 

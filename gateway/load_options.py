@@ -11,6 +11,7 @@ clamps or replaces the value, and the gateway forwards exactly the value it chec
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any, Literal, Self
 
 from pydantic import Field, model_validator
@@ -45,7 +46,7 @@ class NumCtxPolicy(Strict):
             raise ValueError(f"override must be at least {_MIN_NUM_CTX}, or 'default'")
         return self
 
-    @property
+    @cached_property  # asked by every Ollama request
     def active(self) -> bool:
         return (self.min, self.max, self.override) != (None, None, None)
 

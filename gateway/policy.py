@@ -116,7 +116,10 @@ class Policy(Strict):
     def may_use(self, user: str, model: str) -> bool:
         """Whether the user's ``models:`` list (if any) names ``model``, either of them
         perhaps by an alias: what is compared is the model the backend would be sent."""
-        allowed = self._allowed_models.get(self.account_of(user))
+        lists = self._allowed_models
+        if not lists:  # nobody's models are listed (most households): on every request's path
+            return True
+        allowed = lists.get(self.account_of(user))
         return allowed is None or model_key(self.resolve(model)) in allowed
 
     @cached_property
@@ -131,7 +134,10 @@ class Policy(Strict):
 
     def num_ctx_for(self, model: str) -> NumCtxPolicy:
         """The num_ctx rules for ``model``'s requests: its own, else every model's."""
-        rules = self._model_rules.get(model_key(model))
+        by_model = self._model_rules
+        if not by_model:  # no model has rules of its own: on every request's path
+            return self.num_ctx
+        rules = by_model.get(model_key(model))
         return self.num_ctx if rules is None or rules.num_ctx is None else rules.num_ctx
 
     @cached_property

@@ -141,6 +141,8 @@ def apply_keep_alive_policy(
     ``kept`` (``kept_alive``): a model the policy keeps loaded is protected from a
     client's shorter keep_alive, a ``0`` above all, which would unload it for everybody."""
     given = fields.get("keep_alive")
+    if given is None and rules.override is None and kept is None:
+        return False  # nothing asked, nothing imposed: most requests, on their first byte's path
     wanted = _wanted_keep_alive(given, rules)
     if kept is not None:
         wanted = _protected(given if wanted is None else wanted, kept) or wanted
