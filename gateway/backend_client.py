@@ -45,6 +45,10 @@ class _Origin:
     authorization: str | None = None
 
 
+# The request's headers: the relay's pairs (``forwarded_headers``), or a CIMultiDict.
+Headers = list[tuple[str, str]] | CIMultiDict[str]
+
+
 @lru_cache(maxsize=512)
 def _origin(url: str) -> _Origin:
     """``url`` split once: a relay sends to a handful of URLs, again and again."""
@@ -63,19 +67,27 @@ def _origin(url: str) -> _Origin:
     return _Origin((host, port, tls), host, port, tls, host_header, target, authorization)
 
 
-def _head(method: str, origin: _Origin, headers: CIMultiDict[str], body: bytes | None) -> bytes:
-    lines = [f"{method} {origin.target} HTTP/1.1\r\nHost: {origin.host_header}\r\n"]
-    lines += [f"{name}: {value}\r\n" for name, value in headers.items()]
+def _head(method: str, origin: _Origin, headers: Headers, body: bytes | None) -> bytes:
+    text = f"{method} {origin.target} HTTP/1.1\r\nHost: {origin.host_header}\r\n"
+    # One string grown in place, not a list of lines joined, and the type looked for on the
+    # way: ~2 us less of the request's path, with forwarded_headers' pairs (probe).
+    ends, typed = 3, False  # the request line, the Host line and the blank line, so far
+    for name, value in headers if isinstance(headers, list) else headers.items():
+        text += f"{name}: {value}\r\n"
+        typed = typed or name.lower() == "content-type"
+        ends += 1
     if origin.authorization is not None:
-        lines.append(f"Authorization: {origin.authorization}\r\n")
+        text += f"Authorization: {origin.authorization}\r\n"
+        ends += 1
     if body is not None:
-        if "Content-Type" not in headers:
-            lines.append("Content-Type: application/octet-stream\r\n")
-        lines.append(f"Content-Length: {len(body)}\r\n")
-    text = "".join(lines) + "\r\n"
+        if not typed:
+            text += "Content-Type: application/octet-stream\r\n"
+            ends += 1
+        text += f"Content-Length: {len(body)}\r\n"
+        ends += 1
+    text += "\r\n"
     # Each line ends in the one CRLF put there above: a CR or LF inside a name or a value
     # would start a header (or a request) of the sender's choosing.
-    ends = len(lines) + 2  # the request line, the Host line, the headers, the blank line
     if text.count("\n") != ends or text.count("\r") != ends:
         raise ValueError("a header holds a line break")
     return text.encode("utf-8", "surrogateescape")
@@ -107,7 +119,7 @@ class BackendClient:
         self,
         method: str,
         url: str,
-        headers: CIMultiDict[str],
+        headers: Headers,
         body: bytes | None,
         connect_timeout: float,
         first_byte: float,
@@ -119,11 +131,13 @@ class BackendClient:
         ``connect_timeout``), UpstreamError if it fails before its head, TimeoutError if the
         head, and then the first body bytes (``Reply.first``), take over ``first_byte``.
         """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + first_byte
         origin = _origin(url)
         head = _head(method, origin, headers, body)
         conn = self._idle_connection(origin.key)
+        # The loop a pooled connection reads on; asked of asyncio (a getpid() call in
+        # CPython 3.11) only when a connection is to be opened.
+        loop = asyncio.get_running_loop() if conn is None else conn.loop
+        deadline = loop.time() + first_byte
         if conn is None:
             async with asyncio.timeout_at(deadline):
                 conn = await self._connection(origin, connect_timeout)

@@ -39,11 +39,14 @@ _NOT_FORWARDED = frozenset(
 _NOT_RETURNED = _NOT_FORWARDED | {"server", "date", "set-cookie"}
 
 
-def forwarded_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
+def forwarded_headers(headers: CIMultiDictProxy[str]) -> list[tuple[str, str]]:
+    """The request's headers that go on to the backend, as pairs: the backend client writes
+    them into the head as they are (a CIMultiDict made of them cost ~1 us of the path)."""
     dropped = _dropped(_NOT_FORWARDED, headers)
-    forwarded = CIMultiDict([(k, v) for k, v in headers.items() if k.lower() not in dropped])
-    # Uncompressed replies keep the relay byte-faithful and the final counts readable.
-    forwarded["Accept-Encoding"] = "identity"
+    forwarded = [(k, v) for k, v in headers.items() if k.lower() not in dropped]
+    # Uncompressed replies keep the relay byte-faithful and the final counts readable
+    # (Accept-Encoding itself is dropped above: this is the one).
+    forwarded.append(("Accept-Encoding", "identity"))
     return forwarded
 
 

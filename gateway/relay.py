@@ -17,7 +17,6 @@ from typing import NamedTuple
 import structlog
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
-from multidict import CIMultiDict
 
 from gateway.access import REPLY_HEADERS
 from gateway.backend_client import BackendClient, ConnectTimeout
@@ -78,7 +77,7 @@ class Relay:
         """Send the request and stream the reply back; GatewayError before the first byte."""
         headers = forwarded_headers(request.headers)
         if self._target.close_connection:
-            headers["Connection"] = "close"
+            headers.append(("Connection", "close"))  # the client's was dropped
         upstream, first = await _open(request, self._client, self._target, body, headers)
         self.progress.first_byte_at = time.monotonic()
         self._reply = upstream
@@ -141,7 +140,7 @@ async def _open(
     client: BackendClient,
     target: Target,
     body: bytes | None,
-    headers: CIMultiDict[str],
+    headers: list[tuple[str, str]],
 ) -> tuple[Reply, bytes]:
     """The upstream reply and its first chunk, or a GatewayError saying what went wrong."""
     upstream, timeouts = None, target.timeouts

@@ -281,6 +281,42 @@ class TestHostileBackends:
                 await client.request("POST", backend.url + "/api/chat", headers, b"{}", 5, 5)
             assert backend.requests == []
 
+    async def test_header_pairs_go_out_as_given_and_their_type_is_found_in_any_case(
+        self, client: BackendClient
+    ) -> None:
+        """The relay's pairs are written in their order and spelling; a Content-Type among
+        them, however spelled, is the body's, with no default beside it."""
+
+        async def answer(_: bytes, writer: asyncio.StreamWriter) -> None:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+        pairs = [("content-TYPE", "application/json"), ("X-Trace", "t"), ("X-Trace", "u")]
+        async with raw_backend(answer) as backend:
+            reply = await client.request("POST", backend.url + "/api/chat", pairs, b"{}", 5, 5)
+            assert await _body(reply) == b"ok"
+        head = backend.requests[0].split(b"\r\n\r\n")[0].split(b"\r\n")
+        assert head[2:] == [
+            b"content-TYPE: application/json",
+            b"X-Trace: t",
+            b"X-Trace: u",
+            b"Content-Length: 2",
+        ]
+
+    async def test_a_header_pair_with_a_line_break_is_never_sent(
+        self, client: BackendClient
+    ) -> None:
+        """As in a CIMultiDict, a CR or LF in a pair's name or value sends nothing."""
+
+        async def answer(_: bytes, writer: asyncio.StreamWriter) -> None:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+        async with raw_backend(answer) as backend:
+            for pair in [("X-Note", "a\nX-Admin: yes"), ("X-Admin: yes\r\nX-Note", "a")]:
+                with pytest.raises(ValueError, match="line break"):
+                    url = backend.url + "/api/chat"
+                    await client.request("POST", url, [pair], b"{}", 5, 5)
+            assert backend.requests == []
+
     async def test_not_http_is_a_malformed_reply(self, client: BackendClient) -> None:
         """Bytes that are not an HTTP reply fail the request with MalformedReply."""
 

@@ -1,0 +1,40 @@
+"""Which request headers cross the gateway to the backend (gateway/headers.py)."""
+
+from __future__ import annotations
+
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from gateway.headers import forwarded_headers
+
+
+def _proxy(pairs: list[tuple[str, str]]) -> CIMultiDictProxy[str]:
+    return CIMultiDictProxy(CIMultiDict(pairs))
+
+
+class TestForwardedHeaders:
+    def test_credentials_and_hop_by_hop_headers_stay_whatever_their_case(self) -> None:
+        """Authorization, X-API-Key, cookies and the headers of this hop are dropped
+        however the client spells them; the rest go on in order, as spelled."""
+        client = [
+            ("Host", "gateway"),
+            ("AUTHORIZATION", "Bearer s3cret"),
+            ("x-api-KEY", "s3cret"),
+            ("Content-Type", "application/json"),
+            ("Cookie", "a=b"),
+            ("Connection", "keep-alive, X-Hop"),
+            ("x-hop", "for this hop only"),
+            ("Accept-Encoding", "gzip"),
+            ("User-Agent", "ollama-python/0.4"),
+            ("Content-Length", "2"),
+        ]
+        assert forwarded_headers(_proxy(client)) == [
+            ("Content-Type", "application/json"),
+            ("User-Agent", "ollama-python/0.4"),
+            ("Accept-Encoding", "identity"),
+        ]
+
+    def test_the_backend_is_asked_for_an_uncompressed_reply_once(self) -> None:
+        """Whatever the client accepts, one Accept-Encoding: identity goes on, last."""
+        client = [("Accept-Encoding", "gzip"), ("accept-encoding", "br"), ("Accept", "*/*")]
+        forwarded = forwarded_headers(_proxy(client))
+        assert forwarded == [("Accept", "*/*"), ("Accept-Encoding", "identity")]
