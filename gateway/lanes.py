@@ -18,6 +18,7 @@ rule), else interactive.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import cached_property
 from typing import Any, Literal
 
 from pydantic import Field
@@ -104,9 +105,17 @@ class Lanes(Strict):
     interactive: InteractiveLane = InteractiveLane()
     background: BackgroundLane = BackgroundLane()
 
+    @cached_property
+    def all_interactive(self) -> bool:
+        """No header, no rules, no presets (most policies): every request is interactive,
+        known without a look at it."""
+        return self.header is None and not self.rules and not self.presets
+
 
 def possible_lanes(lanes: Lanes, headers: Mapping[str, str]) -> tuple[Lane, ...]:
     """The lanes a request may turn out to be in, known from its headers alone."""
+    if lanes.all_interactive:
+        return (Lane.INTERACTIVE,)
     named = lane_from_header(lanes, headers)
     if named is not None:
         return (named,)
@@ -134,10 +143,12 @@ def lane_of(
     fields: dict[str, Any],
 ) -> Lane:
     """The request's lane: the header, then the rules and presets, else interactive."""
+    if lanes.all_interactive:
+        return Lane.INTERACTIVE
     named = lane_from_header(lanes, headers)
     if named is not None:
         return named
-    if not lanes.rules and not lanes.presets:  # most policies: nothing to read the prompt for
+    if not lanes.rules and not lanes.presets:  # a header alone: no prompt to read
         return Lane.INTERACTIVE
     prompt = _last_prompt(fields)
     for rule in lanes.rules:

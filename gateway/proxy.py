@@ -57,9 +57,9 @@ class Generation:
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         """A generation or embedding request, top to bottom."""
-        services, record = self._services, request[RECORD]
+        services, record, path = self._services, request[RECORD], request.path
         view, settings = services.policy.current, services.settings
-        api = api_of(request.path)
+        api = api_of(path)
         caller = services.caller(request, view)
         user, lanes = caller.user, view.policy.lanes
         admission = services.admission
@@ -73,7 +73,7 @@ class Generation:
         # bodies cannot hold more of them in memory than the user could queue.
         with admission.arriving(user):
             body = await read_body(request, settings.max_body_bytes, settings.body_timeout)
-            fields = await parsed(body, services.parsing, _STRUCTS.get(request.path))
+            fields = await parsed(body, services.parsing, _STRUCTS.get(path))
         record.model = model = _resolved(fields, view.policy)
         _check_model_allowed(view.policy, user, model)
         _check_model_served(view.pool, api, model)
@@ -87,9 +87,7 @@ class Generation:
                 fields.changed()
         estimate = classify(fields.values, view.policy)
         record.request_class, record.input_estimate = estimate.request_class, estimate.input_tokens
-        record.lane = lane = lane_of(
-            lanes, request.headers, user, model, request.path, fields.values
-        )
+        record.lane = lane = lane_of(lanes, request.headers, user, model, path, fields.values)
         ticket = Ticket(
             user,
             model,
