@@ -239,7 +239,6 @@ class BackendClient:
         self._wake_one()
 
     async def close(self) -> None:
-        self._first_bytes.close()
         if self._sweep is not None:
             self._sweep.cancel()
             self._sweep = None

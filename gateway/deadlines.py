@@ -55,13 +55,6 @@ class Deadlines:
         """``deadline`` will not expire (the timer stays: it finds nothing due, or less)."""
         self._due.pop(deadline, None)
 
-    def close(self) -> None:
-        """Forget every deadline and stop the timer."""
-        self._due.clear()
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer, self._timer_at, self._loop = None, math.inf, None
-
     def _set_timer(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
         if self._timer is not None:
             self._timer.cancel()
