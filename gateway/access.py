@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
-from aiohttp import web
+from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler, Middleware
 from multidict import CIMultiDict, istr
 
@@ -31,6 +31,7 @@ __all__ = [
     "RequestRecord",
     "access_log",
     "error_response",
+    "put",
 ]
 
 _LOGGER_NAME = "fairgate.access"
@@ -235,8 +236,9 @@ class ReplyHeaders:
     gets its CORS headers (``cors``).
 
     Said by the app's one on_response_prepare hook (``hook``: each hook is a coroutine of
-    its own for every reply), except in a relayed reply: the relay builds it with them
-    (``add``) and prepares it without the hooks, off the path of its first byte."""
+    its own for every reply), except in a relayed reply: the relay works them out while the
+    backend works (``said``), builds the reply with them (``put``) and prepares it without
+    the hooks, off the path of its first byte."""
 
     def __init__(self, cors: Cors) -> None:
         self._cors = cors
@@ -250,8 +252,25 @@ class ReplyHeaders:
                 headers[_X_QUEUE_POSITION] = str(record.queue_position or 0)
         self._cors.add_headers(request, headers)
 
+    def said(self, request: web.Request) -> CIMultiDict[str]:
+        """What ``add`` says on ``request``'s reply, on its own: a relay works it out while
+        the backend works, and ``put`` gives it to the reply once it has one."""
+        said: CIMultiDict[str] = CIMultiDict()
+        self.add(request, said)
+        return said
+
     async def hook(self, request: web.Request, response: web.StreamResponse) -> None:
         self.add(request, response.headers)
+
+
+def put(said: CIMultiDict[str], headers: CIMultiDict[str]) -> None:
+    """``said`` (``ReplyHeaders.said``) in ``headers`` as ``add`` would have put it there:
+    each replaces a header of its name, but Vary, a list, is added to (``Cors``)."""
+    for name, value in said.items():
+        if name == hdrs.VARY:
+            headers.add(name, value)
+        else:
+            headers[name] = value
 
 
 REPLY_HEADERS = web.AppKey("reply_headers", ReplyHeaders)

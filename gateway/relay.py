@@ -12,13 +12,15 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import structlog
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
+from aiohttp.http_writer import StreamWriter
+from multidict import CIMultiDict
 
-from gateway.access import REPLY_HEADERS
+from gateway.access import REPLY_HEADERS, put
 from gateway.backend_client import BackendClient, ConnectTimeout
 from gateway.backend_connection import Reply, UpstreamError
 from gateway.errors import BackendFailure, GatewayError, error_body, inband_error
@@ -72,12 +74,16 @@ class Relay:
         # Told, every few tokens, how many more have streamed (one NDJSON line or one SSE
         # event per token), so that long replies are charged while they run.
         self._meter = meter
+        self._said: CIMultiDict[str] | None = None  # the gateway's own reply headers
 
     async def run(self, request: web.Request, body: bytes | None) -> web.StreamResponse:
         """Send the request and stream the reply back; GatewayError before the first byte."""
         headers = forwarded_headers(request.headers)
         if self._target.close_connection:
             headers.append(("Connection", "close"))  # the client's was dropped
+        # The gateway's own reply headers are worked out while the backend works: the call
+        # runs once this task waits for the reply, off the path of its first byte.
+        cast(StreamWriter, request.writer).loop.call_soon(self._say, request)
         upstream, first = await _open(request, self._client, self._target, body, headers)
         self.progress.first_byte_at = time.monotonic()
         self._reply = upstream
@@ -91,7 +97,8 @@ class Relay:
     async def _pump(
         self, request: web.Request, upstream: Reply, first: bytes
     ) -> web.StreamResponse:
-        response = _response_for(request, upstream)
+        said = self._said if self._said is not None else self._say(request)
+        response = _response_for(upstream, said)
         await response.prepare(request)
         try:
             await pump(
@@ -109,6 +116,10 @@ class Relay:
             content_type = upstream.headers.get("Content-Type", "")
             await self._failed(request, response, content_type, exc)
         return response
+
+    def _say(self, request: web.Request) -> CIMultiDict[str]:
+        said = self._said = request.app[REPLY_HEADERS].said(request)
+        return said
 
     async def _failed(
         self,
@@ -246,9 +257,9 @@ class _Relayed(web.StreamResponse):
         return writer
 
 
-def _response_for(request: web.Request, upstream: Reply) -> web.StreamResponse:
+def _response_for(upstream: Reply, said: CIMultiDict[str]) -> web.StreamResponse:
     response = _Relayed(status=upstream.status, headers=returned_headers(upstream.headers))
-    request.app[REPLY_HEADERS].add(request, response.headers)
+    put(said, response.headers)
     if upstream.content_length is not None:
         response.content_length = upstream.content_length
     return response

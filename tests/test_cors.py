@@ -119,6 +119,36 @@ class TestReplies:
         exposed = headers["Access-Control-Expose-Headers"]
         assert "X-Request-Id" in exposed and "Retry-After" in exposed
 
+    async def test_a_backends_own_vary_stays_beside_the_gateways_and_its_cors_gives_way(
+        self, start_gateway: StartGateway, servers: AsyncExitStack
+    ) -> None:
+        """A streamed reply whose backend says Vary and CORS of its own: its Vary is kept and
+        Origin added to it; its origin and request id are replaced by the gateway's."""
+
+        async def listing(request: web.Request) -> web.Response:
+            return web.json_response({"models": [{"name": MODEL, "model": MODEL}]})
+
+        async def chat(request: web.Request) -> web.StreamResponse:
+            own = {"Vary": "Accept-Encoding", "Access-Control-Allow-Origin": "*"}
+            reply = web.StreamResponse(headers=own | {"X-Request-Id": "the-backends"})
+            reply.content_type = "application/x-ndjson"
+            await reply.prepare(request)
+            await reply.write(b'{"message":{"content":"hi"},"done":false}\n')
+            await reply.write(b'{"message":{"content":""},"done":true,"eval_count":1}\n')
+            return reply
+
+        app = web.Application()
+        for path in ("/api/version", "/api/tags", "/api/ps"):
+            app.router.add_get(path, listing)
+        app.router.add_post("/api/chat", chat)
+        gateway = await start_gateway(policy(await serve(servers, app)))
+        asked = {"Origin": APP, "Authorization": "Bearer alice-key"}
+        status, headers, body = await send(gateway, "POST", "/api/chat", asked, CHAT)
+        assert status == 200 and len(body.splitlines()) == 2
+        assert headers.getall("Vary") == ["Accept-Encoding", "Origin"]
+        assert headers.getall("Access-Control-Allow-Origin") == [APP]
+        assert headers.getall("X-Request-Id") != ["the-backends"]
+
     async def test_a_refusal_to_a_listed_origin_is_readable_by_its_page(
         self, start_sim: StartSim, start_gateway: StartGateway
     ) -> None:
