@@ -16,7 +16,7 @@ from aiohttp.typedefs import Handler, Middleware
 from multidict import CIMultiDict, istr
 
 from gateway.connections import Connections
-from gateway.cors import Cors
+from gateway.cors import Cors, without_cors
 from gateway.errors import GatewayError, error_body, retry_after_header
 from gateway.forwarded import Client
 from gateway.logs import REQUEST_ID, info_writer, printable
@@ -265,7 +265,10 @@ class ReplyHeaders:
 
 def put(said: CIMultiDict[str], headers: CIMultiDict[str]) -> None:
     """``said`` (``ReplyHeaders.said``) in ``headers`` as ``add`` would have put it there:
-    each replaces a header of its name, but Vary, a list, is added to (``Cors``)."""
+    each replaces a header of its name, but Vary, a list, is added to (``Cors``). Where
+    the gateway answers for CORS, the backend's own CORS headers go (``without_cors``)."""
+    if hdrs.VARY in said:  # said only where the gateway's CORS is on and asked for
+        without_cors(headers)
     for name, value in said.items():
         if name == hdrs.VARY:
             headers.add(name, value)

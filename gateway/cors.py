@@ -23,7 +23,7 @@ from gateway.errors import GatewayError
 from gateway.reload import LivePolicy
 from gateway.vocabulary import Reason
 
-__all__ = ["Cors"]
+__all__ = ["Cors", "without_cors"]
 
 log = structlog.get_logger("fairgate.cors")
 
@@ -76,6 +76,14 @@ class Cors:
 
     def _allows(self, origin: str) -> bool:
         return origin in self._policy.current.policy.cors.origins
+
+
+def without_cors(headers: CIMultiDict[str]) -> None:
+    """``headers`` without a backend's own CORS headers. With origins listed, the gateway
+    alone says which may read a reply: Ollama allows localhost origins of its own accord
+    (OLLAMA_ORIGINS) and would let a page on one read replies the gateway keeps from it."""
+    for name in [name for name in headers if name.lower().startswith("access-control-")]:
+        del headers[name]
 
 
 def _is_preflight(request: web.Request) -> bool:

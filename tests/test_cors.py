@@ -119,17 +119,23 @@ class TestReplies:
         exposed = headers["Access-Control-Expose-Headers"]
         assert "X-Request-Id" in exposed and "Retry-After" in exposed
 
+    @pytest.mark.parametrize(("origin", "allowed"), [(APP, [APP]), (ELSEWHERE, [])])
     async def test_a_backends_own_vary_stays_beside_the_gateways_and_its_cors_gives_way(
-        self, start_gateway: StartGateway, servers: AsyncExitStack
+        self, start_gateway: StartGateway, servers: AsyncExitStack, origin: str, allowed: list[str]
     ) -> None:
         """A streamed reply whose backend says Vary and CORS of its own: its Vary is kept and
-        Origin added to it; its origin and request id are replaced by the gateway's."""
+        Origin added to it; its CORS and request id give way to the gateway's, also for an
+        origin the gateway does not list (Ollama allows localhost pages of its own accord)."""
 
         async def listing(request: web.Request) -> web.Response:
             return web.json_response({"models": [{"name": MODEL, "model": MODEL}]})
 
         async def chat(request: web.Request) -> web.StreamResponse:
-            own = {"Vary": "Accept-Encoding", "Access-Control-Allow-Origin": "*"}
+            own = {
+                "Vary": "Accept-Encoding",
+                "Access-Control-Allow-Origin": "*",
+                "Access-Control-Allow-Credentials": "true",
+            }
             reply = web.StreamResponse(headers=own | {"X-Request-Id": "the-backends"})
             reply.content_type = "application/x-ndjson"
             await reply.prepare(request)
@@ -142,11 +148,12 @@ class TestReplies:
             app.router.add_get(path, listing)
         app.router.add_post("/api/chat", chat)
         gateway = await start_gateway(policy(await serve(servers, app)))
-        asked = {"Origin": APP, "Authorization": "Bearer alice-key"}
+        asked = {"Origin": origin, "Authorization": "Bearer alice-key"}
         status, headers, body = await send(gateway, "POST", "/api/chat", asked, CHAT)
         assert status == 200 and len(body.splitlines()) == 2
         assert headers.getall("Vary") == ["Accept-Encoding", "Origin"]
-        assert headers.getall("Access-Control-Allow-Origin") == [APP]
+        assert headers.getall("Access-Control-Allow-Origin", []) == allowed
+        assert "Access-Control-Allow-Credentials" not in headers
         assert headers.getall("X-Request-Id") != ["the-backends"]
 
     async def test_a_refusal_to_a_listed_origin_is_readable_by_its_page(
