@@ -28,6 +28,7 @@ from .ollama_common import (
     output_budget,
     read_body,
 )
+from .ollama_origins import allow_origin, check_origin
 from .recording import TapStream
 from .wire import float32_widened, go_expiry, go_json, go_time, tokens_in
 
@@ -55,6 +56,8 @@ class OllamaAPI:
         return None
 
     def add_routes(self, app: web.Application) -> None:
+        app.middlewares.append(check_origin)
+        app.on_response_prepare.append(allow_origin)
         app.router.add_get("/", self.root)
         app.router.add_get("/api/version", self.version)
         app.router.add_get("/api/tags", self.tags)

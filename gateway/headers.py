@@ -37,12 +37,17 @@ _NOT_FORWARDED = frozenset(
     }
 )
 _NOT_RETURNED = _NOT_FORWARDED | {"server", "date", "set-cookie"}
+_NOT_FORWARDED_NOR_ORIGIN = _NOT_FORWARDED | {"origin"}
 
 
-def forwarded_headers(headers: CIMultiDictProxy[str]) -> list[tuple[str, str]]:
+def forwarded_headers(
+    headers: CIMultiDictProxy[str], keep_origin: bool = True
+) -> list[tuple[str, str]]:
     """The request's headers that go on to the backend, as pairs: the backend client writes
-    them into the head as they are (a CIMultiDict made of them cost ~1 us of the path)."""
-    dropped = _dropped(_NOT_FORWARDED, headers)
+    them into the head as they are (a CIMultiDict made of them cost ~1 us of the path).
+    Without ``keep_origin``, a browser's Origin stays here too (the gateway answers for
+    CORS: Ollama would refuse every origin its own OLLAMA_ORIGINS does not list)."""
+    dropped = _dropped(_NOT_FORWARDED if keep_origin else _NOT_FORWARDED_NOR_ORIGIN, headers)
     forwarded = [(k, v) for k, v in headers.items() if k.lower() not in dropped]
     # Uncompressed replies keep the relay byte-faithful and the final counts readable
     # (Accept-Encoding itself is dropped above: this is the one).

@@ -187,8 +187,11 @@ class Reads:
     ) -> web.StreamResponse:
         record = request[RECORD]
         record.backend = backend.name
-        timeouts = self._services.policy.current.policy.timeouts
-        relay = Relay(self._services.upstream.replies, Target(backend.url + request.path, timeouts))
+        policy = self._services.policy.current.policy
+        target = Target(
+            backend.url + request.path, policy.timeouts, keep_origin=not policy.cors.origins
+        )
+        relay = Relay(self._services.upstream.replies, target)
         try:
             return await relay.run(request, body)
         finally:

@@ -18,7 +18,7 @@ from gateway.hot_routes import HOT_PATHS
 from gateway.lanes import lane_of, possible_lanes
 from gateway.listings import model_forbidden, model_not_found, no_backend
 from gateway.load_options import apply_num_ctx_policy
-from gateway.policy import Policy, Timeouts
+from gateway.policy import Policy
 from gateway.relay import Relay, Target
 from gateway.services import Services
 from gateway.vocabulary import Api, Reason, api_of
@@ -109,9 +109,10 @@ class Generation:
         async with outcome as permit:
             record.queue_wait, record.dispatched_at = permit.queue_wait, permit.granted_at
             record.queue_position = permit.queue_position
-            timeouts = view.policy.timeouts
             try:
-                response = await self._relay_with_failover(request, permit, fields.body, timeouts)
+                response = await self._relay_with_failover(
+                    request, permit, fields.body, view.policy
+                )
             except asyncio.CancelledError:
                 if record.first_byte_at is not None:
                     # The client left a reply under way: the backend took the request, and
@@ -130,13 +131,13 @@ class Generation:
         return response
 
     async def _relay_with_failover(
-        self, request: web.Request, permit: Permit, body: bytes, timeouts: Timeouts
+        self, request: web.Request, permit: Permit, body: bytes, policy: Policy
     ) -> web.StreamResponse:
         """Relay on the permit's backend; if it fails before any byte, once more on another."""
         admission, record = self._services.admission, request[RECORD]
         try:
             # With nowhere else to go, the backend's own error reaches the client as it is.
-            target = _target(request, permit.backend, timeouts, admission.can_reroute(permit))
+            target = _target(request, permit.backend, policy, admission.can_reroute(permit))
             return await self._attempt(request, permit, body, target)
         except BackendFailure as failure:
             failed = permit.backend.name
@@ -146,7 +147,7 @@ class Generation:
                 raise
             log.warning("failover", failed=failed, to=permit.backend.name, error=failure.message)
             record.retried = True
-            target = _target(request, permit.backend, timeouts, fail_fast=False)
+            target = _target(request, permit.backend, policy, fail_fast=False)
             return await self._attempt(request, permit, body, target)
 
     async def _attempt(
@@ -177,12 +178,13 @@ class Generation:
             self._services.admission.made_room(permit.backend)
 
 
-def _target(request: web.Request, backend: Backend, timeouts: Timeouts, fail_fast: bool) -> Target:
+def _target(request: web.Request, backend: Backend, policy: Policy, fail_fast: bool) -> Target:
     return Target(
         backend.url + request.path_qs,
-        timeouts,
+        policy.timeouts,
         fail_fast=fail_fast,
         close_connection=backend.kind == "llamacpp",
+        keep_origin=not policy.cors.origins,
     )
 
 

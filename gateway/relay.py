@@ -47,6 +47,9 @@ class Target(NamedTuple):
     # llama-server closes the connection after a streamed reply although it promised
     # keep-alive; a pooled connection would then fail on the next request.
     close_connection: bool = False
+    # False where the gateway answers for CORS (origins listed): the browser's Origin is
+    # then the gateway's business, and Ollama would refuse one it does not list itself.
+    keep_origin: bool = True
 
 
 class Interrupted(Exception):
@@ -78,7 +81,7 @@ class Relay:
 
     async def run(self, request: web.Request, body: bytes | None) -> web.StreamResponse:
         """Send the request and stream the reply back; GatewayError before the first byte."""
-        headers = forwarded_headers(request.headers)
+        headers = forwarded_headers(request.headers, self._target.keep_origin)
         if self._target.close_connection:
             headers.append(("Connection", "close"))  # the client's was dropped
         # The gateway's own reply headers are worked out while the backend works: the call

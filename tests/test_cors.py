@@ -156,6 +156,21 @@ class TestReplies:
         assert "Access-Control-Allow-Credentials" not in headers
         assert headers.getall("X-Request-Id") != ["the-backends"]
 
+    @pytest.mark.parametrize(
+        ("path", "body"), [("/api/chat", CHAT), ("/api/show", {"model": MODEL})]
+    )
+    async def test_a_listed_origin_is_served_by_an_ollama_that_does_not_list_it(
+        self, start_sim: StartSim, start_gateway: StartGateway, path: str, body: object
+    ) -> None:
+        """Ollama answers a bare 403 to an Origin its own OLLAMA_ORIGINS does not list; with
+        origins listed the gateway answers for CORS, and the page's Origin goes no further."""
+        _, sim_url = await start_sim()
+        gateway = await start_gateway(policy(sim_url, f"[{ELSEWHERE}]"))
+        asked = {"Origin": ELSEWHERE, "Authorization": "Bearer alice-key"}
+        status, headers, _ = await send(gateway, "POST", path, asked, body)
+        assert status == 200
+        assert headers.getall("Access-Control-Allow-Origin") == [ELSEWHERE]
+
     async def test_a_refusal_to_a_listed_origin_is_readable_by_its_page(
         self, start_sim: StartSim, start_gateway: StartGateway
     ) -> None:

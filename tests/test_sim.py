@@ -764,3 +764,29 @@ async def test_openai_client_and_native_completion_work_against_llamacpp(
     assert [c["content"] for c in chunks] == [" The", " quick", ""]
     assert chunks[-1]["stop"] is True and chunks[-1]["stop_type"] == "limit"
     assert sim.stats.prompts == ["Hi", "The capital of France is"]
+
+
+@pytest.mark.parametrize(
+    ("origin", "status"),
+    [
+        ("http://localhost:3000", 200),
+        ("https://127.0.0.1", 200),
+        ("app://obsidian.md", 200),
+        ("https://chat.example", 403),
+        ("http://localhost.evil.example", 403),
+    ],
+)
+async def test_an_origin_ollama_does_not_list_gets_a_bare_403(
+    simulated: Start, origin: str, status: int
+) -> None:
+    """As gin-contrib/cors with Ollama's default origins: a page elsewhere is refused before
+    any handler runs, a local one is answered and told so."""
+    _, url = await simulated()
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(url + "/api/tags", headers={"Origin": origin}) as reply,
+    ):
+        assert reply.status == status
+        allowed = reply.headers.get("Access-Control-Allow-Origin")
+        assert allowed == (origin if status == 200 else None)
+        assert await reply.read() == b"" or status == 200
