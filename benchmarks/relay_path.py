@@ -172,7 +172,7 @@ def _gateway(stub_port: int) -> web.Application:
         now = time.monotonic()
         record.queue_wait, record.dispatched_at, record.queue_position = 0.0, now, 0
         target = Target(url, services.policy.current.policy.timeouts)
-        run = Relay(services.upstream.replies, target, meter=_charge)
+        run = Relay(services.upstream.replies, target, services.reply_headers, _charge)
         services.streams.add(run)
         try:
             return await run.run(request, body)

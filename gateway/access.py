@@ -25,7 +25,6 @@ from gateway.vocabulary import Api, Lane, Reason, RequestClass, api_of
 
 __all__ = [
     "RECORD",
-    "REPLY_HEADERS",
     "Listener",
     "ReplyHeaders",
     "RequestRecord",
@@ -274,9 +273,6 @@ def put(said: CIMultiDict[str], headers: CIMultiDict[str]) -> None:
             headers.add(name, value)
         else:
             headers[name] = value
-
-
-REPLY_HEADERS = web.AppKey("reply_headers", ReplyHeaders)
 
 
 def _refused(

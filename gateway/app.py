@@ -14,9 +14,8 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
-from gateway.access import REPLY_HEADERS, ReplyHeaders, access_log
+from gateway.access import access_log
 from gateway.connections import Listener
-from gateway.cors import Cors
 from gateway.house import House
 from gateway.listings import Reads
 from gateway.metrics import Metrics
@@ -54,16 +53,17 @@ def create_app(
     services = Services.build(settings, policy, policy_path, clock)
     metrics = Metrics(services.policy, services.snapshot)
     services.on_finished += [metrics.observe, services.history.observe, services.usage.observe]
-    cors = Cors(services.policy)
+    middleware = access_log(
+        services.on_finished, services.locate, services.connections, services.cors
+    )
     app = web.Application(
-        middlewares=[access_log(services.on_finished, services.locate, services.connections, cors)],
+        middlewares=[middleware],
         client_max_size=settings.max_body_bytes,
     )
     app[SERVICES] = services
     # The one hook: relayed replies are built with its headers and prepared without the
     # hooks (relay._Relayed), so a header for every reply belongs in ReplyHeaders.add.
-    app[REPLY_HEADERS] = reply_headers = ReplyHeaders(cors)
-    app.on_response_prepare.append(reply_headers.hook)
+    app.on_response_prepare.append(services.reply_headers.hook)
     app.cleanup_ctx.append(lambda _: _lifetime(services))
     for routes in (
         Generation(services),

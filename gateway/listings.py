@@ -191,7 +191,7 @@ class Reads:
         target = Target(
             backend.url + request.path, policy.timeouts, keep_origin=not policy.cors.origins
         )
-        relay = Relay(self._services.upstream.replies, target)
+        relay = Relay(self._services.upstream.replies, target, self._services.reply_headers)
         try:
             return await relay.run(request, body)
         finally:

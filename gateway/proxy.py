@@ -157,8 +157,9 @@ class Generation:
         record.backend = permit.backend.name
         if permit.placement.unload:  # nearly never: no coroutine made for nothing
             await self._make_room(permit, target.timeouts.connect)
-        relay = Relay(self._services.upstream.replies, target, meter=permit.add_output)
-        streams = self._services.streams
+        services = self._services
+        relay = Relay(services.upstream.replies, target, services.reply_headers, permit.add_output)
+        streams = services.streams
         streams.add(relay)  # so that a shutdown can end it with an in-band error
         try:
             return await relay.run(request, body)

@@ -20,7 +20,7 @@ from aiohttp.abc import AbstractStreamWriter
 from aiohttp.http_writer import StreamWriter
 from multidict import CIMultiDict
 
-from gateway.access import REPLY_HEADERS, put
+from gateway.access import ReplyHeaders, put
 from gateway.backend_client import BackendClient, ConnectTimeout
 from gateway.backend_connection import Reply, UpstreamError
 from gateway.errors import BackendFailure, GatewayError, error_body, inband_error
@@ -68,6 +68,7 @@ class Relay:
         self,
         client: BackendClient,
         target: Target,
+        reply_headers: ReplyHeaders,
         meter: Callable[[int], None] | None = None,
     ) -> None:
         self.progress = Progress()
@@ -77,6 +78,7 @@ class Relay:
         # Told, every few tokens, how many more have streamed (one NDJSON line or one SSE
         # event per token), so that long replies are charged while they run.
         self._meter = meter
+        self._reply_headers = reply_headers
         self._said: CIMultiDict[str] | None = None  # the gateway's own reply headers
 
     async def run(self, request: web.Request, body: bytes | None) -> web.StreamResponse:
@@ -121,7 +123,7 @@ class Relay:
         return response
 
     def _say(self, request: web.Request) -> CIMultiDict[str]:
-        said = self._said = request.app[REPLY_HEADERS].said(request)
+        said = self._said = self._reply_headers.said(request)
         return said
 
     async def _failed(

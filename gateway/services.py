@@ -15,12 +15,13 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
-from gateway.access import RECORD, Listener
+from gateway.access import RECORD, Listener, ReplyHeaders
 from gateway.accounting import Ledger
 from gateway.admission import Admission
 from gateway.backends import BackendStates
 from gateway.backends.monitor import BackendMonitor
 from gateway.connections import Connections
+from gateway.cors import Cors
 from gateway.forwarded import Client
 from gateway.history import History
 from gateway.holds import HoldStore
@@ -54,6 +55,8 @@ class Services:
     monitor: BackendMonitor
     warmth: KeepWarm
     usage: Ledger  # who used what, kept across restarts; budgets read it
+    cors: Cors  # browser apps on other origins
+    reply_headers: ReplyHeaders  # what the gateway says on every reply (relays say it too)
     on_finished: list[Listener] = field(default_factory=list)  # told of each request's end
     connections: Connections = field(default_factory=Connections)
     streams: set[Relay] = field(default_factory=set)  # generation replies under way
@@ -76,6 +79,7 @@ class Services:
         view = live.current
         upstream = Upstream(settings.upstream_pool_size)
         admission = Admission(policy, view.pool, holds=_hold_store(settings))
+        cors = Cors(live)
         return cls(
             settings=settings,
             policy=live,
@@ -89,6 +93,8 @@ class Services:
                 Calendar(zone_named(settings.time_zone), clock),
                 settings.usage_flush_seconds,
             ),
+            cors=cors,
+            reply_headers=ReplyHeaders(cors),
             history=History(clock),
         )
 
