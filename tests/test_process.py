@@ -477,7 +477,11 @@ class TestReadiness:
         assert await health(http, gateway) == (200, 503, {"status": "not_ready", **NONE_READY})
         runner = await start_server(Simulator(SimConfig()).make_app(), "127.0.0.1", port)
         try:
-            await wait_backend(gateway, "gpu", lambda b: b.state.models is not None)
+            # Healthy again and its models known: after failed probes the two can come a
+            # probe apart, and /readyz wants both.
+            await wait_backend(
+                gateway, "gpu", lambda b: b.state.healthy and b.state.models is not None
+            )
             assert (await health(http, gateway))[1] == 200
         finally:
             await runner.cleanup()
