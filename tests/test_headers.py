@@ -38,3 +38,17 @@ class TestForwardedHeaders:
         client = [("Accept-Encoding", "gzip"), ("accept-encoding", "br"), ("Accept", "*/*")]
         forwarded = forwarded_headers(_proxy(client))
         assert forwarded == [("Accept", "*/*"), ("Accept-Encoding", "identity")]
+
+    def test_a_browsers_origin_stays_when_the_gateway_answers_for_cors(self) -> None:
+        """Without keep_origin (origins listed in the policy), Origin is dropped however it
+        is spelled; with it (the default), it goes on as the client sent it."""
+        client = [("ORIGIN", "https://chat.example"), ("Accept", "*/*")]
+        assert forwarded_headers(_proxy(client), keep_origin=False) == [
+            ("Accept", "*/*"),
+            ("Accept-Encoding", "identity"),
+        ]
+        assert forwarded_headers(_proxy(client)) == [
+            ("ORIGIN", "https://chat.example"),
+            ("Accept", "*/*"),
+            ("Accept-Encoding", "identity"),
+        ]
