@@ -19,17 +19,16 @@ made a real request fail with a reset, and nothing was logged. Here:
 from __future__ import annotations
 
 import asyncio
-import json
 import resource
 import time
 from collections.abc import Iterable
-from typing import Any, cast
+from typing import cast
 
 import structlog
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.web_protocol import RequestHandler, RequestPayloadError
+from aiohttp.web_protocol import RequestHandler
 
+from gateway.connection_handler import ConnectionHandler
 from gateway.errors import GatewayError
 from gateway.hot_routes import HOT_PATHS, HotRoutes
 from gateway.settings import Settings
@@ -126,6 +125,7 @@ class Listener:
         self._refused = 0
         self._lingering: set[_Refuse] = set()  # refused connections not closed yet
         self._refusals_logged_at = 0.0
+        self._hot: HotRoutes | None = None  # once started
 
     async def start(self, port: int | None = None) -> None:
         """Start the app (probes, policy watch), then listen on the settings' address (or
@@ -134,7 +134,7 @@ class Listener:
         server = self._runner.server
         assert server is not None
         app = self._runner.app
-        server.request_handler = HotRoutes(app, app.get(HOT_PATHS, ()))
+        self._hot = server.request_handler = HotRoutes(app, app.get(HOT_PATHS, ()))
         loop = asyncio.get_running_loop()
         settings = self._settings
         try:
@@ -172,11 +172,13 @@ class Listener:
         if _count_open(handlers) >= self._cap and not self._close_idle(handlers):
             self._note_refusal()
             return _Refuse(self._lingering)
-        return _Handler(
+        assert self._hot is not None
+        return ConnectionHandler(
             server,
+            self._hot,
             loop=asyncio.get_running_loop(),
             keepalive_timeout=self._settings.idle_timeout,
-            access_log=None,  # type: ignore[arg-type]  # None: aiohttp's own line is off
+            access_log=None,  # aiohttp's own line is off
         )
 
     def _close_idle(self, handlers: Iterable[RequestHandler]) -> bool:
@@ -228,41 +230,6 @@ def descriptor_cap(wanted: int) -> int:
 def _count_open(handlers: Iterable[RequestHandler]) -> int:
     # A connection closed for a newcomer stays listed until its close completes.
     return sum(1 for handler in handlers if handler.transport is not None)
-
-
-class _Handler(RequestHandler):
-    """aiohttp's connection handler, with errors that echo nothing and log no traceback."""
-
-    def handle_error(
-        self,
-        request: web.BaseRequest,
-        status: int = 500,
-        exc: BaseException | None = None,
-        message: str | None = None,
-    ) -> web.StreamResponse:
-        if status >= 500:
-            # A bug of ours reached the top: the traceback is for the admin, not the client.
-            log.error("unhandled_error", status=status, exc_info=exc)
-            text = "the gateway failed to handle this request"
-        else:
-            log.warning("bad_http", status=status, error=type(exc).__name__ if exc else None)
-            text = "malformed HTTP request"
-        if request.writer.output_size > 0:
-            raise ConnectionError("the reply had started; the connection is closed instead")
-        response = web.Response(
-            status=status, body=json.dumps({"error": text}), content_type="application/json"
-        )
-        response.force_close()
-        return response
-
-    def log_exception(self, *args: Any, **kw: Any) -> None:
-        """aiohttp's own failures around a request (a body that breaks while aiohttp reads
-        it on to reach the next request): one line; a traceback only for the unexpected."""
-        exc = kw.get("exc_info")
-        if isinstance(exc, RequestPayloadError | HttpProcessingError | ConnectionError):
-            log.warning("connection_failed", error=type(exc).__name__)
-        else:
-            log.error("connection_failed", exc_info=exc)
 
 
 class _Refuse(asyncio.Protocol):

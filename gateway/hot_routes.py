@@ -17,6 +17,7 @@ from functools import partial
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler
 from aiohttp.web_urldispatcher import UrlMappingMatchInfo
+from multidict import CIMultiDictProxy
 
 __all__ = ["HOT_PATHS", "HotRoutes"]
 
@@ -37,15 +38,24 @@ class HotRoutes:
                 self._routes[path] = _chain(app, route)
 
     async def __call__(self, request: web.BaseRequest) -> web.StreamResponse:
-        # The raw path, not the decoded one: "/api%2Fchat" is not a route to aiohttp's router,
-        # and must not be one here.
-        hot = self._routes.get(request.raw_path) if request.method == hdrs.METH_POST else None
-        if hot is None or hdrs.EXPECT in request.headers:
+        hot = self.chain_for(request.method, request.raw_path, request.headers)
+        if hot is None:
             return await self._app._handle(request)  # type: ignore[arg-type]
         chain, match = hot
         # What Application._handle sets: replies are prepared with the app's hooks.
         request._match_info = match  # type: ignore[attr-defined]
         return await chain(request)  # type: ignore[arg-type]
+
+    def chain_for(
+        self, method: str, raw_path: str, headers: CIMultiDictProxy[str]
+    ) -> tuple[Handler, UrlMappingMatchInfo] | None:
+        """The chain and match info of a hot route's request; None for any other."""
+        # The raw path, not the decoded one: "/api%2Fchat" is not a route to aiohttp's router,
+        # and must not be one here.
+        hot = self._routes.get(raw_path) if method == hdrs.METH_POST else None
+        if hot is None or hdrs.EXPECT in headers:
+            return None
+        return hot
 
 
 def _chain(app: web.Application, route: web.AbstractRoute) -> tuple[Handler, UrlMappingMatchInfo]:

@@ -414,6 +414,101 @@ class TestIdleConnections:
         quiet.close()
 
 
+class TestKeepAlive:
+    async def test_a_stream_longer_than_the_idle_timeout_runs_to_its_end(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """The idle timeout counts only while a connection has no request: a reply that
+        streams for longer is not cut, and the connection closes once idle that long."""
+        _, url = await start_sim(decode_tokens_per_s=20.0)
+        gateway = await start_gateway(POLICY + one_backend(url, slots=2), idle_timeout=0.5)
+        reader, writer = await warm_raw(gateway)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        writer.write(request_bytes("/api/generate", _generate(tokens=20)))
+        reply = await read_streamed(reader)
+        ended = loop.time()
+        assert ended - started > 0.5 and b'"done":true' in reply
+        assert await asyncio.wait_for(reader.read(), timeout=5) == b""
+        assert loop.time() - ended > 0.25
+        writer.close()
+
+    async def test_requests_pipelined_behind_a_stream_are_answered_in_order(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """Requests a client sends on one connection while a reply streams are answered
+        after it, whole and in the order they were sent."""
+        _, url = await start_sim(decode_tokens_per_s=50.0)
+        gateway = await start_gateway(POLICY + one_backend(url, slots=2))
+        reader, writer = await warm_raw(gateway)
+        writer.write(request_bytes("/api/generate", _generate(tokens=10)))
+        streaming = await head_of(reader)
+        version = b"GET /api/version HTTP/1.1\r\nHost: gateway\r\n\r\n"
+        writer.write(version + request_bytes("/api/generate", _generate(tokens=3)))
+        first = await read_streamed(reader, streaming)
+        assert first.startswith(b"HTTP/1.1 200") and first.count(b'"done":false') == 10
+        head = await head_of(reader)
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        assert b'"version"' in await reader.readexactly(length)
+        third = await read_streamed(reader)
+        assert third.startswith(b"HTTP/1.1 200") and third.count(b'"done":false') == 3
+        writer.close()
+
+    async def test_a_hang_up_on_a_reused_connection_frees_the_slot_at_once(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """A client that closes a kept-alive connection mid-reply has its upstream request
+        cancelled at once, not at the next token."""
+        sim, url = await start_sim(decode_tokens_per_s=2.0)
+        gateway = await start_gateway(POLICY + one_backend(url, slots=2))
+        reader, writer = await warm_raw(gateway)
+        writer.write(request_bytes("/api/generate", _generate(tokens=100)))
+        await head_of(reader)
+        assert sim.stats.running == 1
+        writer.close()
+        await sim.wait_for(lambda stats: stats.running == 0, timeout=0.2)
+
+    async def test_a_chat_that_asks_to_close_the_connection_has_it_closed(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """A request sent with ``Connection: close`` gets its reply, then the end of the
+        connection."""
+        _, url = await start_sim()
+        gateway = await start_gateway(POLICY + one_backend(url, slots=2))
+        reader, writer = await warm_raw(gateway)
+        writer.write(
+            request_bytes("/api/generate", _generate(tokens=2), extra="Connection: close\r\n")
+        )
+        reply = await read_streamed(reader)
+        assert reply.startswith(b"HTTP/1.1 200") and b"Connection: close" in reply
+        assert await asyncio.wait_for(reader.read(), timeout=5) == b""
+        writer.close()
+
+
+def _generate(tokens: int) -> bytes:
+    options = {"num_predict": tokens}
+    return json.dumps({"model": MODEL, "prompt": "hi", "options": options}).encode()
+
+
+async def warm_raw(gateway: Gateway) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection that has had one reply: its next requests are each read while the
+    connection waits for one (as from a client's pool), not with the connection's open."""
+    reader, writer = await open_raw(gateway)
+    writer.write(request_bytes("/api/generate", _generate(tokens=1)))
+    await read_streamed(reader)
+    return reader, writer
+
+
+async def read_streamed(reader: asyncio.StreamReader, start: bytes = b"") -> bytes:
+    """One chunked reply, head to its last chunk (``start``: what was read of it)."""
+    reply = start
+    while not reply.endswith(b"\r\n0\r\n\r\n"):
+        data = await asyncio.wait_for(reader.read(65536), timeout=10)
+        assert data, f"the connection ended within a reply: {reply[-200:]!r}"
+        reply += data
+    return reply
+
+
 async def test_clients_probe_the_version_without_a_key(
     start_sim: StartSim, start_gateway: StartGateway
 ) -> None:
