@@ -86,6 +86,12 @@ class Admission:
         self.room.reconfigure(policy, pool)
         self.room.dispatch()
 
+    def at_once(self, ticket: Ticket) -> Permit | None:
+        """The quick yes of ``acquire``, without a coroutine to run: a permit now if a place
+        is free and nobody waits, else None (then ``acquire``). None with several replicas:
+        the hold store confirms every turn."""
+        return self.turns.at_once(ticket) if self.replicas is None else None
+
     async def acquire(self, ticket: Ticket) -> Permit | Refusal:
         """Wait for a turn; a Permit to hold while the request runs, or a Refusal.
 

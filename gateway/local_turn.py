@@ -45,9 +45,13 @@ class LocalTurns:
 
     def at_once(self, ticket: Ticket) -> Permit | None:
         """The quick yes: a permit now if a place is free and nobody waits, else None."""
-        turn = asyncio.get_running_loop().create_future()
-        started = self._room.start_at_once(ticket, self._clock(), turn)
-        return None if started is None else Permit(self._issuer, started, turn.result())
+        # No waiter, no future: a request that starts at once has no turn to wait for.
+        now = self._clock()
+        started = self._room.start_at_once(ticket, now)
+        if started is None:
+            return None
+        backend, placement, weight = started
+        return Permit(self._issuer, ticket, backend, placement, weight, now)
 
     async def queue(self, ticket: Ticket, within: float) -> Permit | Refusal:
         """What ``take`` does when the quick yes said no: the quick no, or the wait."""
@@ -62,7 +66,7 @@ class LocalTurns:
         waiter = room.join(ticket, self._clock(), turn)
         room.dispatch()
         if waiter.turn.done():  # a place was free, and its turn came first
-            return Permit(self._issuer, waiter, waiter.turn.result())
+            return Permit.queued(self._issuer, waiter, waiter.turn.result())
         reason = room.over_bound(ticket.user, ticket.lane, joining=False)
         if reason is not None:
             room.leave(waiter)
@@ -79,7 +83,7 @@ class LocalTurns:
                 backend = await asyncio.shield(waiter.turn)
         except TimeoutError:
             if waiter.turn.done():  # granted as the timer fired: take the turn after all
-                return Permit(self._issuer, waiter, waiter.turn.result())
+                return Permit.queued(self._issuer, waiter, waiter.turn.result())
             swap = room.swap_wait(ticket, self._hold_timer.seconds)
             room.leave(waiter)
             room.dispatch()  # a swap it was the last to wait for is called off
@@ -89,7 +93,7 @@ class LocalTurns:
         except BaseException:
             self._abandon(waiter)
             raise
-        return Permit(self._issuer, waiter, backend)
+        return Permit.queued(self._issuer, waiter, backend)
 
     def _displace_background(self, ticket: Ticket) -> Reason | None:
         """Make room for a person: the newest background request leaves with a 503."""

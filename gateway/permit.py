@@ -13,7 +13,8 @@ from typing import Protocol
 
 from gateway.backends.pool import Backend
 from gateway.holds import Hold
-from gateway.tickets import Waiter
+from gateway.swaps import Placement
+from gateway.tickets import Ticket, Waiter
 from gateway.waiting_room import WaitingRoom
 
 __all__ = ["Issuer", "Permit"]
@@ -52,18 +53,46 @@ class Permit:
         "weight",
     )
 
-    def __init__(self, admission: Issuer, waiter: Waiter, backend: Backend):
+    def __init__(
+        self,
+        admission: Issuer,
+        ticket: Ticket,
+        backend: Backend,
+        placement: Placement,
+        weight: float,
+        granted_at: float,
+        queue_wait: float = 0.0,
+        queue_position: int = 0,
+    ) -> None:
+        """``weight``: its candidate's; ``queue_wait`` and ``queue_position``: 0 when it
+        started at once (``queued`` makes the permit of a request that waited)."""
         self._admission = admission
         self._released = False
-        self.ticket = waiter.ticket
-        self.weight = waiter.candidate.weight
+        self.ticket = ticket
+        self.weight = weight
         self.backend = backend
-        self.granted_at = admission.clock()
-        self.queue_wait = self.granted_at - waiter.arrived
-        self.queue_position = waiter.position
+        self.granted_at = granted_at
+        self.queue_wait = queue_wait
+        self.queue_position = queue_position
         self.output_charged = 0.0
         self.hold: Hold | None = None  # the claim in the hold store, once confirmed
-        self.placement = waiter.placement  # how it finds its model: held, loaded, swapped
+        self.placement = placement  # how it finds its model: held, loaded, swapped
+
+    @classmethod
+    def queued(cls, admission: Issuer, waiter: Waiter, backend: Backend) -> Permit:
+        """The permit of ``waiter``, whose turn came in the room (on ``backend``)."""
+        now = admission.clock()
+        ticket, placement, weight = waiter.ticket, waiter.placement, waiter.candidate.weight
+        return cls(
+            admission,
+            ticket,
+            backend,
+            placement,
+            weight,
+            now,
+            now - waiter.arrived,
+            waiter.position,
+        )
 
     def add_output(self, tokens: float) -> None:
         """Charge tokens as they stream, so a long reply counts before it ends."""

@@ -151,6 +151,8 @@ class Policy(Strict):
     def account_of(self, user: str) -> str:
         """The configured user ``user`` counts under: itself, or for a person named by a
         front end (``owui/alice@example.com``) that front end."""
+        if PERSON_SEPARATOR not in user:  # nobody named by a front end: every request asks
+            return user
         front_end, _, person = user.partition(PERSON_SEPARATOR)
         config = self.users.get(front_end)
         if person and config is not None and config.on_behalf is not None:

@@ -102,7 +102,7 @@ class Generation:
         # Again, right before joining the room: no await between the two, so the requests
         # that passed this check all count as in flight for the next one.
         _check_budget(services, view.policy, user)
-        outcome = await admission.acquire(ticket)
+        outcome = admission.at_once(ticket) or await admission.acquire(ticket)
         if isinstance(outcome, Refusal):
             retry_after = outcome.retry_after if outcome.status == 503 else None
             raise GatewayError(outcome.status, outcome.reason, outcome.message, retry_after)

@@ -70,11 +70,11 @@ class Residency:
         self._backends: dict[str, _Backend] = {}
 
     def num_ctx(self, backend: Backend, model: str, asked: int | None) -> int:
-        """The context a request for ``model`` asking for ``asked`` (None: nothing) gets on
-        ``backend``: at least 4, at most the model's trained context once seen (Ollama cuts
-        a larger num_ctx to it, so asking more reloads nothing)."""
+        """The context a request for ``model`` (a model key) asking for ``asked`` (None:
+        nothing) gets on ``backend``: at least 4, at most the model's trained context once
+        seen (Ollama cuts a larger num_ctx to it, so asking more reloads nothing)."""
         wanted = max(4, backend.default_num_ctx if asked is None else asked)
-        trained = self._of(backend).trained.get(model_key(model))
+        trained = self._of(backend).trained.get(model)
         return wanted if trained is None else min(wanted, trained)
 
     def residents(self, backend: Backend, busy: Mapping[str, int]) -> dict[str, Resident]:

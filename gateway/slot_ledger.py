@@ -21,6 +21,10 @@ from gateway.vocabulary import Lane
 
 __all__ = ["SlotLedger", "decrement", "increment"]
 
+# Read once: through its class, a 3.11 enum member costs a descriptor call (60 ns), and
+# every request asks for it several times.
+_BACKGROUND = Lane.BACKGROUND
+
 
 class SlotLedger:
     """Running requests by slot group (every one, heavy ones, background ones) and holders."""
@@ -71,7 +75,7 @@ class SlotLedger:
         increment(self.on_backend, backend.key)
         if ticket.heavy:
             increment(self.heavy, group)
-        if ticket.lane is Lane.BACKGROUND:
+        if ticket.lane is _BACKGROUND:
             increment(self.background, group)
         elif not ticket.heavy:
             increment(self.people_light, group)
@@ -84,7 +88,7 @@ class SlotLedger:
         decrement(self.on_backend, backend.key)
         if ticket.heavy:
             decrement(self.heavy, group)
-        if ticket.lane is Lane.BACKGROUND:
+        if ticket.lane is _BACKGROUND:
             decrement(self.background, group)
         elif not ticket.heavy:
             decrement(self.people_light, group)

@@ -173,7 +173,8 @@ class SwapPlanner:
             # nothing is confirmed: the request goes and Ollama decides, as it would without
             # the gateway. A made-up name never waits for room nor unloads a model.
             return True
-        model, num_ctx = model_key(model), self.residency.num_ctx(backend, model, asked)
+        model = model_key(model)
+        num_ctx = self.residency.num_ctx(backend, model, asked)
         if self._of(backend).unloading == model:
             return False  # it would reach Ollama before the room is made
         swap = self._swaps.get(backend.key)
@@ -208,7 +209,8 @@ class SwapPlanner:
             return False  # one swap at a time, until its room is made
         if self.admits(backend, model, asked, busy):
             return False  # memory is not what keeps it waiting: its slots are
-        model, num_ctx = model_key(model), self.residency.num_ctx(backend, model, asked)
+        model = model_key(model)
+        num_ctx = self.residency.num_ctx(backend, model, asked)
         victims = self._victims(backend, model, num_ctx, busy, demand)
         if victims is None:
             return False
@@ -222,7 +224,8 @@ class SwapPlanner:
         """A request for ``model`` is being sent to ``backend``: how it finds its model."""
         if not backend.per_model:
             return RESIDENT
-        model, num_ctx = model_key(model), self.residency.num_ctx(backend, model, asked)
+        model = model_key(model)
+        num_ctx = self.residency.num_ctx(backend, model, asked)
         plans, now = self._of(backend), self._clock()
         held = self.residency.context(backend, model, busy)
         swap = self._swaps.get(backend.key)
@@ -241,9 +244,45 @@ class SwapPlanner:
             placement = RESIDENT if held == num_ctx else _RELOAD
         else:
             placement = _LOAD
+        self._send(backend, plans, model, num_ctx, now)
+        return placement
+
+    def admitted(
+        self, backend: Backend, model: str, asked: int | None, busy: Mapping[str, int]
+    ) -> Placement | None:
+        """``placed`` if ``admits``, else None. What the quick yes asks of its one backend:
+        with no swap under way (nearly always), the model's context and residency worked
+        out once for both questions, and in the order ``admits`` asks them."""
+        if not backend.per_model:
+            return RESIDENT
+        plans = self._of(backend)
+        if self._swaps or plans.unloading is not None:
+            if not self.admits(backend, model, asked, busy):
+                return None
+            return self.placed(backend, model, asked, busy)
+        model, residency = model_key(model), self.residency
+        num_ctx = residency.num_ctx(backend, model, asked)
+        held = residency.context(backend, model, busy)
+        # ``backend.lists``, of a key: else ``admits`` says yes, whatever memory holds.
+        listed = backend.state.models is not None and model in backend.state.models
+        if held is None:
+            if listed and not self._fits(
+                backend, residency.residents(backend, busy), (), model, num_ctx
+            ):
+                return None
+            placement = _LOAD
+        elif held == num_ctx:
+            placement = RESIDENT
+        elif listed:
+            return None  # held with another context: a reload, planned as a swap is
+        else:
+            placement = _RELOAD
+        self._send(backend, plans, model, num_ctx, self._clock())
+        return placement
+
+    def _send(self, backend: Backend, plans: _Plans, model: str, num_ctx: int, now: float) -> None:
         self.residency.sent(backend, model, num_ctx, now)
         plans.last_used[model] = now
-        return placement
 
     def answered(self, backend: Backend, model: str, placement: Placement) -> None:
         """The backend took the request sent with ``placement``: the load or reload it

@@ -29,6 +29,10 @@ if TYPE_CHECKING:
 
 __all__ = ["Offer", "free_backends", "free_to_start", "next_offer", "waits"]
 
+# Read once: through its class, a 3.11 enum member costs a descriptor call (60 ns), and
+# every request asks for it several times.
+_BACKGROUND = Lane.BACKGROUND
+
 _NOBODY: frozenset[str] = frozenset()
 
 
@@ -79,21 +83,24 @@ def _first_offer(room: WaitingRoom, queue: Iterable[Waiter], lane: Lane) -> Offe
 
 
 def free_to_start(
-    room: WaitingRoom, ticket: Ticket, serving: list[Backend] | None = None
+    room: WaitingRoom, ticket: Ticket, serving: list[Backend] | None = None, memory: bool = True
 ) -> list[Backend]:
     """The backends ``ticket``'s request may start on now: a free slot, and for a heavy
-    request an open prefill gate (``serving``: the pool's for it, when known already)."""
-    free = free_backends(room, ticket, serving)
+    request an open prefill gate (``serving``: the pool's for it, when known already;
+    ``memory``: see ``free_backends``)."""
+    free = free_backends(room, ticket, serving, memory)
     if ticket.heavy:
         free = [backend for backend in free if _heavy_may_start(room, backend, ticket.model)]
     return free
 
 
 def free_backends(
-    room: WaitingRoom, ticket: Ticket, serving: list[Backend] | None = None
+    room: WaitingRoom, ticket: Ticket, serving: list[Backend] | None = None, memory: bool = True
 ) -> list[Backend]:
-    """The backends serving ``ticket`` with a slot it may take now (the gate aside)."""
-    background = ticket.lane is Lane.BACKGROUND
+    """The backends serving ``ticket`` with a slot it may take now (the gate aside).
+    ``memory=False``: what their memory holds is not asked (``SwapPlanner.admitted`` asks
+    it of the one backend chosen)."""
+    background = ticket.lane is _BACKGROUND
     shared = ticket.heavy or background  # held to a share of the slots, as well
     # People first: background work does not start on a backend a person waits for, even
     # one who cannot take this slot (the heavy lane is full): the slot is theirs when the
@@ -109,7 +116,7 @@ def free_backends(
         and backend.key not in wanted
         and not (shared and _share_full(room, ticket, backend, group))
         # Last, as the dearest: what memory holds (Ollama backends only).
-        and room.swaps.admits(backend, model, ticket.num_ctx, slots.busy)
+        and (not memory or room.swaps.admits(backend, model, ticket.num_ctx, slots.busy))
     ]
 
 
@@ -119,7 +126,7 @@ def _share_full(room: WaitingRoom, ticket: Ticket, backend: Backend, group: str)
     policy, slots = room.policy, room.slots
     if ticket.heavy and slots.heavy[group] >= policy.classes.heavy.slots_on(backend.slots):
         return True
-    if ticket.lane is not Lane.BACKGROUND:
+    if ticket.lane is not _BACKGROUND:
         return False
     return slots.background[group] >= policy.lanes.background.slots_on(backend.slots)
 

@@ -33,10 +33,14 @@ from gateway.slot_ledger import SlotLedger
 from gateway.swaps import Placement, SwapPlanner, SwapWait
 from gateway.tickets import Ticket, Waiter
 from gateway.turns import Offer, free_backends, free_to_start, next_offer, waits
+from gateway.user_policy import Limits
 from gateway.user_queues import UserQueues
 from gateway.vocabulary import Lane, Reason
 
-__all__ = ["Ticket", "Waiter", "WaitingRoom", "ordering_for"]
+__all__ = ["QuickYes", "Ticket", "Waiter", "WaitingRoom", "ordering_for"]
+
+# A request started at once: its backend, how it finds its model there, its weight.
+QuickYes = tuple[Backend, Placement, float]
 
 
 class WaitingRoom:
@@ -116,30 +120,44 @@ class WaitingRoom:
         self._on_change()
         return waiter
 
-    def start_at_once(
-        self, ticket: Ticket, now: float, turn: asyncio.Future[Backend]
-    ) -> Waiter | None:
-        """The quick yes: with nobody waiting, a request that can start takes its slot now,
-        its ``turn`` resolved; None if it would have to wait. What ``join`` and ``dispatch``
-        would do, the request being the only one to choose from, without queueing it only
-        to take it out again: this is the path of every request on a gateway with room."""
+    def start_at_once(self, ticket: Ticket, now: float) -> QuickYes | None:
+        """The quick yes: with nobody waiting, a request that can start takes its slot now;
+        None if it would have to wait. What ``join`` and ``dispatch`` would do, the request
+        being the only one to choose from, without a waiter, a turn to resolve, nor a queue
+        to enter and leave: this is the path of every request on a gateway with room."""
         lines = self.lines
         if lines.depth or not self.slots.has_free_slot(self.pool.backends):
             return None  # somebody waits (the ordering picks who goes next) or all is taken
-        if lines.at_cap(ticket.user, ticket.lane):
+        limits = self.policy.limits_of(ticket.user)
+        if lines.at_cap(ticket.user, ticket.lane, limits):
             return None
         serving = self.pool.serving(ticket.api, ticket.model)
         if self.swaps.planned:  # as dispatch does first, the waiting being this one alone
             self.swaps.keep_only({(b.key, model_key(ticket.model)) for b in serving})
-        free = free_to_start(self, ticket, serving)
+        # With one backend, what its memory holds is asked once, with how the request would
+        # find its model there: not once to know whether it may go, then again as it goes.
+        # Not for heavy requests: asking the prefill gate whether one may start holds it.
+        single = len(serving) == 1 and not ticket.heavy
+        free = free_to_start(self, ticket, serving, memory=not single)
         if not free:
             return None
-        waiter = self._arrival(ticket, now, turn)
+        backend = self.prefer(free, ticket)
+        swaps, busy = self.swaps, self.slots.busy
+        if single:
+            placement = swaps.admitted(backend, ticket.model, ticket.num_ctx, busy)
+            if placement is None:
+                return None
+        else:
+            placement = swaps.placed(backend, ticket.model, ticket.num_ctx, busy)
+        # As ``_arrival`` does, nobody waiting: the user is lifted to where the room left off.
+        self.ordering.on_arrival(ticket.user, ())
+        candidate = self._candidate(ticket, limits)
         lines.started(ticket)
-        self._start(waiter, self.prefer(free, ticket))
+        self._occupy(ticket, backend)
+        self.ordering.on_dispatch(candidate)
         self._on_change()
         self._wake_for_held()
-        return waiter
+        return backend, placement, candidate.weight
 
     def _arrival(self, ticket: Ticket, now: float, turn: asyncio.Future[Backend]) -> Waiter:
         user, lines = ticket.user, self.lines
@@ -148,9 +166,11 @@ class WaitingRoom:
             # still waiting, so idle (or merely running) time cannot be banked into a burst.
             waiting = lines.waiting.keys() | lines.background.keys() if lines.depth else ()
             self.ordering.on_arrival(user, waiting)
-        weight = self.policy.limits_of(user).weight * ticket.class_weight
-        candidate = Candidate(next(self._seq), user, weight, ticket.input_tokens)
-        return Waiter(ticket, candidate, now, turn)
+        return Waiter(ticket, self._candidate(ticket, self.policy.limits_of(user)), now, turn)
+
+    def _candidate(self, ticket: Ticket, limits: Limits) -> Candidate:
+        weight = limits.weight * ticket.class_weight
+        return Candidate(next(self._seq), ticket.user, weight, ticket.input_tokens)
 
     def leave(self, waiter: Waiter) -> None:
         """``waiter`` is out of the room (dispatched, gone, refused); again: nothing."""
@@ -268,10 +288,14 @@ class WaitingRoom:
         # Asked before the slot is counted: what memory holds is judged by the requests
         # already running, and this one would make its own model look held.
         placement = self.swaps.placed(backend, ticket.model, ticket.num_ctx, self.slots.busy)
+        self._occupy(ticket, backend)
+        return placement
+
+    def _occupy(self, ticket: Ticket, backend: Backend) -> None:
+        """``take``, its placement worked out already."""
         self.slots.take(ticket, backend)
         if ticket.heavy:
             self.gate.started(backend.group(ticket.model))  # the next one is held afresh
-        return placement
 
     def give_back(self, ticket: Ticket, backend: Backend) -> None:
         """``ticket``'s slot on ``backend`` is free (it ended, or failed over elsewhere)."""

@@ -4,6 +4,7 @@ victim drains, the victim is unloaded by the gateway, and nothing reaches Ollama
 from __future__ import annotations
 
 import asyncio
+import random
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -422,6 +423,45 @@ class TestPlanner:
         assert planner.admits(backend, QWEN, 100_000, {})
         assert not planner.plan(backend, QWEN, 100_000, {}, {})
         assert not planner.admits(backend, QWEN, 8192, {})  # a smaller one does reload
+
+    def test_admitted_answers_and_places_as_admits_then_placed_do(self) -> None:
+        """The quick yes's one question is the two it stands for: over a random walk of
+        requests, probes, swaps and unloads, the same placement or refusal, the same state."""
+        rng, backend, now = random.Random(7), self.backend, [100.0]
+        both, alone = SwapPlanner(lambda: now[0]), SwapPlanner(lambda: now[0])
+        models = (LLAMA, QWEN, PHI, "made-up")
+        for _ in range(600):
+            now[0] += rng.choice((0.0, 0.5, 3.0))
+            model, asked = rng.choice(models), rng.choice((None, None, 8192, 100_000))
+            busy = {backend.group(m): n for m in models if (n := rng.choice((0, 0, 0, 1)))}
+            step = rng.random()
+            if step < 0.1:  # a probe: what is loaded, with which context; the list, or none
+                held = rng.sample(models[:3], rng.randint(0, 2))
+                backend.state.loaded = {
+                    m: LoadedModel(size=2 * 10**9, context_length=rng.choice((None, 32768)))
+                    for m in held
+                }
+                backend.state.observed_at = now[0]
+                backend.state.models = rng.choice((None, frozenset(models[:3])))
+            elif step < 0.2:
+                for planner in (both, alone):
+                    planner.plan(backend, model, asked, busy, {(backend.key, model): 1})
+            elif step < 0.25:
+                for planner in (both, alone):
+                    planner.made_room(backend)
+            expected = (
+                alone.placed(backend, model, asked, busy)
+                if alone.admits(backend, model, asked, busy)
+                else None
+            )
+            assert both.admitted(backend, model, asked, busy) == expected
+            assert planner_state(both, backend) == planner_state(alone, backend)
+
+
+def planner_state(planner: SwapPlanner, backend: Backend) -> tuple[object, ...]:
+    """All a planner keeps of ``backend``, the residency's lazy pruning included."""
+    residency = planner.residency
+    return (planner.snapshot(), planner._plans, planner._swaps, residency._backends)
 
 
 class TestWastedSwaps:

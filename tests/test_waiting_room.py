@@ -7,6 +7,7 @@ import random
 
 from gateway.backends import Backend, BackendPool, BackendStates
 from gateway.policy import parse_policy
+from gateway.scheduler import Candidate
 from gateway.slot_ledger import SlotLedger
 from gateway.vocabulary import Api, Lane, RequestClass
 from gateway.waiting_room import Ticket, Waiter, WaitingRoom
@@ -114,9 +115,11 @@ def _arrive_at_once_or_join(room: Room, user: str, heavy: bool) -> Waiter:
     request_class = RequestClass.HEAVY if heavy else RequestClass.LIGHT
     ticket = Ticket(user, "m", Api.OLLAMA, 3000 if heavy else 40, request_class)
     turn = asyncio.get_running_loop().create_future()
-    started = room.room.start_at_once(ticket, room.now, turn)
-    if started is not None:
-        return started
+    started = room.room.start_at_once(ticket, room.now)
+    if started is not None:  # no waiter: one standing for it, its turn done
+        backend, _, weight = started
+        turn.set_result(backend)
+        return Waiter(ticket, Candidate(0, user, weight, ticket.input_tokens), room.now, turn)
     waiter = room.room.join(ticket, room.now, turn)
     room.room.dispatch()
     return waiter
@@ -167,9 +170,8 @@ async def test_nobody_starts_at_once_past_a_request_that_waits() -> None:
     held = room.join("ann", heavy=True)  # held for the light request beside it
     assert not held.turn.done()
     ticket = Ticket("cy", "m", Api.OLLAMA, 40)
-    turn = asyncio.get_running_loop().create_future()
-    assert room.room.start_at_once(ticket, room.now, turn) is None
-    assert not turn.done() and room.room.depth == 1
+    assert room.room.start_at_once(ticket, room.now) is None
+    assert room.room.depth == 1
 
 
 async def test_background_work_beside_does_not_hold_a_persons_heavy_request() -> None:
