@@ -2,6 +2,14 @@
 
 Keys are held as SHA-256 digests and the digest of what the client sent is compared with every
 one of them in constant time, so neither the timing of a refusal nor a log line gives a key away.
+
+An address (``clients:``) or an open gateway is authority a browser carries to every page it
+opens: a page on any site can send a POST without a preflight (``Content-Type: text/plain``)
+and run a chat as the household member whose machine it is, on their budget, though it cannot
+read the reply. A request that a page on another origin sent (its browser says so in
+``Origin``) is therefore refused with 403 ``origin_forbidden`` unless it carries a key or the
+policy lists that origin (``cors.origins``), as Ollama refuses an origin it does not list;
+extensions' and apps' own schemes are left to the backend, as before.
 """
 
 from __future__ import annotations
@@ -13,6 +21,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import structlog
+
 from gateway.errors import GatewayError
 from gateway.forwarded import Address, ProxyTrust, address_of
 from gateway.policy import Policy
@@ -21,8 +31,14 @@ from gateway.vocabulary import Reason
 
 __all__ = ["Caller", "Directory"]
 
+log = structlog.get_logger("fairgate.identity")
+
 _ANONYMOUS_CREDENTIAL = "anonymous"
 _MAX_PERSON = 200  # characters of a person's name from a front end's header
+_ORIGIN_LOGGED = 200  # characters of a refused Origin header written to the log
+# The origins a web page can have: a site's, or "null" (a sandboxed frame, a file, a data: URL).
+_PAGE_SCHEMES = ("http://", "https://")
+_OPAQUE_ORIGIN = "null"
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +85,7 @@ class Directory:
             for name, user in policy.users.items()
             if user.on_behalf is not None
         }
+        self._origins = frozenset(policy.cors.origins)
 
     def identify(self, headers: Mapping[str, str], address: Address | None) -> Caller:
         """Who is asking, or GatewayError 401 when the request cannot be attributed."""
@@ -88,13 +105,13 @@ class Directory:
                     return found
                 return Caller(self._person(found.user, headers), found.credential)
             if self._open:
-                return _ANONYMOUS_CALLER
+                return self._unless_a_page_elsewhere(_ANONYMOUS_CALLER, headers)
             raise GatewayError(401, Reason.UNAUTHORIZED, "unknown API key")
         user = self._user_of_address(address)
         if user is not None:
-            return Caller(user, f"client:{address}")
+            return self._unless_a_page_elsewhere(Caller(user, f"client:{address}"), headers)
         if self._anonymous:
-            return _ANONYMOUS_CALLER
+            return self._unless_a_page_elsewhere(_ANONYMOUS_CALLER, headers)
         # Say how to pass a key and where keys come from: the first curl of a new admin
         # lands here, and the example policy's key is easy to find once that is said.
         raise GatewayError(
@@ -102,6 +119,25 @@ class Directory:
             Reason.UNAUTHORIZED,
             "an API key is required: send Authorization: Bearer KEY "
             "(the keys are under users: in the gateway's policy file)",
+        )
+
+    def _unless_a_page_elsewhere(self, caller: Caller, headers: Mapping[str, str]) -> Caller:
+        """``caller``, known without a key, unless a web page on an origin the policy does
+        not list sent the request (see the module's note): then 403."""
+        origin = headers.get("Origin")
+        if origin is None or origin in self._origins:
+            return caller
+        if origin != _OPAQUE_ORIGIN and (
+            not origin.startswith(_PAGE_SCHEMES)
+            or origin.partition("://")[2].lower() == headers.get("Host", "").lower()
+        ):
+            return caller  # an extension's or app's own scheme, or the gateway's own page
+        log.warning("origin_forbidden", origin=origin[:_ORIGIN_LOGGED], user=caller.user)
+        raise GatewayError(
+            403,
+            Reason.ORIGIN_FORBIDDEN,
+            f"a page on {origin[:_ORIGIN_LOGGED]!r} cannot use the gateway without a key: "
+            "list its origin under cors.origins to let it",
         )
 
     def admits(self, user: str, credential: str) -> bool:

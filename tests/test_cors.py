@@ -195,6 +195,65 @@ class TestReplies:
         assert headers.get("Vary") == vary
 
 
+class TestPagesWithoutAKey:
+    """A web page rides on its browser's address: one on another origin is refused unless it
+    brings a key or the policy lists its origin."""
+
+    @pytest.mark.parametrize("origin", [ELSEWHERE, "null"])
+    async def test_a_page_elsewhere_cannot_chat_as_the_machine_it_runs_on(
+        self, start_sim: StartSim, start_gateway: StartGateway, origin: str
+    ) -> None:
+        """A POST with no preflight (text/plain) from a page on another origin, or from a
+        sandboxed frame, gets 403 and never reaches the backend."""
+        sim, sim_url = await start_sim()
+        gateway = await start_gateway(by_address(sim_url, origins="[]"))
+        headers = {"Origin": origin, "Content-Type": "text/plain"}
+        with structlog.testing.capture_logs() as logs:
+            status, _, body = await send(gateway, "POST", "/api/chat", headers, CHAT)
+        assert status == 403 and "cors.origins" in json.loads(body)["error"]
+        assert sim.stats.max_running == 0
+        refused = [line for line in logs if line["event"] == "origin_forbidden"]
+        assert [(line["origin"], line["user"]) for line in refused] == [(origin, "house")]
+
+    async def test_an_open_gateway_refuses_a_page_elsewhere_too(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """With no users at all, the page would run as anyone: the same 403 (with origins
+        listed, so that the gateway and not Ollama's own check is what refuses)."""
+        sim, sim_url = await start_sim()
+        gateway = await start_gateway(one_backend(sim_url, extra=f"cors: {{origins: [{APP}]}}\n"))
+        status, _, _ = await send(gateway, "POST", "/api/chat", {"Origin": ELSEWHERE}, CHAT)
+        assert status == 403 and sim.stats.max_running == 0
+
+    @pytest.mark.parametrize("origin", [APP, "chrome-extension://abcdefghijklmnop", "gateway"])
+    async def test_a_listed_origin_an_extension_and_the_gateways_own_page_are_served(
+        self, start_sim: StartSim, start_gateway: StartGateway, origin: str
+    ) -> None:
+        """A listed origin's page may use the address it runs at; an extension's scheme is
+        the backend's to judge; a page of the gateway's own origin is no other origin."""
+        _, sim_url = await start_sim()
+        gateway = await start_gateway(by_address(sim_url, origins=f"[{APP}]"))
+        if origin == "gateway":
+            origin = gateway.url
+        status, _, _ = await send(gateway, "POST", "/api/chat", {"Origin": origin}, CHAT)
+        assert status == 200
+
+    async def test_a_key_from_a_page_elsewhere_is_still_a_key(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """A key is authority the page was given, not one the browser carries: served."""
+        _, sim_url = await start_sim()
+        gateway = await start_gateway(policy(sim_url))
+        asked = {"Origin": ELSEWHERE, "Authorization": "Bearer alice-key"}
+        status, _, _ = await send(gateway, "POST", "/api/chat", asked, CHAT)
+        assert status == 200
+
+
+def by_address(sim_url: str, origins: str) -> str:
+    users = "users:\n  house: {clients: [127.0.0.1/32]}\n"
+    return one_backend(sim_url, slots=2, extra=users + f"cors: {{origins: {origins}}}\n")
+
+
 class TestOriginsInThePolicy:
     @pytest.mark.parametrize(
         ("written", "kept"),
