@@ -27,19 +27,23 @@ LLAMA_CMAKE_ARGS := -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_B
 
 venv: $(DEV_STAMP)
 
+# `make run` and `make sim` started together on a fresh clone (the README's first steps, in
+# two terminals) would otherwise create and fill the same virtualenv at once: one install
+# at a time, and whichever waited finds the work done (flock, util-linux).
+INSTALL_LOCK := $(VENV).lock
+LOCKED := flock $(INSTALL_LOCK)
+
 $(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
+	$(LOCKED) sh -c '[ -x $@ ] || $(PYTHON) -m venv $(VENV)'
 
 # Running the gateway needs none of mypy, ruff or pytest (about 40 s to install).
 $(RUNTIME_STAMP): pyproject.toml | $(BIN)/python
 	@echo "installing the gateway's runtime dependencies into $(VENV)"
-	$(BIN)/python -m pip install --quiet -e .
-	touch $@
+	$(LOCKED) sh -c '[ $@ -nt pyproject.toml ] || { $(BIN)/python -m pip install --quiet -e . && touch $@; }'
 
 # The dev install includes the runtime one, so it satisfies `make run` too.
 $(DEV_STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	touch $@ $(RUNTIME_STAMP)
+	$(LOCKED) sh -c '[ $@ -nt pyproject.toml ] || { $(BIN)/python -m pip install --quiet -e ".[dev]" && touch $@ $(RUNTIME_STAMP); }'
 
 run: $(RUNTIME_STAMP)
 	FAIRGATE_CONFIG=$${FAIRGATE_CONFIG:-$(CONFIG)} $(BIN)/fairgate serve
@@ -87,4 +91,4 @@ sim: $(RUNTIME_STAMP)
 	$(BIN)/fairgate sim
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(INSTALL_LOCK) .mypy_cache .ruff_cache .pytest_cache
