@@ -8,7 +8,8 @@ that client) and nginx (one worker, ``proxy_buffering off``, upstream keep-alive
 installed.
 Four loads, each against every target in turn, in the same run:
 
-- one stream at a time: what the path adds to a request when nothing else is happening.
+- one stream at a time: what the path adds to a request when nothing else is happening,
+  and which part of it is on the way in and which on the way back (``benchmarks.timeline``).
 - zero-delay: the backend streams its tokens as fast as it can, ``--concurrency`` clients in
   a closed loop. This finds the most requests per second the path can relay; its latencies
   rise with that throughput (the stub shares core 1 with the client).
@@ -43,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.bare_relay import STACKS
+from benchmarks.timeline import stub_stamps, ways
 from tests.processes import free_port, stop, until_answers
 
 WARMUP = 1.0  # seconds each client runs before it starts counting
@@ -97,14 +99,17 @@ async def client_figures(
     pause: float = 0.0,
     spread: float = 0.0,
     rate: float = 0.0,
+    timeline: bool = False,
 ) -> dict[str, Any]:
     """Run ``benchmarks.wire_client`` on core 1 against ``url``; its figures. ``spread``:
     the connections start evenly over that many seconds, all before the counting does;
-    ``rate``: requests a second on a schedule (0: a closed loop)."""
+    ``rate``: requests a second on a schedule (0: a closed loop); ``timeline``: with each
+    request's send and first line."""
     command = [sys.executable, "-m", "benchmarks.wire_client", "--url", url]
     command += ["--concurrency", str(concurrency), "--seconds", str(seconds)]
     command += ["--warmup", str(WARMUP + spread), "--spread", str(spread)]
     command += ["--keys", ",".join(keys or []), "--pause", str(pause), "--rate", str(rate)]
+    command += ["--timeline"] if timeline else []
     process = await asyncio.create_subprocess_exec(*_pinned(1, command), stdout=subprocess.PIPE)
     output, _ = await process.communicate()
     if process.returncode:
@@ -120,9 +125,10 @@ async def _load(
     concurrency: int,
     spread: float = 0.0,
     rate: float = 0.0,
+    timeline: bool = False,
 ) -> list[dict[str, dict[str, Any]]]:
     """Start the stub, the gateway, the bare relays and nginx; measure each, ``--rounds``
-    times; stop them."""
+    times (``timeline``: with each one's way in and way back); stop them."""
     stub_port, gateway_port, nginx_port = free_port(), free_port(), free_port()
     processes = []
     try:
@@ -188,10 +194,15 @@ async def _load(
             for name, url in targets.items():
                 pid = pids.get(name)
                 cpu_before = _cpu_seconds(pid) if pid else 0.0
+                if timeline:  # the stub forgets what it stamped for the last target
+                    await asyncio.to_thread(stub_stamps, stub_url)
                 figures[name] = await client_figures(
-                    url, concurrency, args.seconds, spread=spread, rate=rate
+                    url, concurrency, args.seconds, spread=spread, rate=rate, timeline=timeline
                 )
                 figures[name]["cpu"] = _cpu_seconds(pid) - cpu_before if pid else None
+                if timeline:
+                    stamps = await asyncio.to_thread(stub_stamps, stub_url)
+                    figures[name]["ways"] = ways(figures[name].pop("sends"), stamps)
                 figures[name]["counted"] = WARMUP + spread + args.seconds
             rounds.append(figures)
         return rounds
@@ -226,6 +237,7 @@ def _figures(figures: dict[str, dict[str, Any]]) -> None:
                 f"p99 {added['ttft_p99']:+.2f} ms; ITL p99 "
                 f"{(f['itl_p99'] - direct['itl_p99']) * 1e3:+.2f} ms"
             )
+    _ways(figures)
     if "nginx" in figures:
         gateway, nginx = figures["gateway"], figures["nginx"]
         print(
@@ -247,6 +259,21 @@ def _figures(figures: dict[str, dict[str, Any]]) -> None:
             )
 
 
+def _ways(figures: dict[str, dict[str, Any]]) -> None:
+    """Each path's way in (client's send to the backend's read) and way back (backend's
+    answer to the client's first line), medians, and what it adds to direct's."""
+    direct = figures["direct"].get("ways")
+    if direct is None:
+        return
+    for name, f in figures.items():
+        if f.get("ways") is not None and name != "direct":
+            (way_in, way_back), (direct_in, direct_back) = f["ways"], direct
+            print(
+                f"  {name} way in {way_in * 1e3:.2f} ms ({(way_in - direct_in) * 1e3:+.2f}), "
+                f"way back {way_back * 1e3:.2f} ms ({(way_back - direct_back) * 1e3:+.2f})"
+            )
+
+
 async def main(args: argparse.Namespace) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="fairgate-bench-"))
     print(
@@ -256,7 +283,7 @@ async def main(args: argparse.Namespace) -> None:
     )
     loads = set(args.loads.split(","))
     if "one" in loads:
-        one = await _load(workdir, args, 0.0, 1)
+        one = await _load(workdir, args, 0.0, 1, timeline=True)
         _report("one stream at a time, zero-delay backend (the path's own latency):", one)
     if "zero" in loads:
         zero = await _load(workdir, args, 0.0, args.concurrency)

@@ -6,10 +6,12 @@ the next, for a fixed time: at once (a closed loop, as fast as the path goes), o
 request it records the time to the first NDJSON line (TTFT), the gaps between reads that
 carried lines (ITL), the lines and the status. An aiohttp client costs about as much per
 chunk as the gateway, so it would measure itself; this one costs a few microseconds per
-read. Prints one JSON document.
+read. Prints one JSON document (with ``--timeline``, each counted request's send and first
+line too, ``time.perf_counter`` seconds).
 
     python -m benchmarks.wire_client --url http://127.0.0.1:8080 [--concurrency 100]
         [--seconds 5] [--warmup 1] [--keys KEY,KEY] [--pause 0] [--spread 0] [--rate 0]
+        [--timeline]
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ class Tally:
     gaps: list[float] = field(default_factory=list)
     latencies: dict[int, list[float]] = field(default_factory=dict)  # by status
     lines: int = 0
+    # (sent, first line) of each counted request, for a timeline (``--timeline``)
+    sends: list[tuple[float, float]] = field(default_factory=list)
 
 
 class _Connection(asyncio.Protocol):
@@ -108,6 +112,7 @@ class _Connection(asyncio.Protocol):
             tally.latencies.setdefault(self.status, []).append(now - self.sent)
             if self.lines:
                 tally.ttfts.append(self.first - self.sent)
+                tally.sends.append((self.sent, self.first))
                 tally.gaps += self.gaps
                 tally.lines += self.lines
         loop = asyncio.get_running_loop()
@@ -177,9 +182,10 @@ def _cut(values: list[float], at: int) -> float:
     return statistics.quantiles(values, n=100)[at - 1]
 
 
-def summary(tally: Tally) -> dict[str, object]:
+def summary(tally: Tally, timeline: bool = False) -> dict[str, object]:
     seconds = tally.stop - tally.start
-    return {
+    sends = {"sends": tally.sends} if timeline else {}
+    return sends | {
         "requests_per_s": sum(map(len, tally.latencies.values())) / seconds,
         "lines_per_s": tally.lines / seconds,
         "statuses": {
@@ -215,6 +221,7 @@ if __name__ == "__main__":
         default=0.0,
         help="requests a second in all, each connection on a schedule (0: closed loop)",
     )
+    parser.add_argument("--timeline", action="store_true", help="each request's send and reply")
     args = parser.parse_args()
     keys = [key for key in args.keys.split(",") if key]
     figures = asyncio.run(
@@ -229,4 +236,4 @@ if __name__ == "__main__":
             args.rate,
         )
     )
-    json.dump(summary(figures), sys.stdout)
+    json.dump(summary(figures, args.timeline), sys.stdout)

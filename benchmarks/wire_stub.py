@@ -10,6 +10,10 @@ own ``write``, so a reader that keeps up sees separate TCP segments, as it would
 ``interval`` paces the tokens like a batched decode step (every stream gets its next token
 on the same tick); 0 streams them as fast as the event loop goes.
 
+``GET /stamps`` answers, and forgets, when the stub read each streamed chat and when it
+began to answer it (``time.perf_counter``, the system's monotonic clock, which the client's
+stamps share): with the client's send and first-byte times, a request's way in and way back.
+
     python -m benchmarks.wire_stub --port 11434 [--tokens 50] [--interval 0.02]
 """
 
@@ -19,6 +23,8 @@ import argparse
 import asyncio
 import json
 import socket
+import time
+from collections import deque
 from email.utils import formatdate
 
 MODEL = "llama3.2:3b"
@@ -84,6 +90,7 @@ _GETS = {
         _line({"models": [{**_MODEL_ENTRY, "expires_at": "2318-03-11T10:00:00Z"}]}),
     ),
 }
+_STAMPS_KEPT = 200_000  # (read, answered) pairs held until asked for; the oldest go first
 _NOT_FOUND = b"HTTP/1.1 404 Not Found\r\nContent-Length: 18\r\n\r\n404 page not found"
 
 
@@ -116,10 +123,14 @@ class _Ticker:
             await asyncio.sleep(0)
 
 
+Stamps = deque[tuple[float, float]]
+
+
 class _Connection(asyncio.Protocol):
-    def __init__(self, body: list[bytes], ticker: _Ticker) -> None:
+    def __init__(self, body: list[bytes], ticker: _Ticker, stamps: Stamps) -> None:
         self.body = body
         self.ticker = ticker
+        self.stamps = stamps
         self.buffer = b""
         self.transport: asyncio.Transport | None = None
         self.writable = asyncio.Event()
@@ -159,14 +170,19 @@ class _Connection(asyncio.Protocol):
         assert self.transport is not None
         if method == "POST" and path == "/api/chat":
             self.busy = True
-            asyncio.get_running_loop().create_task(self._stream())
+            asyncio.get_running_loop().create_task(self._stream(time.perf_counter()))
+        elif path == "/stamps":
+            self.transport.write(_whole("application/json", json.dumps(list(self.stamps)).encode()))
+            self.stamps.clear()
+            self._next_request()
         else:
             self.transport.write(_GETS.get(path.encode(), _NOT_FOUND))
             self._next_request()
 
-    async def _stream(self) -> None:
+    async def _stream(self, read_at: float) -> None:
         transport = self.transport
         assert transport is not None
+        self.stamps.append((read_at, time.perf_counter()))
         transport.write(_head("application/x-ndjson"))
         for index, piece in enumerate(self.body):
             if index:  # the first token goes at once: prefill costs nothing here
@@ -183,8 +199,9 @@ async def serve(port: int, tokens: int, interval: float) -> None:
     loop = asyncio.get_running_loop()
     ticker = _Ticker(interval)
     body = chat_chunks(tokens)
+    stamps: Stamps = deque(maxlen=_STAMPS_KEPT)
     server = await loop.create_server(
-        lambda: _Connection(body, ticker), "127.0.0.1", port, backlog=4096
+        lambda: _Connection(body, ticker, stamps), "127.0.0.1", port, backlog=4096
     )
     clock = loop.create_task(ticker.run()) if interval else None
     async with server:
