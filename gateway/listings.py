@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -176,7 +176,7 @@ class Reads:
         view = self._services.policy.current
         return await self._relay(request, self._choose(view.pool.healthy(Api.OLLAMA), ""), None)
 
-    def _choose(self, candidates: list[Backend], model: str) -> Backend:
+    def _choose(self, candidates: Sequence[Backend], model: str) -> Backend:
         pool, busy = self._services.policy.current.pool, self._services.admission.room.busy
         if not candidates:
             raise no_backend(pool, Api.OLLAMA, model)

@@ -77,6 +77,20 @@ class Residency:
         trained = self._of(backend).trained.get(model)
         return wanted if trained is None else min(wanted, trained)
 
+    def placing(
+        self, backend: Backend, model: str, asked: int | None, busy: Mapping[str, int]
+    ) -> tuple[int, int | None]:
+        """(``num_ctx``, ``context``) of one request: what the quick yes asks, with one look
+        at the backend's record rather than one for each."""
+        mine = self._of(backend)
+        wanted = max(4, backend.default_num_ctx if asked is None else asked)
+        trained = mine.trained.get(model)
+        num_ctx = wanted if trained is None else min(wanted, trained)
+        seen, sent = self._held(backend, mine, model, busy)
+        if sent is not None:
+            return num_ctx, sent.num_ctx
+        return num_ctx, None if seen is None else seen.context_length or backend.default_num_ctx
+
     def residents(self, backend: Backend, busy: Mapping[str, int]) -> dict[str, Resident]:
         """The models ``backend`` holds now (``busy``: running requests by slot group)."""
         mine = self._of(backend)
@@ -90,7 +104,7 @@ class Residency:
     def resident(self, backend: Backend, model: str, busy: Mapping[str, int]) -> Resident | None:
         """``model`` (a model key) as ``backend`` holds it now, or None: one entry of
         ``residents``."""
-        seen, sent = self._held(backend, model, busy)
+        seen, sent = self._held(backend, self._of(backend), model, busy)
         if sent is not None:
             size = self.estimate(backend, model, sent.num_ctx)
             return Resident(model, sent.num_ctx, size, None if seen is None else seen.expires_at)
@@ -104,18 +118,19 @@ class Residency:
         """The context per slot ``model`` (a model key) is held with on ``backend`` now, or
         None when it is not held: ``resident``'s num_ctx, all that a dispatch asks, without
         the size it would estimate and the record it would build."""
-        seen, sent = self._held(backend, model, busy)
+        seen, sent = self._held(backend, self._of(backend), model, busy)
         if sent is not None:
             return sent.num_ctx
         return None if seen is None else seen.context_length or backend.default_num_ctx
 
     def _held(
-        self, backend: Backend, model: str, busy: Mapping[str, int]
+        self, backend: Backend, mine: _Backend, model: str, busy: Mapping[str, int]
     ) -> tuple[LoadedModel | None, _Sent | None]:
-        """What says ``model`` is held: the last probe, unless the gateway has unloaded it
-        since, and the gateway's own dispatch the probe may not show yet, which wins. What
-        either says that no longer holds is dropped on the way."""
-        state, mine = backend.state, self._of(backend)
+        """What says ``model`` is held on ``backend`` (``mine``: the gateway's record of it):
+        the last probe, unless the gateway has unloaded it since, and the gateway's own
+        dispatch the probe may not show yet, which wins. What either says that no longer
+        holds is dropped on the way."""
+        state = backend.state
         gone_at = mine.gone.get(model)
         if gone_at is not None and gone_at <= state.observed_at:
             del mine.gone[model]  # a probe since knows it is gone (or back)

@@ -70,15 +70,18 @@ class SlotLedger:
 
     def take(self, ticket: Ticket, backend: Backend) -> None:
         """Count ``ticket``'s request as running on ``backend``."""
-        group = backend.group(ticket.model)
-        increment(self.busy, group)
-        increment(self.on_backend, backend.key)
+        group, key = backend.group(ticket.model), backend.key
+        # ``increment``, written out: every request counts three or four of them here.
+        busy, on_backend = self.busy, self.on_backend
+        busy[group] = busy.get(group, 0) + 1
+        on_backend[key] = on_backend.get(key, 0) + 1
         if ticket.heavy:
             increment(self.heavy, group)
         if ticket.lane is _BACKGROUND:
             increment(self.background, group)
         elif not ticket.heavy:
-            increment(self.people_light, group)
+            light = self.people_light
+            light[group] = light.get(group, 0) + 1
         self._hold(ticket, backend)
 
     def give_back(self, ticket: Ticket, backend: Backend) -> None:

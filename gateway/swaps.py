@@ -261,8 +261,7 @@ class SwapPlanner:
                 return None
             return self.placed(backend, model, asked, busy)
         model, residency = model_key(model), self.residency
-        num_ctx = residency.num_ctx(backend, model, asked)
-        held = residency.context(backend, model, busy)
+        num_ctx, held = residency.placing(backend, model, asked, busy)
         # ``backend.lists``, of a key: else ``admits`` says yes, whatever memory holds.
         listed = backend.state.models is not None and model in backend.state.models
         if held is None:

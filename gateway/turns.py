@@ -16,7 +16,7 @@ room acts on the answers: it plans the swap, or starts the chosen request.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -83,7 +83,7 @@ def _first_offer(room: WaitingRoom, queue: Iterable[Waiter], lane: Lane) -> Offe
 
 
 def free_to_start(
-    room: WaitingRoom, ticket: Ticket, serving: list[Backend] | None = None, memory: bool = True
+    room: WaitingRoom, ticket: Ticket, serving: Sequence[Backend] | None = None, memory: bool = True
 ) -> list[Backend]:
     """The backends ``ticket``'s request may start on now: a free slot, and for a heavy
     request an open prefill gate (``serving``: the pool's for it, when known already;
@@ -95,7 +95,7 @@ def free_to_start(
 
 
 def free_backends(
-    room: WaitingRoom, ticket: Ticket, serving: list[Backend] | None = None, memory: bool = True
+    room: WaitingRoom, ticket: Ticket, serving: Sequence[Backend] | None = None, memory: bool = True
 ) -> list[Backend]:
     """The backends serving ``ticket`` with a slot it may take now (the gate aside).
     ``memory=False``: what their memory holds is not asked (``SwapPlanner.admitted`` asks
@@ -105,10 +105,15 @@ def free_backends(
     # People first: background work does not start on a backend a person waits for, even
     # one who cannot take this slot (the heavy lane is full): the slot is theirs when the
     # lane frees, and background work would slow their stream meanwhile.
-    wanted = _wanted_by_people(room) if background else _NOBODY
     model, slots = ticket.model, room.slots
     if serving is None:
         serving = room.pool.serving(ticket.api, model)
+    if not (shared or memory) and len(serving) == 1:
+        # The quick yes's common case: one backend, a person's light request, memory asked
+        # afterwards. Only the slot is left of the checks below.
+        backend = serving[0]
+        return [backend] if slots.busy.get(backend.group(model), 0) < backend.slots else []
+    wanted = _wanted_by_people(room) if background else _NOBODY
     return [
         backend
         for backend in serving

@@ -141,7 +141,7 @@ class WaitingRoom:
         free = free_to_start(self, ticket, serving, memory=not single)
         if not free:
             return None
-        backend = self.prefer(free, ticket)
+        backend = free[0] if single else self.prefer(free, ticket)
         swaps, busy = self.swaps, self.slots.busy
         if single:
             placement = swaps.admitted(backend, ticket.model, ticket.num_ctx, busy)
@@ -156,7 +156,8 @@ class WaitingRoom:
         self._occupy(ticket, backend)
         self.ordering.on_dispatch(candidate)
         self._on_change()
-        self._wake_for_held()
+        if self.gate.holding:  # nearly never: asked here, without a call on every request
+            self._wake_for_held()
         return backend, placement, candidate.weight
 
     def _arrival(self, ticket: Ticket, now: float, turn: asyncio.Future[Backend]) -> Waiter:

@@ -213,3 +213,18 @@ async def test_a_backends_running_count_agrees_with_its_slot_groups_at_every_ste
             groups = sum(n for group, n in ledger.busy.items() if group.startswith(backend.key))
             assert ledger.busy_on(backend) == groups
             assert groups == sum(1 for _, b in running if b is backend)
+
+
+async def test_a_backend_marked_down_or_no_longer_listing_the_model_is_no_longer_chosen() -> None:
+    """Who serves a model is remembered between requests, but not past a probe that changes it."""
+    room = Room().room
+    ticket = Ticket("ann", "m", Api.OLLAMA, 40)
+    (gpu,) = room.pool.backends
+    assert room.free_backends(ticket) == [gpu]
+    gpu.state.healthy = False  # as the monitor writes it, in place
+    assert room.free_backends(ticket) == []
+    gpu.state.healthy = True
+    assert room.free_backends(ticket) == [gpu]
+    gpu.state.models = frozenset({"other"})
+    assert room.free_backends(ticket) == []
+    assert room.start_at_once(ticket, 0.0) is None

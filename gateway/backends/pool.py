@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from gateway.backend_policy import BackendConfig
 from gateway.policy_base import model_key
@@ -48,6 +49,25 @@ class BackendState:
     sleeping: bool = False
     last_error: str | None = None
 
+    # Bumped whenever any backend's health or model list is written, by the monitor or
+    # anyone else: the pools remember who serves what (``BackendPool.serving``) until then.
+    # A counter, not the values' identity: health is a bool written in place.
+    serving_changes: ClassVar[int] = 0
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _SERVING_FIELDS:
+            BackendState.serving_changes += 1
+        object.__setattr__(self, name, value)
+
+
+_SERVING_FIELDS = frozenset({"healthy", "models"})
+
+# Which backends serve which (api, model), remembered by each pool: at most this many, as
+# the model is the client's to name.
+_SERVING_REMEMBERED = 256
+# Slot group names remembered by each backend, for the same reason.
+_GROUPS_REMEMBERED = 256
+
 
 class BackendStates:
     """What the monitor has seen of each configured backend, by name.
@@ -88,6 +108,8 @@ class Backend:
     key: str = field(init=False, compare=False, repr=False)
     # Ollama's parallel slots belong to each loaded model (OLLAMA_NUM_PARALLEL).
     per_model: bool = field(init=False, compare=False, repr=False)
+    # ``group`` of each model name, as asked: every request asks it twice or more.
+    _groups: dict[str, str] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "key", self.url.rstrip("/"))
@@ -95,7 +117,12 @@ class Backend:
 
     def group(self, model: str) -> str:
         """What a request's slot is counted under: the server and, on Ollama, the model."""
-        return f"{self.key} {model_key(model)}" if self.per_model else self.key
+        found = self._groups.get(model)
+        if found is None:
+            found = f"{self.key} {model_key(model)}" if self.per_model else self.key
+            if len(self._groups) < _GROUPS_REMEMBERED:
+                self._groups[model] = found
+        return found
 
     @property
     def slots(self) -> int:
@@ -152,12 +179,26 @@ class BackendPool:
             )
             for c in configs
         ]
+        self._serving: dict[tuple[Api, str], tuple[Backend, ...]] = {}
+        self._serving_at = -1  # ``BackendState.serving_changes`` when ``_serving`` was right
 
-    def serving(self, api: Api, model: str) -> list[Backend]:
-        """Healthy backends that speak ``api`` and serve ``model``."""
-        return [b for b in self.backends if b.state.healthy and b.speaks(api) and b.serves(model)]
+    def serving(self, api: Api, model: str) -> tuple[Backend, ...]:
+        """Healthy backends that speak ``api`` and serve ``model``: worked out once until a
+        backend's health or model list changes, as every request asks it."""
+        if self._serving_at != BackendState.serving_changes:
+            self._serving.clear()
+            self._serving_at = BackendState.serving_changes
+        found = self._serving.get((api, model))
+        if found is None:
+            found = tuple(
+                b for b in self.backends if b.state.healthy and b.speaks(api) and b.serves(model)
+            )
+            if len(self._serving) >= _SERVING_REMEMBERED:
+                self._serving.clear()
+            self._serving[api, model] = found
+        return found
 
-    def prefer(self, free: list[Backend], model: str, busy: Mapping[str, int]) -> Backend:
+    def prefer(self, free: Sequence[Backend], model: str, busy: Mapping[str, int]) -> Backend:
         """Where ``model`` is loaded now (a cold load costs seconds), then the most free slots
         (``busy``: by slot group).
 
