@@ -42,7 +42,7 @@ from gateway.app import SERVICES, bound_url, create_app, start_server
 from gateway.logs import configure_logging
 from gateway.policy import parse_policy
 from gateway.settings import Settings
-from gateway.swaps import DoneSwap
+from gateway.swap_outcomes import DoneSwap
 
 __all__ = ["SCENARIOS", "Scenario", "User", "main"]
 

@@ -29,7 +29,7 @@ from gateway.refusals import HoldTimer, Refusal, refusal
 from gateway.replica_holds import ReplicaHolds
 from gateway.room_snapshot import RoomSnapshot
 from gateway.slot_ledger import decrement, increment
-from gateway.swaps import SwapWait
+from gateway.swap_outcomes import SwapWait
 from gateway.tickets import Ticket
 from gateway.turn_away import REVOKED, turn_away
 from gateway.vocabulary import Api, Lane, Reason

@@ -13,7 +13,7 @@ from typing import Protocol
 
 from gateway.backends.pool import Backend
 from gateway.holds import Hold
-from gateway.swaps import Placement
+from gateway.swap_outcomes import Placement
 from gateway.tickets import Ticket, Waiter
 from gateway.waiting_room import WaitingRoom
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gateway.errors import retry_after_header
-from gateway.swaps import SwapWait
+from gateway.swap_outcomes import SwapWait
 from gateway.tickets import Ticket
 from gateway.vocabulary import Lane, Reason
 from gateway.waiting_room import WaitingRoom

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from gateway.residency import ResidentsSnapshot
 from gateway.scheduler import Ordering
-from gateway.swaps import SwapsSnapshot
+from gateway.swap_outcomes import SwapsSnapshot
 from gateway.vocabulary import Lane, RequestClass
 
 if TYPE_CHECKING:

@@ -1,8 +1,7 @@
 """Swaps planned by the gateway, never by accident: which model an Ollama backend loads,
 and which it unloads to make room, decided before a request is sent.
 
-Left to itself, Ollama unloads a model to make room by its own rule (the first idle one,
-by keep-alive then file path: a family's main model as likely as any), waits for the
+Left to itself, Ollama unloads a model to make room by its own rule, waits for the
 victim's requests to finish while more keep arriving for it, and meanwhile holds every
 request that needs a load (server/sched.go, ``processPending``). A request whose
 ``num_ctx`` differs reloads the model the same way. Here instead:
@@ -13,8 +12,10 @@ request that needs a load (server/sched.go, ``processPending``). A request whose
   (no new requests for them), then goes, after the gateway has unloaded the victims itself
   (``keep_alive: 0``), so that Ollama has room and unloads nothing of its own choosing.
   Requests for the models that stay keep flowing all the while;
-- ``resident`` and ``keep_warm`` models are never victims; one swap per backend at a time;
-  a swap nobody waits for any more is called off.
+- the victims are chosen, and what fits is counted, in ``swap_victims``; one swap per
+  backend at a time; a swap nobody waits for any more is called off;
+- a user whose swap was wasted (the backend refused the request, loading nothing) plans no
+  other for a while (``swap_bar``).
 
 Only interactive requests start a swap: background work runs on what is loaded, or loads
 what fits. Only a model the backend lists is held or swapped for: while its list is unknown,
@@ -26,72 +27,20 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass
 
-from gateway.backends.pool import OLLAMA_AUTOMATIC_MAX_LOADED, Backend, model_key
-from gateway.residency import Residency, Resident
+from gateway.backends.pool import Backend, model_key
+from gateway.residency import Residency
+from gateway.swap_bar import SwapBar
+from gateway.swap_outcomes import RESIDENT, DoneSwap, Placement, SwapsSnapshot, SwapWait
+from gateway.swap_victims import BackendPlans, fits_beside, load_seconds, victims
 
-__all__ = [
-    "RESIDENT",
-    "SWAP_BAR_SECONDS",
-    "DoneSwap",
-    "Placement",
-    "SwapPlanner",
-    "SwapWait",
-    "SwapsSnapshot",
-]
+__all__ = ["SwapPlanner"]
 
-_DEFAULT_LOAD_SECONDS = 10.0  # until a load of the model has been timed
 _RECENT = 32  # swaps remembered for /status
 
-Kind = Literal["resident", "load", "swap", "reload"]
-
-
-@dataclass(frozen=True, slots=True)
-class Placement:
-    """How a dispatched request finds its model: held, loaded beside the others, swapped
-    in (``unload``: the victims to unload first), or reloaded with another context."""
-
-    kind: Kind
-    unload: tuple[str, ...] = ()
-
-    @property
-    def loads(self) -> bool:
-        return self.kind != "resident"
-
-
-RESIDENT = Placement("resident")
 _LOAD = Placement("load")
 _RELOAD = Placement("reload")
-
-
-@dataclass(frozen=True, slots=True)
-class SwapWait:
-    """Why a request waits for its model, and about how long until it is in."""
-
-    said: str
-    seconds: float
-
-
-@dataclass(frozen=True, slots=True)
-class DoneSwap:
-    """A swap sent: planned at, sent when its victims were drained (clock seconds)."""
-
-    backend: str  # key
-    model: str
-    victims: tuple[str, ...]
-    planned_at: float
-    sent_at: float
-
-
-@dataclass(frozen=True, slots=True)
-class SwapsSnapshot:
-    """Counters by (backend key, model), and the swaps under way by backend key."""
-
-    counts: dict[tuple[str, str, str], float]  # (key, model, loads|evictions|...) -> n
-    pending: dict[str, tuple[str, tuple[str, ...], float]]  # key -> (model, victims, waited)
-    recent: tuple[DoneSwap, ...] = ()  # the last ones sent, oldest first
 
 
 @dataclass(slots=True)
@@ -102,28 +51,17 @@ class _Swap:
     planned_at: float
 
 
-@dataclass(slots=True)
-class _Plans:
-    unloading: str | None = None  # swapped in, its victims still being unloaded
-    last_used: dict[str, float] = field(default_factory=dict)
-    load_seconds: dict[str, float] = field(default_factory=dict)
-
-
-# How long a user whose swap was wasted (``SwapPlanner.wasted``) plans no other.
-SWAP_BAR_SECONDS = 300.0
-
-
 class SwapPlanner:
     """Loads and swaps for every Ollama backend, by server (URL)."""
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self._clock = clock
         self.residency = Residency(clock)
-        self._plans: dict[str, _Plans] = {}
+        self._plans: dict[str, BackendPlans] = {}
         # The swaps planned, by backend key: apart from the plans, so that the common case,
         # none, is one look (``planned``) for the room's every dispatch.
         self._swaps: dict[str, _Swap] = {}
-        self._barred: dict[str, float] = {}  # user -> until when no swap is planned for them
+        self._bar = SwapBar(clock)
         self.counts: defaultdict[tuple[str, str, str], float] = defaultdict(float)
         self.recent: deque[DoneSwap] = deque(maxlen=_RECENT)
 
@@ -134,20 +72,12 @@ class SwapPlanner:
         cannot decode, a capability the model lacks). Unless other requests for the model
         run there (``alone``), the gateway's record of having sent it goes: nothing was
         loaded, and a model counted as held that is not would make the next swap unload a
-        real one instead. If models were unloaded for the request, see ``_wasted``."""
+        real one instead. If models were unloaded for the request, ``user`` is barred
+        from swaps for a while (``swap_bar``)."""
         if alone:
             self.residency.unsent(backend, model)
         if placement.kind in ("swap", "reload"):
-            self._wasted(user)
-
-    def _wasted(self, user: str) -> None:
-        """Models were unloaded for ``user``'s request, for nothing: Ollama checks a body
-        before it evicts anything, so on its own such a request costs nobody a model. Here
-        each would unload another user's, so ``user`` plans no swap for
-        ``SWAP_BAR_SECONDS``: at most one such loss in that time, whatever they send."""
-        now = self._clock()
-        self._barred = {other: until for other, until in self._barred.items() if until > now}
-        self._barred[user] = now + SWAP_BAR_SECONDS
+            self._bar.wasted(user)
 
     @property
     def planned(self) -> bool:
@@ -155,12 +85,8 @@ class SwapPlanner:
         return bool(self._swaps)
 
     def may_plan_for(self, user: str) -> bool:
-        """Whether a swap may be planned for ``user``'s request (see ``_wasted``)."""
-        return self._barred_for(user) == 0.0
-
-    def _barred_for(self, user: str) -> float:
-        """Seconds until a swap may be planned for ``user`` again (0: it may now)."""
-        return max(0.0, self._barred.get(user, 0.0) - self._clock())
+        """Whether a swap may be planned for ``user``'s request (``swap_bar``)."""
+        return self._bar.seconds_left(user) == 0.0
 
     def admits(
         self, backend: Backend, model: str, asked: int | None, busy: Mapping[str, int]
@@ -188,7 +114,7 @@ class SwapPlanner:
             return held == num_ctx
         if swap is not None:
             return False
-        return self._fits(backend, self.residency.residents(backend, busy), (), model, num_ctx)
+        return fits_beside(self.residency, backend, busy, model, num_ctx)
 
     def plan(
         self,
@@ -211,11 +137,11 @@ class SwapPlanner:
             return False  # memory is not what keeps it waiting: its slots are
         model = model_key(model)
         num_ctx = self.residency.num_ctx(backend, model, asked)
-        victims = self._victims(backend, model, num_ctx, busy, demand)
-        if victims is None:
+        chosen = victims(self.residency, backend, self._of(backend), model, num_ctx, busy, demand)
+        if chosen is None:
             return False
         if not dry_run:
-            self._swaps[backend.key] = _Swap(model, num_ctx, victims, self._clock())
+            self._swaps[backend.key] = _Swap(model, num_ctx, chosen, self._clock())
         return True
 
     def placed(
@@ -265,9 +191,7 @@ class SwapPlanner:
         # ``backend.lists``, of a key: else ``admits`` says yes, whatever memory holds.
         listed = backend.state.models is not None and model in backend.state.models
         if held is None:
-            if listed and not self._fits(
-                backend, residency.residents(backend, busy), (), model, num_ctx
-            ):
+            if listed and not fits_beside(residency, backend, busy, model, num_ctx):
                 return None
             placement = _LOAD
         elif held == num_ctx:
@@ -279,7 +203,9 @@ class SwapPlanner:
         self._send(backend, plans, model, num_ctx, self._clock())
         return placement
 
-    def _send(self, backend: Backend, plans: _Plans, model: str, num_ctx: int, now: float) -> None:
+    def _send(
+        self, backend: Backend, plans: BackendPlans, model: str, num_ctx: int, now: float
+    ) -> None:
         self.residency.sent(backend, model, num_ctx, now)
         plans.last_used[model] = now
 
@@ -327,12 +253,12 @@ class SwapPlanner:
     ) -> SwapWait | None:
         """Why ``user``'s request for ``model`` cannot be sent to any of ``backends`` for
         memory (``waits``); when a swap would make room but none is started for ``user``
-        (``_wasted``), that, and when they will be again."""
+        (``swap_bar``), that, and when they will be again."""
         for backend in backends:
             waits = self.waits(backend, model, asked, busy, hold)
             if waits is None:
                 continue
-            barred = self._barred_for(user)
+            barred = self._bar.seconds_left(user)
             if barred and backend.key not in self._swaps:
                 return SwapWait(
                     f"{model} needs a swap on {backend.name}, and none is started for {user} "
@@ -358,9 +284,9 @@ class SwapPlanner:
         long a request holds its slot lately), or the models that leave no room."""
         if self.admits(backend, model, asked, busy):
             return None
-        model, swap = model_key(model), self._swaps.get(backend.key)
-        load = self._load_seconds(backend, model)
-        if self._of(backend).unloading is not None:
+        model, swap, plans = model_key(model), self._swaps.get(backend.key), self._of(backend)
+        load = load_seconds(plans, model)
+        if plans.unloading is not None:
             return SwapWait(f"a swap on {backend.name} is making room", load)
         if swap is None:
             if self.plan(backend, model, asked, busy, {}, dry_run=True):
@@ -374,7 +300,7 @@ class SwapPlanner:
             f"({running} running), then loading {swap.model}"
         )
         later = 0.0 if swap.model == model else load  # then its own swap
-        return SwapWait(said, drain + self._load_seconds(backend, swap.model) + later)
+        return SwapWait(said, drain + load_seconds(plans, swap.model) + later)
 
     def snapshot(self) -> SwapsSnapshot:
         now = self._clock()
@@ -384,57 +310,8 @@ class SwapPlanner:
         }
         return SwapsSnapshot(dict(self.counts), pending, tuple(self.recent))
 
-    def _victims(
-        self,
-        backend: Backend,
-        model: str,
-        num_ctx: int,
-        busy: Mapping[str, int],
-        demand: Mapping[tuple[str, str], int],
-    ) -> tuple[str, ...] | None:
-        """The fewest models to unload so that ``model`` fits: itself first when held with
-        another context, then the unprotected ones with the fewest requests running, then
-        waiting, then the longest unused. None when nothing would make room."""
-        held = self.residency.residents(backend, busy)
-        last_used = self._of(backend).last_used
-        chosen = [model] if model in held else []
-        candidates = sorted(
-            (m for m in held if m != model and m not in backend.protected),
-            key=lambda m: (
-                busy.get(backend.group(m), 0),
-                demand.get((backend.key, m), 0),
-                last_used.get(m, 0.0),
-            ),
-        )
-        while not self._fits(backend, held, chosen, model, num_ctx):
-            if not candidates:
-                return None
-            chosen.append(candidates.pop(0))
-        return tuple(chosen)
-
-    def _fits(
-        self,
-        backend: Backend,
-        held: Mapping[str, Resident],
-        leaving: Collection[str],
-        model: str,
-        num_ctx: int,
-    ) -> bool:
-        staying = [r for m, r in held.items() if m not in leaving and m != model]
-        if not staying:
-            return True  # alone it loads, as Ollama loads a first model whatever its size
-        if len(staying) + 1 > (backend.max_loaded_models or OLLAMA_AUTOMATIC_MAX_LOADED):
-            return False
-        if backend.memory is None:
-            return True
-        size = self.residency.estimate(backend, model, num_ctx)
-        return sum(r.size for r in staying) + size <= backend.memory
-
-    def _load_seconds(self, backend: Backend, model: str) -> float:
-        return self._of(backend).load_seconds.get(model, _DEFAULT_LOAD_SECONDS)
-
-    def _of(self, backend: Backend) -> _Plans:
+    def _of(self, backend: Backend) -> BackendPlans:
         found = self._plans.get(backend.key)
-        if found is None:  # not setdefault: that would build a _Plans on every call
-            found = self._plans[backend.key] = _Plans()
+        if found is None:  # not setdefault: that would build a BackendPlans on every call
+            found = self._plans[backend.key] = BackendPlans()
         return found

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from gateway.backends.pool import Backend
 from gateway.scheduler import Candidate
-from gateway.swaps import RESIDENT, Placement
+from gateway.swap_outcomes import RESIDENT, Placement
 from gateway.vocabulary import Api, Lane, RequestClass
 
 __all__ = ["Ticket", "Waiter"]

@@ -30,7 +30,8 @@ from gateway.prefill_gate import PrefillGate
 from gateway.room_snapshot import RoomSnapshot, in_order, room_snapshot
 from gateway.scheduler import Candidate, Fair, Fifo, Ordering
 from gateway.slot_ledger import SlotLedger
-from gateway.swaps import Placement, SwapPlanner, SwapWait
+from gateway.swap_outcomes import Placement, SwapWait
+from gateway.swaps import SwapPlanner
 from gateway.tickets import Ticket, Waiter
 from gateway.turns import Offer, free_backends, free_to_start, next_offer, waits
 from gateway.user_policy import Limits
