@@ -139,7 +139,12 @@ class WaitingRoom:
         # find its model there: not once to know whether it may go, then again as it goes.
         # Not for heavy requests: asking the prefill gate whether one may start holds it.
         single = len(serving) == 1 and not ticket.heavy
-        free = free_to_start(self, ticket, serving, memory=not single)
+        # Not heavy, ``free_to_start`` is ``free_backends``.
+        free = (
+            free_backends(self, ticket, serving, memory=False)
+            if single
+            else free_to_start(self, ticket, serving)
+        )
         if not free:
             return None
         backend = free[0] if single else self.prefer(free, ticket)
@@ -172,7 +177,10 @@ class WaitingRoom:
 
     def _candidate(self, ticket: Ticket, limits: Limits) -> Candidate:
         weight = limits.weight * ticket.class_weight
-        return Candidate(next(self._seq), ticket.user, weight, ticket.input_tokens)
+        # Built without ``Candidate``'s check that the weight is > 0: the policy holds both
+        # factors to it (``gt=0``), and every request makes one.
+        fields = (next(self._seq), ticket.user, weight, ticket.input_tokens)
+        return tuple.__new__(Candidate, fields)
 
     def leave(self, waiter: Waiter) -> None:
         """``waiter`` is out of the room (dispatched, gone, refused); again: nothing."""

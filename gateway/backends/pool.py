@@ -179,7 +179,7 @@ class BackendPool:
             )
             for c in configs
         ]
-        self._serving: dict[tuple[Api, str], tuple[Backend, ...]] = {}
+        self._serving: dict[tuple[str, str], tuple[Backend, ...]] = {}
         self._serving_at = -1  # ``BackendState.serving_changes`` when ``_serving`` was right
 
     def serving(self, api: Api, model: str) -> tuple[Backend, ...]:
@@ -188,14 +188,16 @@ class BackendPool:
         if self._serving_at != BackendState.serving_changes:
             self._serving.clear()
             self._serving_at = BackendState.serving_changes
-        found = self._serving.get((api, model))
+        # Keyed by the member's value: hashing the member itself is a call into enum.py.
+        key = (api._value_, model)
+        found = self._serving.get(key)
         if found is None:
             found = tuple(
                 b for b in self.backends if b.state.healthy and b.speaks(api) and b.serves(model)
             )
             if len(self._serving) >= _SERVING_REMEMBERED:
                 self._serving.clear()
-            self._serving[api, model] = found
+            self._serving[key] = found
         return found
 
     def prefer(self, free: Sequence[Backend], model: str, busy: Mapping[str, int]) -> Backend:
