@@ -243,6 +243,23 @@ def html_error_backend() -> web.Application:
     return app
 
 
+def target_echo_backend(seen: list[str]) -> web.Application:
+    """An Ollama that answers each chat with an empty reply and notes its request target."""
+
+    async def listing(request: web.Request) -> web.Response:
+        return web.json_response({"models": [{"name": MODEL, "model": MODEL}], "version": "0"})
+
+    async def chat(request: web.Request) -> web.Response:
+        seen.append(request.raw_path)
+        return web.json_response({"model": MODEL, "done": True})
+
+    app = web.Application()
+    for path in ("/api/version", "/api/tags", "/api/ps"):
+        app.router.add_get(path, listing)
+    app.router.add_post("/api/chat", chat)
+    return app
+
+
 class TestHttpHygiene:
     async def test_a_generation_path_written_with_an_escaped_slash_is_no_route(
         self, start_sim: StartSim, start_gateway: StartGateway
@@ -259,6 +276,24 @@ class TestHttpHygiene:
             writer.close()
         assert head.startswith(b"HTTP/1.1 404")
         assert not any("X-Escaped" in headers for headers in sim.request_headers)
+
+    async def test_the_backend_gets_the_request_target_with_its_query_and_escapes(
+        self, start_gateway: StartGateway, servers: AsyncExitStack
+    ) -> None:
+        """A query, or an escape in a generation path, reaches the backend as aiohttp read
+        it, also after a plain request to that path."""
+        seen: list[str] = []
+        url = await serve(servers, target_echo_backend(seen))
+        gateway = await start_gateway(POLICY + one_backend(url, slots=2))
+        for path in ("/api/chat", "/api/chat?keep=1", "/api/%63hat", "/api/chat"):
+            reader, writer = await open_raw(gateway)
+            try:
+                writer.write(request_bytes(path, CHAT))
+                head = await head_of(reader)
+            finally:
+                writer.close()
+            assert head.startswith(b"HTTP/1.1 200"), head
+        assert seen == ["/api/chat", "/api/chat?keep=1", "/api/%63hat", "/api/chat"]
 
     async def test_headers_named_in_connection_are_not_forwarded(
         self, start_sim: StartSim, start_gateway: StartGateway
