@@ -14,6 +14,7 @@ import asyncio
 import base64
 import ssl
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import unquote, urlsplit
@@ -21,7 +22,7 @@ from urllib.parse import unquote, urlsplit
 from multidict import CIMultiDict
 
 from gateway.backend_connection import Connection, Reply
-from gateway.deadlines import Deadlines
+from gateway.deadlines import Deadline, Deadlines
 
 __all__ = ["BackendClient", "ConnectTimeout"]
 
@@ -124,8 +125,10 @@ class BackendClient:
         connect_timeout: float,
         first_byte: float,
         close: bool = False,
+        sent: Callable[[], object] | None = None,
     ) -> Reply:
-        """Send the request and wait for the reply's head.
+        """Send the request and wait for the reply's head; ``sent`` is called once the
+        request has gone out (work that need not delay it: the backend is working).
 
         OSError if the backend cannot be reached (ConnectTimeout: not within
         ``connect_timeout``), UpstreamError if it fails before its head, TimeoutError if the
@@ -143,17 +146,22 @@ class BackendClient:
                 conn = await self._connection(origin, connect_timeout)
         conn.reset(method == "HEAD")
         conn.active = True
-        # One deadline for the whole first byte, where asyncio.timeout costs a few times more.
-        expiry = self._first_bytes.arm(loop, deadline, conn.time_out)
+        expiry: Deadline | None = None
         try:
             assert conn.transport is not None
             conn.transport.write(head if body is None else head + body)
+            # One deadline for the whole first byte, where asyncio.timeout costs a few times
+            # more; armed once the request is out (the same deadline, off the path).
+            expiry = self._first_bytes.arm(loop, deadline, conn.time_out)
+            if sent is not None:
+                sent()
             while not conn.headers_done:
                 if conn.exception is not None:
                     raise conn.exception
                 await conn.wait()
         except BaseException:
-            expiry.cancel()
+            if expiry is not None:
+                expiry.cancel()
             conn.close()
             self.put_back(conn, False)
             raise

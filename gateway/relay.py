@@ -12,12 +12,11 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from typing import NamedTuple, cast
+from typing import NamedTuple
 
 import structlog
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
-from aiohttp.http_writer import StreamWriter
 from multidict import CIMultiDict
 
 from gateway.access import ReplyHeaders, put
@@ -80,16 +79,17 @@ class Relay:
         self._meter = meter
         self._reply_headers = reply_headers
         self._said: CIMultiDict[str] | None = None  # the gateway's own reply headers
+        self._request: web.Request | None = None  # once it runs
 
     async def run(self, request: web.Request, body: bytes | None) -> web.StreamResponse:
         """Send the request and stream the reply back; GatewayError before the first byte."""
         headers = forwarded_headers(request.headers, self._target.keep_origin)
         if self._target.close_connection:
             headers.append(("Connection", "close"))  # the client's was dropped
-        # The gateway's own reply headers are worked out while the backend works: the call
-        # runs once this task waits for the reply, off the path of its first byte.
-        cast(StreamWriter, request.writer).loop.call_soon(self._say, request)
-        upstream, first = await _open(request, self._client, self._target, body, headers)
+        # The gateway's own reply headers are worked out while the backend works: the client
+        # calls ``_say`` once the request is out, off the path of its first byte.
+        self._request = request
+        upstream, first = await _open(request, self._client, self._target, body, headers, self._say)
         self.progress.first_byte_at = time.monotonic()
         self._reply = upstream
         try:  # not ``async with``: two coroutines less for every reply
@@ -102,7 +102,7 @@ class Relay:
     async def _pump(
         self, request: web.Request, upstream: Reply, first: bytes
     ) -> web.StreamResponse:
-        said = self._said if self._said is not None else self._say(request)
+        said = self._said if self._said is not None else self._say()
         response = _response_for(upstream, said)
         await response.prepare(request)
         try:
@@ -122,8 +122,9 @@ class Relay:
             await self._failed(request, response, content_type, exc)
         return response
 
-    def _say(self, request: web.Request) -> CIMultiDict[str]:
-        said = self._said = self._reply_headers.said(request)
+    def _say(self) -> CIMultiDict[str]:
+        assert self._request is not None
+        said = self._said = self._reply_headers.said(self._request)
         return said
 
     async def _failed(
@@ -157,6 +158,7 @@ async def _open(
     target: Target,
     body: bytes | None,
     headers: list[tuple[str, str]],
+    sent: Callable[[], object],
 ) -> tuple[Reply, bytes]:
     """The upstream reply and its first chunk, or a GatewayError saying what went wrong."""
     upstream, timeouts = None, target.timeouts
@@ -169,6 +171,7 @@ async def _open(
             timeouts.connect,
             timeouts.first_byte,
             close=target.close_connection,
+            sent=sent,
         )
         if target.fail_fast and upstream.status >= 500:
             detail = (await upstream.read_up_to(300)).decode("utf-8", "replace")[:300]
