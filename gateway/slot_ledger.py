@@ -82,7 +82,11 @@ class SlotLedger:
         elif not ticket.heavy:
             light = self.people_light
             light[group] = light.get(group, 0) + 1
-        self._hold(ticket, backend)
+        # Who holds the slot, for the house page. A request moved to another backend
+        # (failover) keeps the time it started.
+        held = self.holders.get(id(ticket))
+        started = self._clock() if held is None else held[2]
+        self.holders[id(ticket)] = (ticket, backend.name, started)
 
     def give_back(self, ticket: Ticket, backend: Backend) -> None:
         """``ticket``'s request no longer runs on ``backend`` (it ended, or moved)."""
@@ -99,12 +103,6 @@ class SlotLedger:
         # After a failover the ticket holds the new backend already: that hold stays.
         if held is not None and held[1] == backend.name:
             del self.holders[id(ticket)]
-
-    def _hold(self, ticket: Ticket, backend: Backend) -> None:
-        # A request moved to another backend (failover) keeps the time it started.
-        held = self.holders.get(id(ticket))
-        started = self._clock() if held is None else held[2]
-        self.holders[id(ticket)] = (ticket, backend.name, started)
 
 
 def increment(counter: Counter[str], key: str) -> None:

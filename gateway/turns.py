@@ -108,11 +108,6 @@ def free_backends(
     model, slots = ticket.model, room.slots
     if serving is None:
         serving = room.pool.serving(ticket.api, model)
-    if not (shared or memory) and len(serving) == 1:
-        # The quick yes's common case: one backend, a person's light request, memory asked
-        # afterwards. Only the slot is left of the checks below.
-        backend = serving[0]
-        return [backend] if slots.busy.get(backend.group(model), 0) < backend.slots else []
     wanted = _wanted_by_people(room) if background else _NOBODY
     return [
         backend

@@ -22,7 +22,7 @@ import asyncio
 import itertools
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from gateway.backends.pool import Backend, BackendPool, model_key
 from gateway.policy import Policy
@@ -39,6 +39,9 @@ from gateway.user_queues import UserQueues
 from gateway.vocabulary import Lane, Reason
 
 __all__ = ["QuickYes", "Ticket", "Waiter", "WaitingRoom", "ordering_for"]
+
+# Read once: through its class, a 3.11 enum member costs a descriptor call.
+_BACKGROUND = Lane.BACKGROUND
 
 # A request started at once: its backend, how it finds its model there, its weight.
 QuickYes = tuple[Backend, Placement, float]
@@ -139,15 +142,9 @@ class WaitingRoom:
         # find its model there: not once to know whether it may go, then again as it goes.
         # Not for heavy requests: asking the prefill gate whether one may start holds it.
         single = len(serving) == 1 and not ticket.heavy
-        # Not heavy, ``free_to_start`` is ``free_backends``.
-        free = (
-            free_backends(self, ticket, serving, memory=False)
-            if single
-            else free_to_start(self, ticket, serving)
-        )
-        if not free:
+        backend = self._free_now(ticket, serving, single)
+        if backend is None:
             return None
-        backend = free[0] if single else self.prefer(free, ticket)
         swaps, busy = self.swaps, self.slots.busy
         if single:
             placement = swaps.admitted(backend, ticket.model, ticket.num_ctx, busy)
@@ -165,6 +162,24 @@ class WaitingRoom:
         if self.gate.holding:  # nearly never: asked here, without a call on every request
             self._wake_for_held()
         return backend, placement, candidate.weight
+
+    def _free_now(self, ticket: Ticket, serving: Sequence[Backend], single: bool) -> Backend | None:
+        """The backend the quick yes starts ``ticket``'s request on, what memory holds
+        aside when ``single``; None if none has room for it now."""
+        if single and ticket.lane is not _BACKGROUND:
+            # A person's light request and one backend, the common case: of the checks of
+            # ``free_backends``, only its slot applies.
+            backend = serving[0]
+            return (
+                backend
+                if self.slots.busy.get(backend.group(ticket.model), 0) < backend.slots
+                else None
+            )
+        if single:  # not heavy: ``free_to_start`` is ``free_backends``
+            free = free_backends(self, ticket, serving, memory=False)
+            return free[0] if free else None
+        free = free_to_start(self, ticket, serving)
+        return self.prefer(free, ticket) if free else None
 
     def _arrival(self, ticket: Ticket, now: float, turn: asyncio.Future[Backend]) -> Waiter:
         user, lines = ticket.user, self.lines
