@@ -152,10 +152,13 @@ def _request_ids(given: str | None) -> tuple[str, str | None]:
     """The request's id, and the client's own (escaped) when it is not fit to be ours."""
     if given is not None and _SAFE_REQUEST_ID.fullmatch(given):
         return given, None
+    return _new_id(), None if given is None else printable(given[:64])
+
+
+def _new_id() -> str:
     # Ids tell requests apart in the logs; they guard nothing, so no urandom call each.
     # 16 hex digits (to_bytes, not a format string: 0.1 us less for each request).
-    ours = random.getrandbits(64).to_bytes(8, "big").hex()
-    return ours, None if given is None else printable(given[:64])
+    return random.getrandbits(64).to_bytes(8, "big").hex()
 
 
 def access_log(
@@ -170,10 +173,17 @@ def access_log(
     and maps errors itself rather than in a coroutine of its own: every layer around the
     handler costs each request about half a microsecond."""
     line = _AccessLine()
+    # An id made once the last request was logged, for the next that brings none of its
+    # own: made on the request's path, it cost ~2.5 us before its upstream write (probe).
+    ahead: list[str] = []
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        request_id, client_request_id = _request_ids(request.headers.get(_X_REQUEST_ID))
+        given = request.headers.get(_X_REQUEST_ID)
+        if given is None and ahead:
+            request_id, client_request_id = ahead.pop(), None
+        else:
+            request_id, client_request_id = _request_ids(given)
         record = RequestRecord(request_id, request.method, request.path, locate(request))
         if client_request_id is not None:
             record.client_request_id = client_request_id
@@ -204,6 +214,8 @@ def access_log(
             for listener in listeners:
                 listener(record)
             REQUEST_ID.reset(named)
+            if not ahead:
+                ahead.append(_new_id())
         return response
 
     return middleware

@@ -345,6 +345,28 @@ class TestHttpHygiene:
         assert request["client_request_id"] == 'a b"'
         assert request["request_id"] != request["client_request_id"]
 
+    async def test_each_request_without_an_id_of_its_own_gets_a_new_one(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """Requests that bring no X-Request-Id, one after another and at once, each get
+        an id of 16 hex digits that no other request has."""
+        _, url = await start_sim()
+        gateway = await start_gateway(POLICY + one_backend(url, slots=2))
+        headers = {"Authorization": "Bearer alice-key"}
+        async with aiohttp.ClientSession() as session:
+
+            async def request_id() -> str:
+                async with session.post(
+                    gateway.url + "/api/generate", data=CHAT, headers=headers
+                ) as r:
+                    await r.read()
+                    return r.headers["X-Request-Id"]
+
+            ids = [await request_id() for _ in range(3)]
+            ids += await asyncio.gather(*(request_id() for _ in range(3)))
+        assert len(set(ids)) == 6
+        assert all(len(given) == 16 and int(given, 16) >= 0 for given in ids)
+
     async def test_a_backend_error_page_reaches_the_client_as_json_with_its_status(
         self, start_gateway: StartGateway, servers: AsyncExitStack
     ) -> None:
