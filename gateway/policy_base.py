@@ -10,9 +10,9 @@ import re
 from functools import lru_cache
 from typing import Annotated
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-__all__ = ["SlotShare", "Strict", "model_key", "slots_on"]
+__all__ = ["SlotShare", "Strict", "Weight", "model_key", "slots_on"]
 
 
 class Strict(BaseModel):
@@ -33,6 +33,11 @@ def _count_or_share(value: object) -> object:
 
 SlotShare = Annotated[int | str, BeforeValidator(_count_or_share)]
 """Some of a backend's slots: a count (``2``) or a share (``50%``)."""
+
+Weight = Annotated[float, Field(ge=0.001, le=1000)]
+"""A share multiplier: from a thousandth to a thousand times the default's. The fair
+scheduler divides by a user's and a class's weights multiplied; two that were only above 0
+(1e-200 each) made 0 and every request of that user a 500, and infinity charged nothing."""
 
 
 def slots_on(share: int | str, backend_slots: int) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from gateway.durations import Duration
-from gateway.policy_base import SlotShare, Strict, slots_on
+from gateway.policy_base import SlotShare, Strict, Weight, slots_on
 
 __all__ = ["Classes", "Costs", "HeavyClass", "QueueConfig"]
 
@@ -35,7 +35,7 @@ class HeavyClass(Strict):
         default="50%",
         description="Slots of each backend heavy requests may hold: a count, or a share (50%).",
     )
-    weight: float = Field(default=1.0, gt=0, description="Share multiplier for heavy requests.")
+    weight: Weight = Field(default=1.0, description="Share multiplier for heavy requests.")
     wait_for_light: Duration = Field(
         default=2.0,
         ge=0,
@@ -53,7 +53,7 @@ class HeavyClass(Strict):
 class LightClass(Strict):
     """Everything that is not heavy: chats, short questions."""
 
-    weight: float = Field(default=1.0, gt=0, description="Share multiplier for light requests.")
+    weight: Weight = Field(default=1.0, description="Share multiplier for light requests.")
 
 
 class Classes(Strict):

@@ -18,7 +18,7 @@ from typing import Annotated
 from pydantic import AfterValidator, Field, ValidationInfo
 
 from gateway.budget_policy import BudgetConfig
-from gateway.policy_base import Strict
+from gateway.policy_base import Strict, Weight
 from gateway.policy_file import problem_at
 
 __all__ = [
@@ -49,7 +49,7 @@ class Limits(Strict):
 
     max_concurrent: int = Field(default=1, ge=1, description="Requests running at once.")
     max_queued: int = Field(default=2, ge=0, description="Requests waiting; more gets 503.")
-    weight: float = Field(default=1.0, gt=0, description="Share of the GPU against others.")
+    weight: Weight = Field(default=1.0, description="Share of the GPU against others.")
     budget: BudgetConfig = BudgetConfig()
 
 
@@ -110,7 +110,7 @@ class UserConfig(Strict):
     )
     max_concurrent: int | None = Field(default=None, ge=1)
     max_queued: int | None = Field(default=None, ge=0)
-    weight: float | None = Field(default=None, gt=0)
+    weight: Weight | None = None
     models: list[str] | None = Field(
         default=None, description="Models this user may use; unset means every model."
     )

@@ -131,6 +131,16 @@ BROKEN = [
         "or 1h30m",
     ),
     Broken(
+        "a weight too small to divide by",
+        ALICE + "    weight: 1.0e-200\n" + GPU,
+        "fairgate.yaml:4: users.alice.weight: must be at least 0.001, not 1e-200",
+    ),
+    Broken(
+        "an endless weight",
+        GPU + "classes:\n  heavy:\n    weight: .inf\n",
+        "fairgate.yaml:5: classes.heavy.weight: must be at most 1000.0, not inf",
+    ),
+    Broken(
         "a backend with no slots",
         "backends:\n  - {name: gpu, url: http://127.0.0.1:11434, slots: 0}\n",
         "fairgate.yaml:2: backends[0].slots: must be at least 1, not 0",
