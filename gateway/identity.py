@@ -9,7 +9,9 @@ and run a chat as the household member whose machine it is, on their budget, tho
 read the reply. A request that a page on another origin sent (its browser says so in
 ``Origin``) is therefore refused with 403 ``origin_forbidden`` unless it carries a key or the
 policy lists that origin (``cors.origins``), as Ollama refuses an origin it does not list;
-extensions' and apps' own schemes are left to the backend, as before.
+extensions' and apps' own schemes are left to the backend, as before. A page on the
+gateway's own host name is no exception: a site can rebind its name to the gateway's
+address (DNS rebinding), and the gateway's own pages only read, which sends no Origin.
 """
 
 from __future__ import annotations
@@ -127,11 +129,11 @@ class Directory:
         origin = headers.get("Origin")
         if origin is None or origin in self._origins:
             return caller
-        if origin != _OPAQUE_ORIGIN and (
-            not origin.startswith(_PAGE_SCHEMES)
-            or origin.partition("://")[2].lower() == headers.get("Host", "").lower()
-        ):
-            return caller  # an extension's or app's own scheme, or the gateway's own page
+        if origin != _OPAQUE_ORIGIN and not origin.startswith(_PAGE_SCHEMES):
+            return caller  # an extension's or app's own scheme
+        # Not even a page whose origin names the Host asked for: a site can rebind its own
+        # name to the gateway's address (DNS rebinding) and pass for the gateway's page. The
+        # gateway's own pages send no Origin (GETs only).
         log.warning("origin_forbidden", origin=origin[:_ORIGIN_LOGGED], user=caller.user)
         raise GatewayError(
             403,
