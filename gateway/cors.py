@@ -11,6 +11,16 @@ the request itself gets its headers as it is prepared, so a stream carries them 
 first byte, and so does a refusal. A preflight from an origin not listed is refused with a
 403 that says so, in the log too: that is where an admin looks when a web app "cannot
 connect". Requests from unlisted origins get no CORS headers; their pages cannot read them.
+
+An address (``clients:``) or an open gateway is authority a browser carries to every page it
+opens: a page on any site can send a POST without a preflight (``Content-Type: text/plain``)
+and run a chat as the household member whose machine it is, on their budget, though it
+cannot read the reply. A request that a page on another origin sent (its browser says so in
+``Origin``) is therefore refused with 403 ``origin_forbidden`` unless it carries a key or the
+policy lists that origin, as Ollama refuses an origin it does not list; extensions' and
+apps' own schemes are left to the backend, as before. A page on the gateway's own host name
+is no exception: a site can rebind its name to the gateway's address (DNS rebinding), and
+the gateway's own pages only read, which sends no Origin.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ from aiohttp import hdrs, web
 from multidict import CIMultiDict
 
 from gateway.errors import GatewayError
+from gateway.identity import Caller
 from gateway.reload import LivePolicy
 from gateway.vocabulary import Reason
 
@@ -29,6 +40,9 @@ log = structlog.get_logger("fairgate.cors")
 
 _METHODS = "GET, HEAD, POST"
 _ORIGIN_LOGGED = 200  # characters of a refused Origin header written to the log
+# The origins a web page can have: a site's, or "null" (a sandboxed frame, a file, a data: URL).
+_PAGE_SCHEMES = ("http://", "https://")
+_OPAQUE_ORIGIN = "null"
 _MAX_AGE = "600"  # seconds a browser may reuse a preflight's answer (Chromium caps it at 7200)
 # Headers a page may read from a reply, beyond the few every browser exposes.
 _EXPOSED = "Retry-After, X-Request-Id, X-Fairgate-Queue-Wait, X-Fairgate-Queue-Position"
@@ -73,6 +87,24 @@ class Cors:
             headers[hdrs.ACCESS_CONTROL_ALLOW_ORIGIN] = origin
             if not _is_preflight(request):
                 headers[hdrs.ACCESS_CONTROL_EXPOSE_HEADERS] = _EXPOSED
+
+    def refuse_pages_without_key(self, request: web.Request, caller: Caller) -> None:
+        """403 for a request without a key that a web page on an origin the policy does not
+        list sent (see the module's note); nothing for any other."""
+        if caller.by_key:
+            return
+        origin = request.headers.get(hdrs.ORIGIN)
+        if origin is None or self._allows(origin):
+            return
+        if origin != _OPAQUE_ORIGIN and not origin.startswith(_PAGE_SCHEMES):
+            return  # an extension's or app's own scheme
+        log.warning("origin_forbidden", origin=origin[:_ORIGIN_LOGGED], user=caller.user)
+        raise GatewayError(
+            403,
+            Reason.ORIGIN_FORBIDDEN,
+            f"a page on {origin[:_ORIGIN_LOGGED]!r} cannot use the gateway without a key: "
+            "list its origin under cors.origins to let it",
+        )
 
     def _allows(self, origin: str) -> bool:
         return origin in self._policy.current.policy.cors.origins

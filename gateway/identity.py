@@ -2,16 +2,6 @@
 
 Keys are held as SHA-256 digests and the digest of what the client sent is compared with every
 one of them in constant time, so neither the timing of a refusal nor a log line gives a key away.
-
-An address (``clients:``) or an open gateway is authority a browser carries to every page it
-opens: a page on any site can send a POST without a preflight (``Content-Type: text/plain``)
-and run a chat as the household member whose machine it is, on their budget, though it cannot
-read the reply. A request that a page on another origin sent (its browser says so in
-``Origin``) is therefore refused with 403 ``origin_forbidden`` unless it carries a key or the
-policy lists that origin (``cors.origins``), as Ollama refuses an origin it does not list;
-extensions' and apps' own schemes are left to the backend, as before. A page on the
-gateway's own host name is no exception: a site can rebind its name to the gateway's
-address (DNS rebinding), and the gateway's own pages only read, which sends no Origin.
 """
 
 from __future__ import annotations
@@ -23,8 +13,6 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import structlog
-
 from gateway.errors import GatewayError
 from gateway.forwarded import Address, ProxyTrust, address_of
 from gateway.policy import Policy
@@ -33,14 +21,9 @@ from gateway.vocabulary import Reason
 
 __all__ = ["Caller", "Directory"]
 
-log = structlog.get_logger("fairgate.identity")
-
 _ANONYMOUS_CREDENTIAL = "anonymous"
+_KEY_CREDENTIAL = "key:"  # then the key's SHA-256 digest, in hex
 _MAX_PERSON = 200  # characters of a person's name from a front end's header
-_ORIGIN_LOGGED = 200  # characters of a refused Origin header written to the log
-# The origins a web page can have: a site's, or "null" (a sandboxed frame, a file, a data: URL).
-_PAGE_SCHEMES = ("http://", "https://")
-_OPAQUE_ORIGIN = "null"
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +33,12 @@ class Caller:
 
     user: str
     credential: str
+
+    @property
+    def by_key(self) -> bool:
+        """Known by a key it sent, not by where it comes from (an address, or anyone): a
+        browser adds no key of its own to a page's request (``cors.py``)."""
+        return self.credential.startswith(_KEY_CREDENTIAL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +60,9 @@ class Directory:
         rules: list[_ClientRule] = []
         for name, user in policy.users.items():
             digests = map(_digest_of_configured, user.keys)
-            self._digests += [(digest, Caller(name, "key:" + digest.hex())) for digest in digests]
+            self._digests += [
+                (digest, Caller(name, _KEY_CREDENTIAL + digest.hex())) for digest in digests
+            ]
             rules += [_ClientRule(net, net.prefixlen, name) for net in user.clients]
         # The most specific range wins: a /32 for the TV beats a /24 for the whole LAN.
         self._client_rules = sorted(rules, key=lambda rule: -rule.prefix)
@@ -87,7 +78,6 @@ class Directory:
             for name, user in policy.users.items()
             if user.on_behalf is not None
         }
-        self._origins = frozenset(policy.cors.origins)
 
     def identify(self, headers: Mapping[str, str], address: Address | None) -> Caller:
         """Who is asking, or GatewayError 401 when the request cannot be attributed."""
@@ -107,13 +97,13 @@ class Directory:
                     return found
                 return Caller(self._person(found.user, headers), found.credential)
             if self._open:
-                return self._unless_a_page_elsewhere(_ANONYMOUS_CALLER, headers)
+                return _ANONYMOUS_CALLER
             raise GatewayError(401, Reason.UNAUTHORIZED, "unknown API key")
         user = self._user_of_address(address)
         if user is not None:
-            return self._unless_a_page_elsewhere(Caller(user, f"client:{address}"), headers)
+            return Caller(user, f"client:{address}")
         if self._anonymous:
-            return self._unless_a_page_elsewhere(_ANONYMOUS_CALLER, headers)
+            return _ANONYMOUS_CALLER
         # Say how to pass a key and where keys come from: the first curl of a new admin
         # lands here, and the example policy's key is easy to find once that is said.
         raise GatewayError(
@@ -121,25 +111,6 @@ class Directory:
             Reason.UNAUTHORIZED,
             "an API key is required: send Authorization: Bearer KEY "
             "(the keys are under users: in the gateway's policy file)",
-        )
-
-    def _unless_a_page_elsewhere(self, caller: Caller, headers: Mapping[str, str]) -> Caller:
-        """``caller``, known without a key, unless a web page on an origin the policy does
-        not list sent the request (see the module's note): then 403."""
-        origin = headers.get("Origin")
-        if origin is None or origin in self._origins:
-            return caller
-        if origin != _OPAQUE_ORIGIN and not origin.startswith(_PAGE_SCHEMES):
-            return caller  # an extension's or app's own scheme
-        # Not even a page whose origin names the Host asked for: a site can rebind its own
-        # name to the gateway's address (DNS rebinding) and pass for the gateway's page. The
-        # gateway's own pages send no Origin (GETs only).
-        log.warning("origin_forbidden", origin=origin[:_ORIGIN_LOGGED], user=caller.user)
-        raise GatewayError(
-            403,
-            Reason.ORIGIN_FORBIDDEN,
-            f"a page on {origin[:_ORIGIN_LOGGED]!r} cannot use the gateway without a key: "
-            "list its origin under cors.origins to let it",
         )
 
     def admits(self, user: str, credential: str) -> bool:

@@ -165,6 +165,7 @@ class Services:
         """Who is asking, from the request's credentials (401 if nobody), noted in its record."""
         record = request[RECORD]
         caller = view.directory.identify(request.headers, record.client.address)
+        self.cors.refuse_pages_without_key(request, caller)
         record.user = caller.user
         return caller
 

@@ -17,13 +17,9 @@ from gateway.policy import Policy
 from gateway.slot_ledger import decrement
 from gateway.tickets import Ticket, Waiter
 from gateway.user_policy import Limits
-from gateway.vocabulary import Lane, Reason
+from gateway.vocabulary import BACKGROUND, Lane, Reason
 
 __all__ = ["UserQueues"]
-
-# Read once: through its class, a 3.11 enum member costs a descriptor call (60 ns), and
-# every request asks for it several times.
-_BACKGROUND = Lane.BACKGROUND
 
 
 class UserQueues:
@@ -41,15 +37,15 @@ class UserQueues:
 
     def queues(self, lane: Lane) -> dict[str, deque[Waiter]]:
         """The waiting requests of ``lane``, by user."""
-        return self.background if lane is _BACKGROUND else self.waiting
+        return self.background if lane is BACKGROUND else self.waiting
 
     def runs(self, lane: Lane) -> Counter[str]:
         """The running requests of ``lane``, by user."""
-        return self.background_running if lane is _BACKGROUND else self.running
+        return self.background_running if lane is BACKGROUND else self.running
 
     def caps(self, user: str, lane: Lane) -> tuple[int, int]:
         """(max_concurrent, max_queued) of ``user`` in ``lane``."""
-        if lane is _BACKGROUND:
+        if lane is BACKGROUND:
             background = self.policy.lanes.background
             return background.max_concurrent, background.max_queued
         limits = self.policy.limits_of(user)
@@ -59,7 +55,7 @@ class UserQueues:
         """Whether ``user`` already runs as many requests of ``lane`` as it may (``limits``:
         the user's, when looked up already)."""
         # ``caps``' first, read without the pair: asked twice of every request.
-        if lane is _BACKGROUND:
+        if lane is BACKGROUND:
             return (
                 self.background_running.get(user, 0) >= self.policy.lanes.background.max_concurrent
             )
@@ -101,7 +97,7 @@ class UserQueues:
     def started(self, ticket: Ticket) -> None:
         """``ticket``'s request runs: it takes one of its user's places in its lane."""
         # ``increment`` of ``runs``, written out: every request starts here.
-        runs = self.background_running if ticket.lane is _BACKGROUND else self.running
+        runs = self.background_running if ticket.lane is BACKGROUND else self.running
         runs[ticket.user] = runs.get(ticket.user, 0) + 1
 
     def ended(self, ticket: Ticket) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from enum import Enum, StrEnum
 
-__all__ = ["REFUSALS", "Api", "Lane", "Reason", "RequestClass", "api_of"]
+__all__ = ["BACKGROUND", "REFUSALS", "Api", "Lane", "Reason", "RequestClass", "api_of"]
 
 
 class Api(Enum):
@@ -35,6 +35,11 @@ class Lane(StrEnum):
 
     INTERACTIVE = "interactive"
     BACKGROUND = "background"
+
+
+BACKGROUND = Lane.BACKGROUND
+"""``Lane.BACKGROUND``, for the room's code that asks it of every request: read through its
+class, a 3.11 enum member costs a descriptor call (60 ns) each time."""
 
 
 class Reason(StrEnum):

@@ -36,12 +36,10 @@ from gateway.tickets import Ticket, Waiter
 from gateway.turns import Offer, free_backends, free_to_start, next_offer, waits
 from gateway.user_policy import Limits
 from gateway.user_queues import UserQueues
-from gateway.vocabulary import Lane, Reason
+from gateway.vocabulary import BACKGROUND, Lane, Reason
 
 __all__ = ["QuickYes", "Ticket", "Waiter", "WaitingRoom", "ordering_for"]
 
-# Read once: through its class, a 3.11 enum member costs a descriptor call.
-_BACKGROUND = Lane.BACKGROUND
 
 # A request started at once: its backend, how it finds its model there, its weight.
 QuickYes = tuple[Backend, Placement, float]
@@ -166,7 +164,7 @@ class WaitingRoom:
     def _free_now(self, ticket: Ticket, serving: Sequence[Backend], single: bool) -> Backend | None:
         """The backend the quick yes starts ``ticket``'s request on, what memory holds
         aside when ``single``; None if none has room for it now."""
-        if single and ticket.lane is not _BACKGROUND:
+        if single and ticket.lane is not BACKGROUND:
             # A person's light request and one backend, the common case: of the checks of
             # ``free_backends``, only its slot applies.
             backend = serving[0]
@@ -193,7 +191,7 @@ class WaitingRoom:
     def _candidate(self, ticket: Ticket, limits: Limits) -> Candidate:
         weight = limits.weight * ticket.class_weight
         # Built without ``Candidate``'s check that the weight is > 0: the policy holds both
-        # factors to it (``gt=0``), and every request makes one.
+        # factors to 0.001 and more (``Weight``), and every request makes one.
         fields = (next(self._seq), ticket.user, weight, ticket.input_tokens)
         return tuple.__new__(Candidate, fields)
 
