@@ -21,6 +21,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from gateway.access import RequestRecord
+from gateway.host_names import refuse_unknown_host
 from gateway.metric_counts import LabelledCounts, LabelledHistogram
 from gateway.metric_labels import MetricLabels, add_merged
 from gateway.model_metrics import model_families
@@ -101,6 +102,7 @@ class Metrics:
             "Replies ended because the client left them unread for timeouts.client_stall.",
             ["user"],
         )
+        self._policy = policy
         self._labels = labels = MetricLabels(policy)
         self.registry = CollectorRegistry()
         for family in (
@@ -114,6 +116,9 @@ class Metrics:
         app.router.add_get("/metrics", self.endpoint)
 
     async def endpoint(self, request: web.Request) -> web.Response:
+        # Open to whoever reaches the port (Prometheus sends no key): not to a page on
+        # a site that rebinds its name to the gateway.
+        refuse_unknown_host(request.headers, self._policy.current.policy.hosts)
         body = generate_latest(self.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

@@ -20,6 +20,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from gateway.backend_policy import BackendConfig, check_backends
 from gateway.budget_policy import Budget, merged_budget
 from gateway.forwarded import ForwardedHeader
+from gateway.host_names import HostName
 from gateway.lanes import Lanes
 from gateway.load_options import ModelPolicy, NumCtxPolicy
 from gateway.origins import CorsPolicy
@@ -80,6 +81,13 @@ class Policy(Strict):
         "list and the listings may use the alias; the backend is sent the model it names.",
     )
     cors: CorsPolicy = CorsPolicy()
+    hosts: tuple[HostName, ...] = Field(
+        default=(),
+        description="Names the gateway answers to without a key besides addresses, "
+        "localhost, one-label names (gpubox) and local suffixes (.lan, .local, .home.arpa, "
+        ".internal): the name a TLS proxy passes on (gpu.example.com, *.example.com; * for "
+        "any). Another name could be a site's that rebinds it to the gateway (DNS rebinding).",
+    )
     trusted_proxies: list[IPv4Network | IPv6Network] = Field(
         default_factory=list,
         description="Reverse proxies in front of the gateway (TLS: Caddy, nginx): only from "

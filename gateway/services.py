@@ -26,6 +26,7 @@ from gateway.forwarded import Client
 from gateway.history import History
 from gateway.holds import HoldStore
 from gateway.holds.redis import RedisHolds
+from gateway.host_names import names_gateway, refuse_unknown_host
 from gateway.identity import Caller
 from gateway.policy import Policy
 from gateway.relay import Relay
@@ -165,13 +166,16 @@ class Services:
         """Who is asking, from the request's credentials (401 if nobody), noted in its record."""
         record = request[RECORD]
         caller = view.directory.identify(request.headers, record.client.address)
+        if not caller.by_key:  # what a page's browser carries by itself (host_names.py)
+            refuse_unknown_host(request.headers, view.policy.hosts)
         self.cors.refuse_pages_without_key(request, caller)
         record.user = caller.user
         return caller
 
     def is_admin(self, request: web.Request, view: PolicyView) -> bool:
         """Clients on this machine and admin keys may read the gateway's state."""
-        if request[RECORD].client.is_local:
+        # Loopback is no key: under a name a site could own, only a key says who asks.
+        if request[RECORD].client.is_local and names_gateway(request.headers, view.policy.hosts):
             return True
         return self.caller(request, view).user in view.directory.admins
 

@@ -58,6 +58,7 @@ class Reason(StrEnum):
     MANAGEMENT_FORBIDDEN = "management_forbidden"
     ADMIN_ONLY = "admin_only"
     ORIGIN_FORBIDDEN = "origin_forbidden"
+    HOST_FORBIDDEN = "host_forbidden"
     MODEL_NOT_FOUND = "model_not_found"
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"

@@ -110,6 +110,8 @@ async def provoke_request_refusals(gateway: Gateway) -> None:
         )
         preflight = {"Origin": "https://elsewhere.example", "Access-Control-Request-Method": "POST"}
         assert await status_of(session, "OPTIONS", url + "/api/chat", headers=preflight) == 403
+        rebound = {"Host": "rebind.example"}  # a site's name, without a key
+        assert await status_of(session, "GET", url + "/metrics", headers=rebound) == 403
         assert await status_of(session, "GET", url + "/nowhere") == 404
         assert await status_of(session, "GET", url + "/api/generate") == 405
         big = {**chat, "prompt": "x" * 5000}
