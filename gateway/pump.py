@@ -75,7 +75,7 @@ async def pump(
     loop = upstream.loop
     now = loop.time()
     watch = _Watch(request, upstream, timeouts, progress, loop, now)
-    passing = _Passing(request, upstream, progress, meter, watch, loop, now)
+    passing = _Passing(request, writer, upstream, progress, meter, watch, loop, now)
     try:
         passing.count(first)
         watch.unread_since = now
@@ -136,6 +136,7 @@ class _Passing:
     def __init__(
         self,
         request: web.Request,
+        writer: StreamWriter,
         upstream: Reply,
         progress: Progress,
         charge: Callable[[int], None] | None,
@@ -144,7 +145,7 @@ class _Passing:
         now: float,
     ) -> None:
         self._request = request
-        self._writer = cast(StreamWriter, request.writer)
+        self._writer = writer
         self._upstream = upstream
         self._progress = progress
         self._gaps = progress.gaps
