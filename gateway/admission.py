@@ -27,6 +27,7 @@ from gateway.permit import Permit
 from gateway.policy import Policy
 from gateway.refusals import HoldTimer, Refusal, refusal
 from gateway.replica_holds import ReplicaHolds
+from gateway.room_bounds import refuses_unseen
 from gateway.room_snapshot import RoomSnapshot
 from gateway.slot_ledger import decrement, increment
 from gateway.swap_outcomes import SwapWait
@@ -115,8 +116,8 @@ class Admission:
         return running + len(room.waiting.get(user, ())) + len(room.background.get(user, ()))
 
     def refuses_unseen(self, user: str, lanes: tuple[Lane, ...]) -> Refusal | None:
-        """The quick no that needs no body (``WaitingRoom.refuses_unseen``), or None."""
-        reason = self.room.refuses_unseen(user, lanes)
+        """The quick no that needs no body (``room_bounds.refuses_unseen``), or None."""
+        reason = refuses_unseen(self.room, user, lanes)
         if reason is None:
             return None
         return self._refusal(reason, Ticket(user, "", Api.OLLAMA, lane=lanes[0]))

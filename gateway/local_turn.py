@@ -17,6 +17,9 @@ from dataclasses import replace
 
 from gateway.permit import Issuer, Permit
 from gateway.refusals import HoldTimer, Refusal, Refuse
+from gateway.room_bounds import cannot_start, over_bound
+from gateway.room_snapshot import position_of
+from gateway.swap_waits import swap_wait
 from gateway.tickets import Ticket, Waiter
 from gateway.turn_away import TurnedAway
 from gateway.vocabulary import Lane, Reason
@@ -56,8 +59,8 @@ class LocalTurns:
     async def queue(self, ticket: Ticket, within: float) -> Permit | Refusal:
         """What ``take`` does when the quick yes said no: the quick no, or the wait."""
         room, turn = self._room, asyncio.get_running_loop().create_future()
-        reason = room.over_bound(ticket.user, ticket.lane, joining=True)
-        if reason is not None and room.cannot_start(ticket):
+        reason = over_bound(room, ticket.user, ticket.lane, joining=True)
+        if reason is not None and cannot_start(room, ticket):
             if reason is Reason.GATEWAY_BUSY and ticket.lane is Lane.INTERACTIVE:
                 reason = self._displace_background(ticket)
             if reason is not None:
@@ -67,11 +70,11 @@ class LocalTurns:
         room.dispatch()
         if waiter.turn.done():  # a place was free, and its turn came first
             return Permit.queued(self._issuer, waiter, waiter.turn.result())
-        reason = room.over_bound(ticket.user, ticket.lane, joining=False)
+        reason = over_bound(room, ticket.user, ticket.lane, joining=False)
         if reason is not None:
             room.leave(waiter)
             return self._refuse(reason, ticket)
-        waiter.position = room.position_of(waiter)
+        waiter.position = position_of(room, waiter)
         return await self._wait(waiter, within)
 
     async def _wait(self, waiter: Waiter, within: float) -> Permit | Refusal:
@@ -84,7 +87,7 @@ class LocalTurns:
         except TimeoutError:
             if waiter.turn.done():  # granted as the timer fired: take the turn after all
                 return Permit.queued(self._issuer, waiter, waiter.turn.result())
-            swap = room.swap_wait(ticket, self._hold_timer.seconds)
+            swap = swap_wait(room, ticket, self._hold_timer.seconds)
             room.leave(waiter)
             room.dispatch()  # a swap it was the last to wait for is called off
             return self._refuse(Reason.WAIT_TIMEOUT, ticket, swap)
@@ -98,14 +101,14 @@ class LocalTurns:
     def _displace_background(self, ticket: Ticket) -> Reason | None:
         """Make room for a person: the newest background request leaves with a 503."""
         room = self._room
-        victim = room.newest_background()
+        victim = room.lines.newest_background()
         if victim is None:
             return Reason.GATEWAY_BUSY
         room.leave(victim)
         refusal = self._refuse(Reason.GATEWAY_BUSY, victim.ticket)
         displaced = f"background work gave its place to {ticket.user}'s request; {refusal.message}"
         victim.turn.set_exception(TurnedAway(replace(refusal, message=displaced)))
-        return room.over_bound(ticket.user, ticket.lane, joining=True)
+        return over_bound(room, ticket.user, ticket.lane, joining=True)
 
     def _abandon(self, waiter: Waiter) -> None:
         """The client went away while waiting: give back a turn granted in the meantime."""

@@ -23,7 +23,14 @@ if TYPE_CHECKING:
     from gateway.tickets import Ticket, Waiter
     from gateway.waiting_room import WaitingRoom
 
-__all__ = ["RoomSnapshot", "RunningRequest", "WaitingRequest", "in_order", "room_snapshot"]
+__all__ = [
+    "RoomSnapshot",
+    "RunningRequest",
+    "WaitingRequest",
+    "in_order",
+    "position_of",
+    "room_snapshot",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +126,14 @@ def in_order(room: WaitingRoom) -> Iterator[Waiter]:
     ordering = copy.deepcopy(room.ordering)
     for lane in (Lane.INTERACTIVE, Lane.BACKGROUND):
         yield from _played(ordering, room.queues(lane))
+
+
+def position_of(room: WaitingRoom, waiter: Waiter) -> int:
+    """Where ``waiter`` stands in the order the room would dispatch (1: next), or 0."""
+    for position, other in enumerate(in_order(room), start=1):
+        if other is waiter:
+            return position
+    return 0
 
 
 def _running(room: WaitingRoom, now: float) -> tuple[RunningRequest, ...]:

@@ -15,7 +15,8 @@ request that needs a load (server/sched.go, ``processPending``). A request whose
 - the victims are chosen, and what fits is counted, in ``swap_victims``; one swap per
   backend at a time; a swap nobody waits for any more is called off;
 - a user whose swap was wasted (the backend refused the request, loading nothing) plans no
-  other for a while (``swap_bar``).
+  other for a while (``swap_bar``);
+- why a request waits for memory, in the words of its 503, is asked in ``swap_waits``.
 
 Only interactive requests start a swap: background work runs on what is loaded, or loads
 what fits. Only a model the backend lists is held or swapped for: while its list is unknown,
@@ -32,10 +33,10 @@ from dataclasses import dataclass
 from gateway.backends.pool import Backend, model_key
 from gateway.residency import Residency
 from gateway.swap_bar import SwapBar
-from gateway.swap_outcomes import RESIDENT, DoneSwap, Placement, SwapsSnapshot, SwapWait
-from gateway.swap_victims import BackendPlans, fits_beside, load_seconds, victims
+from gateway.swap_outcomes import RESIDENT, DoneSwap, Placement, SwapsSnapshot
+from gateway.swap_victims import BackendPlans, fits_beside, victims
 
-__all__ = ["SwapPlanner"]
+__all__ = ["PlannedSwap", "SwapPlanner"]
 
 _RECENT = 32  # swaps remembered for /status
 
@@ -44,7 +45,9 @@ _RELOAD = Placement("reload")
 
 
 @dataclass(slots=True)
-class _Swap:
+class PlannedSwap:
+    """A swap planned on a backend: ``model`` waits while its ``victims`` drain."""
+
     model: str
     num_ctx: int
     victims: tuple[str, ...]
@@ -60,8 +63,8 @@ class SwapPlanner:
         self._plans: dict[str, BackendPlans] = {}
         # The swaps planned, by backend key: apart from the plans, so that the common case,
         # none, is one look (``planned``) for the room's every dispatch.
-        self._swaps: dict[str, _Swap] = {}
-        self._bar = SwapBar(clock)
+        self._swaps: dict[str, PlannedSwap] = {}
+        self.bar = SwapBar(clock)
         self.counts: defaultdict[tuple[str, str, str], float] = defaultdict(float)
         self.recent: deque[DoneSwap] = deque(maxlen=_RECENT)
 
@@ -77,16 +80,20 @@ class SwapPlanner:
         if alone:
             self.residency.unsent(backend, model)
         if placement.kind in ("swap", "reload"):
-            self._bar.wasted(user)
+            self.bar.wasted(user)
 
     @property
     def planned(self) -> bool:
         """Whether a swap is planned on any backend (``keep_only`` has one to call off)."""
         return bool(self._swaps)
 
+    def under_way(self, backend: Backend) -> PlannedSwap | None:
+        """The swap planned on ``backend``, if one is."""
+        return self._swaps.get(backend.key)
+
     def may_plan_for(self, user: str) -> bool:
         """Whether a swap may be planned for ``user``'s request (``swap_bar``)."""
-        return self._bar.seconds_left(user) == 0.0
+        return self.bar.seconds_left(user) == 0.0
 
     def admits(
         self, backend: Backend, model: str, asked: int | None, busy: Mapping[str, int]
@@ -101,7 +108,7 @@ class SwapPlanner:
             return True
         model = model_key(model)
         num_ctx = self.residency.num_ctx(backend, model, asked)
-        if self._of(backend).unloading == model:
+        if self.plans_of(backend).unloading == model:
             return False  # it would reach Ollama before the room is made
         swap = self._swaps.get(backend.key)
         if swap is not None:
@@ -131,17 +138,19 @@ class SwapPlanner:
         key and model key."""
         if not backend.per_model:
             return False
-        if backend.key in self._swaps or self._of(backend).unloading is not None:
+        if backend.key in self._swaps or self.plans_of(backend).unloading is not None:
             return False  # one swap at a time, until its room is made
         if self.admits(backend, model, asked, busy):
             return False  # memory is not what keeps it waiting: its slots are
         model = model_key(model)
         num_ctx = self.residency.num_ctx(backend, model, asked)
-        chosen = victims(self.residency, backend, self._of(backend), model, num_ctx, busy, demand)
+        chosen = victims(
+            self.residency, backend, self.plans_of(backend), model, num_ctx, busy, demand
+        )
         if chosen is None:
             return False
         if not dry_run:
-            self._swaps[backend.key] = _Swap(model, num_ctx, chosen, self._clock())
+            self._swaps[backend.key] = PlannedSwap(model, num_ctx, chosen, self._clock())
         return True
 
     def placed(
@@ -152,7 +161,7 @@ class SwapPlanner:
             return RESIDENT
         model = model_key(model)
         num_ctx = self.residency.num_ctx(backend, model, asked)
-        plans, now = self._of(backend), self._clock()
+        plans, now = self.plans_of(backend), self._clock()
         held = self.residency.context(backend, model, busy)
         swap = self._swaps.get(backend.key)
         if swap is not None and (swap.model, swap.num_ctx) == (model, num_ctx):
@@ -181,7 +190,7 @@ class SwapPlanner:
         out once for both questions, and in the order ``admits`` asks them."""
         if not backend.per_model:
             return RESIDENT
-        plans = self._of(backend)
+        plans = self.plans_of(backend)
         if self._swaps or plans.unloading is not None:
             if not self.admits(backend, model, asked, busy):
                 return None
@@ -225,11 +234,11 @@ class SwapPlanner:
 
     def made_room(self, backend: Backend) -> None:
         """The victims of the swap last sent to ``backend`` are unloaded."""
-        self._of(backend).unloading = None
+        self.plans_of(backend).unloading = None
 
     def loaded(self, backend: Backend, model: str, seconds: float) -> None:
         """A load of ``model`` took ``seconds`` (the reply's load_duration)."""
-        self._of(backend).load_seconds[model_key(model)] = seconds
+        self.plans_of(backend).load_seconds[model_key(model)] = seconds
 
     def room_for(
         self,
@@ -245,65 +254,12 @@ class SwapPlanner:
                 return backend
         return None
 
-    def wait_for(
-        self,
-        user: str,
-        backends: Iterable[Backend],
-        model: str,
-        asked: int | None,
-        busy: Mapping[str, int],
-        hold: float,
-    ) -> SwapWait | None:
-        """Why ``user``'s request for ``model`` cannot be sent to any of ``backends`` for
-        memory (``waits``); when a swap would make room but none is started for ``user``
-        (``swap_bar``), that, and when they will be again."""
-        for backend in backends:
-            waits = self.waits(backend, model, asked, busy, hold)
-            if waits is None:
-                continue
-            barred = self._bar.seconds_left(user)
-            if barred and backend.key not in self._swaps:
-                return SwapWait(
-                    f"{model} needs a swap on {backend.name}, and none is started for {user} "
-                    f"for {barred:.0f} s more: the backend refused, without loading anything, a "
-                    "request that models were unloaded for",
-                    barred,
-                )
-            return waits
-        return None
-
     def keep_only(self, wanted: Collection[tuple[str, str]]) -> None:
         """Call off the swaps for which no request waits any more (``wanted``: backend key
         and model key of every waiting request)."""
         for key, swap in list(self._swaps.items()):
             if (key, swap.model) not in wanted:
                 del self._swaps[key]
-
-    def waits(
-        self, backend: Backend, model: str, asked: int | None, busy: Mapping[str, int], hold: float
-    ) -> SwapWait | None:
-        """Why a request for ``model`` cannot be sent to ``backend`` for memory, if it
-        cannot: the swap it waits for (its drain and load, estimated with ``hold``, how
-        long a request holds its slot lately), or the models that leave no room."""
-        if self.admits(backend, model, asked, busy):
-            return None
-        model, swap, plans = model_key(model), self._swaps.get(backend.key), self._of(backend)
-        load = load_seconds(plans, model)
-        if plans.unloading is not None:
-            return SwapWait(f"a swap on {backend.name} is making room", load)
-        if swap is None:
-            if self.plan(backend, model, asked, busy, {}, dry_run=True):
-                return SwapWait(f"{model} waits for room on {backend.name}", load)
-            protected = ", ".join(sorted(backend.protected)) or "models in use"
-            return SwapWait(f"{model} does not fit on {backend.name} beside {protected}", load)
-        running = sum(busy.get(backend.group(v), 0) for v in swap.victims)
-        drain = hold if running else 0.0
-        said = (
-            f"{model} waits for a swap on {backend.name}: draining {', '.join(swap.victims)} "
-            f"({running} running), then loading {swap.model}"
-        )
-        later = 0.0 if swap.model == model else load  # then its own swap
-        return SwapWait(said, drain + load_seconds(plans, swap.model) + later)
 
     def snapshot(self) -> SwapsSnapshot:
         now = self._clock()
@@ -313,7 +269,8 @@ class SwapPlanner:
         }
         return SwapsSnapshot(dict(self.counts), pending, tuple(self.recent))
 
-    def _of(self, backend: Backend) -> BackendPlans:
+    def plans_of(self, backend: Backend) -> BackendPlans:
+        """What the planner keeps of ``backend`` beside the residency."""
         found = self._plans.get(backend.key)
         if found is None:  # not setdefault: that would build a BackendPlans on every call
             found = self._plans[backend.key] = BackendPlans()

@@ -27,7 +27,7 @@ from gateway.vocabulary import BACKGROUND, Lane
 if TYPE_CHECKING:
     from gateway.waiting_room import WaitingRoom
 
-__all__ = ["Offer", "free_backends", "free_to_start", "next_offer", "waits"]
+__all__ = ["Offer", "free_backends", "free_now", "free_to_start", "next_offer", "waits"]
 
 
 _NOBODY: frozenset[str] = frozenset()
@@ -77,6 +77,25 @@ def _first_offer(room: WaitingRoom, queue: Iterable[Waiter], lane: Lane) -> Offe
         if swap is not None:
             return Offer(waiter, swap, swap=True)
     return None
+
+
+def free_now(
+    room: WaitingRoom, ticket: Ticket, serving: Sequence[Backend], single: bool
+) -> Backend | None:
+    """The backend the quick yes (``WaitingRoom.start_at_once``) starts ``ticket``'s
+    request on, what memory holds aside when ``single``; None if none has room for it now."""
+    if single and ticket.lane is not BACKGROUND:
+        # A person's light request and one backend, the common case: of the checks of
+        # ``free_backends``, only its slot applies.
+        backend = serving[0]
+        return (
+            backend if room.slots.busy.get(backend.group(ticket.model), 0) < backend.slots else None
+        )
+    if single:  # not heavy: ``free_to_start`` is ``free_backends``
+        free = free_backends(room, ticket, serving, memory=False)
+        return free[0] if free else None
+    free = free_to_start(room, ticket, serving)
+    return room.prefer(free, ticket) if free else None
 
 
 def free_to_start(

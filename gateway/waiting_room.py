@@ -13,7 +13,8 @@ looks only at users with requests waiting, and the ordering (FIFO or fair) picks
 
 Two lanes (``user_queues.py``): each user has an interactive and a background queue, with
 their own bounds. A slot goes to background work only when no interactive request can take
-it, and background work holds at most ``lanes.background.max_slots`` of a backend.
+it, and background work holds at most ``lanes.background.max_slots`` of a backend. Which
+bound a request would pass is asked of the room in ``room_bounds.py``.
 """
 
 from __future__ import annotations
@@ -22,21 +23,21 @@ import asyncio
 import itertools
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from gateway.backends.pool import Backend, BackendPool, model_key
 from gateway.policy import Policy
 from gateway.prefill_gate import PrefillGate
-from gateway.room_snapshot import RoomSnapshot, in_order, room_snapshot
+from gateway.room_snapshot import RoomSnapshot, room_snapshot
 from gateway.scheduler import Candidate, Fair, Fifo, Ordering
 from gateway.slot_ledger import SlotLedger
-from gateway.swap_outcomes import Placement, SwapWait
+from gateway.swap_outcomes import Placement
 from gateway.swaps import SwapPlanner
 from gateway.tickets import Ticket, Waiter
-from gateway.turns import Offer, free_backends, free_to_start, next_offer, waits
+from gateway.turns import Offer, free_backends, free_now, next_offer, waits
 from gateway.user_policy import Limits
 from gateway.user_queues import UserQueues
-from gateway.vocabulary import BACKGROUND, Lane, Reason
+from gateway.vocabulary import Lane
 
 __all__ = ["QuickYes", "Ticket", "Waiter", "WaitingRoom", "ordering_for"]
 
@@ -140,7 +141,7 @@ class WaitingRoom:
         # find its model there: not once to know whether it may go, then again as it goes.
         # Not for heavy requests: asking the prefill gate whether one may start holds it.
         single = len(serving) == 1 and not ticket.heavy
-        backend = self._free_now(ticket, serving, single)
+        backend = free_now(self, ticket, serving, single)
         if backend is None:
             return None
         swaps, busy = self.swaps, self.slots.busy
@@ -160,24 +161,6 @@ class WaitingRoom:
         if self.gate.holding:  # nearly never: asked here, without a call on every request
             self._wake_for_held()
         return backend, placement, candidate.weight
-
-    def _free_now(self, ticket: Ticket, serving: Sequence[Backend], single: bool) -> Backend | None:
-        """The backend the quick yes starts ``ticket``'s request on, what memory holds
-        aside when ``single``; None if none has room for it now."""
-        if single and ticket.lane is not BACKGROUND:
-            # A person's light request and one backend, the common case: of the checks of
-            # ``free_backends``, only its slot applies.
-            backend = serving[0]
-            return (
-                backend
-                if self.slots.busy.get(backend.group(ticket.model), 0) < backend.slots
-                else None
-            )
-        if single:  # not heavy: ``free_to_start`` is ``free_backends``
-            free = free_backends(self, ticket, serving, memory=False)
-            return free[0] if free else None
-        free = free_to_start(self, ticket, serving)
-        return self.prefer(free, ticket) if free else None
 
     def _arrival(self, ticket: Ticket, now: float, turn: asyncio.Future[Backend]) -> Waiter:
         user, lines = ticket.user, self.lines
@@ -213,39 +196,6 @@ class WaitingRoom:
     def caps(self, user: str, lane: Lane) -> tuple[int, int]:
         """(max_concurrent, max_queued) of ``user`` in ``lane``."""
         return self.lines.caps(user, lane)
-
-    def cannot_start(self, ticket: Ticket) -> bool:
-        """Whether a request arriving now would have to wait."""
-        return self.lines.at_cap(ticket.user, ticket.lane) or not self.free_backends(ticket)
-
-    def over_bound(self, user: str, lane: Lane, joining: bool) -> Reason | None:
-        """Which bound the room passes with this request in it (``joining``: not yet)."""
-        return self.lines.over_bound(user, lane, extra=1 if joining else 0)
-
-    def newest_background(self) -> Waiter | None:
-        """The background request that came last: the first to go when a person needs room."""
-        return self.lines.newest_background()
-
-    def refuses_unseen(self, user: str, lanes: tuple[Lane, ...]) -> Reason | None:
-        """The bound a request of ``user`` would pass, when it would pass it whatever its
-        body says: the user's own places are all taken, or no backend has a free slot.
-        Checked before the body is read, so a user at cap cannot make the gateway read,
-        and hold, body after body only to refuse each. Requests of the user still reading
-        their bodies count as waiting. ``lanes``: those the request may turn out to be in
-        (its lane may depend on its prompt); only what every one of them would refuse."""
-        first = self._refuses_unseen_in(user, lanes[0])
-        if first is None or not all(self._refuses_unseen_in(user, lane) for lane in lanes[1:]):
-            return None
-        return first
-
-    def _refuses_unseen_in(self, user: str, lane: Lane) -> Reason | None:
-        lines = self.lines
-        if not lines.at_cap(user, lane) and self.slots.has_free_slot(self.pool.backends):
-            return None  # it may start at once, whatever its waiting would pass: asked first
-        reason = lines.over_bound(user, lane, extra=1 + lines.arriving.get(user, 0))
-        if reason is Reason.GATEWAY_BUSY and lane is Lane.INTERACTIVE and lines.background:
-            return None  # a person's request would displace background work
-        return reason
 
     def dispatch(self) -> None:
         """Give every free slot that a waiting request can use to the one the ordering picks."""
@@ -333,23 +283,9 @@ class WaitingRoom:
         self._on_change()
         self.dispatch()
 
-    def swap_wait(self, ticket: Ticket, hold: float) -> SwapWait | None:
-        """Why ``ticket``'s model keeps it waiting, if memory does (for its refusal)."""
-        backends = self.pool.serving(ticket.api, ticket.model)
-        return self.swaps.wait_for(
-            ticket.user, backends, ticket.model, ticket.num_ctx, self.slots.busy, hold
-        )
-
     def snapshot(self, now: float) -> RoomSnapshot:
         """The room at ``now``, for /status, metrics and the house page."""
         return room_snapshot(self, now)
-
-    def position_of(self, waiter: Waiter) -> int:
-        """Where ``waiter`` stands in the order the room would dispatch (1: next), or 0."""
-        for position, other in enumerate(in_order(self), start=1):
-            if other is waiter:
-                return position
-        return 0
 
     def _idle_check(self, user: str) -> None:
         if self.lines.idle(user):

@@ -14,6 +14,7 @@ from aiohttp.typedefs import Handler
 
 from fairsim import SimConfig, Simulator
 from gateway.backends import Backend, BackendState, LoadedModel
+from gateway.swap_waits import waits
 from gateway.swaps import SwapPlanner
 from tests.conftest import Finished, Gateway, StartGateway, StartSim, serve
 from tests.test_admission import until
@@ -392,9 +393,9 @@ class TestPlanner:
         )
         self.hold(LLAMA, QWEN)
         assert not self.planner.plan(self.backend, PHI, None, {}, {})
-        waits = self.planner.waits(self.backend, PHI, None, {}, hold=5.0)
-        assert waits is not None
-        assert waits.said == f"{PHI} does not fit on gpu beside {LLAMA}, {QWEN}"
+        waited = waits(self.planner, self.backend, PHI, None, {}, hold=5.0)
+        assert waited is not None
+        assert waited.said == f"{PHI} does not fit on gpu beside {LLAMA}, {QWEN}"
 
     def test_a_model_its_list_does_not_confirm_takes_no_room_and_plans_no_swap(self) -> None:
         """While the list is unknown what was sent counts for nothing and a request goes
