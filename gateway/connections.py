@@ -28,7 +28,7 @@ import structlog
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from gateway.connection_handler import ConnectionHandler
+from gateway.connection_handler import STARTS_PER_TURN, ConnectionHandler, Starts
 from gateway.errors import GatewayError
 from gateway.hot_routes import HOT_PATHS, HotRoutes
 from gateway.settings import Settings
@@ -113,8 +113,15 @@ class Connections:
 class Listener:
     """The gateway's listening socket, with the cap and deadlines above."""
 
-    def __init__(self, app: web.Application, settings: Settings, connections: Connections):
+    def __init__(
+        self,
+        app: web.Application,
+        settings: Settings,
+        connections: Connections,
+        starts_per_turn: int = STARTS_PER_TURN,
+    ) -> None:
         self._settings = settings
+        self._starts = Starts(starts_per_turn)
         self._connections = connections
         self._cap = descriptor_cap(settings.max_connections)
         # The drain is ours (app.py); aiohttp's own wait at cleanup only closes what is left.
@@ -176,6 +183,7 @@ class Listener:
         return ConnectionHandler(
             server,
             self._hot,
+            self._starts,
             loop=asyncio.get_running_loop(),
             keepalive_timeout=self._settings.idle_timeout,
             access_log=None,  # aiohttp's own line is off
@@ -184,7 +192,7 @@ class Listener:
     def _close_idle(self, handlers: Iterable[RequestHandler]) -> bool:
         """Close the oldest connection not handling a request; False if there is none."""
         for handler in handlers:  # in the order they were opened
-            if handler.transport is not None and handler not in self._connections.busy:
+            if handler.transport is not None and not _handling(handler, self._connections):
                 handler.force_close()
                 return True
         return False
@@ -225,6 +233,12 @@ def descriptor_cap(wanted: int) -> int:
         hint="raise the descriptor limit (LimitNOFILE= in the systemd unit, ulimit -n)",
     )
     return cap
+
+
+def _handling(handler: RequestHandler, connections: Connections) -> bool:
+    """Whether a connection has a request under way (or about to start: ``Starts``)."""
+    starting = isinstance(handler, ConnectionHandler) and handler.handling
+    return starting or handler in connections.busy
 
 
 def _count_open(handlers: Iterable[RequestHandler]) -> int:

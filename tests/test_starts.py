@@ -1,0 +1,124 @@
+"""A burst of requests on kept-alive connections starts a few per turn of the event loop, so
+that replies already under way go out between them; a client that hangs up before its turn
+costs nothing, and nothing it leaves behind holds up the requests after it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import AsyncExitStack, contextmanager
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from gateway.app import SERVICES, create_app
+from gateway.connections import Listener
+from gateway.policy import parse_policy
+from gateway.settings import Settings
+from tests.conftest import Gateway, StartSim, one_backend
+from tests.test_hostile_clients import (
+    POLICY,
+    _generate,
+    read_streamed,
+    request_bytes,
+    warm_raw,
+)
+
+
+class Turns:
+    """The event loop's turns, counted by a callback that runs once in each."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self._handle: asyncio.Handle | None = None
+
+    @contextmanager
+    def counting(self) -> Iterator[None]:
+        loop = asyncio.get_running_loop()
+
+        def tick() -> None:
+            self.now += 1
+            self._handle = loop.call_soon(tick)
+
+        self._handle = loop.call_soon(tick)
+        try:
+            yield
+        finally:
+            self._handle.cancel()
+
+
+async def started_gateway(
+    servers: AsyncExitStack,
+    sim_url: str,
+    per_turn: int,
+    started: list[tuple[int, str]],
+    turns: Turns,
+) -> Gateway:
+    """A gateway whose listener starts ``per_turn`` hot requests a turn, noting in
+    ``started`` the turn each request's handling began in, by its X-Request-Id."""
+
+    @web.middleware
+    async def note(request: web.Request, handler: Handler) -> web.StreamResponse:
+        started.append((turns.now, request.headers.get("X-Request-Id", "")))
+        return await handler(request)
+
+    house = "defaults: {max_concurrent: 8, max_queued: 8}\n" + POLICY  # a burst of alice's
+    app = create_app(Settings(), parse_policy(house + one_backend(sim_url, slots=8)))
+    app.middlewares.insert(0, note)
+    services = app[SERVICES]
+    listener = Listener(app, services.settings, services.connections, starts_per_turn=per_turn)
+    await listener.start(port=0)
+    servers.push_async_callback(listener.close)
+    return Gateway(listener.url, app)
+
+
+async def test_a_burst_starts_a_few_requests_a_turn(
+    start_sim: StartSim, servers: AsyncExitStack
+) -> None:
+    """Six requests that arrive together start two a turn, over three turns or more, and
+    are all answered whole."""
+    _, sim_url = await start_sim()
+    started: list[tuple[int, str]] = []
+    turns = Turns()
+    gateway = await started_gateway(servers, sim_url, 2, started, turns)
+    connections = [await warm_raw(gateway) for _ in range(6)]
+    started.clear()
+    with turns.counting():
+        for n, (_, writer) in enumerate(connections):
+            writer.write(
+                request_bytes("/api/generate", _generate(2), extra=f"X-Request-Id: r{n}\r\n")
+            )
+        replies = [await read_streamed(reader) for reader, _ in connections]
+    assert all(reply.startswith(b"HTTP/1.1 200") for reply in replies)
+    by_turn: dict[int, list[str]] = {}
+    for turn, request_id in started:
+        by_turn.setdefault(turn, []).append(request_id)
+    assert sorted(request_id for _, request_id in started) == [f"r{n}" for n in range(6)]
+    assert max(len(ids) for ids in by_turn.values()) <= 2 and len(by_turn) >= 3, by_turn
+    for _, writer in connections:
+        writer.close()
+
+
+async def test_clients_that_hang_up_before_their_turn_hold_up_nobody(
+    start_sim: StartSim, servers: AsyncExitStack
+) -> None:
+    """Requests whose clients left while they waited for their turn never start; the
+    requests after them start and are answered."""
+    _, sim_url = await start_sim()
+    started: list[tuple[int, str]] = []
+    gateway = await started_gateway(servers, sim_url, 1, started, Turns())
+    connections = [await warm_raw(gateway) for _ in range(5)]
+    started.clear()
+    for n, (_, writer) in enumerate(connections):
+        writer.write(request_bytes("/api/generate", _generate(2), extra=f"X-Request-Id: r{n}\r\n"))
+        if n in (1, 2, 3):
+            writer.close()  # gone before its turn can come
+    for n in (0, 4):
+        reader, writer = connections[n]
+        assert (await read_streamed(reader)).startswith(b"HTTP/1.1 200")
+    assert {"r0", "r4"} <= {request_id for _, request_id in started} < {f"r{n}" for n in range(5)}
+    later = await warm_raw(gateway)  # and one more, on a new connection
+    later[1].write(request_bytes("/api/generate", _generate(2)))
+    assert (await read_streamed(later[0])).startswith(b"HTTP/1.1 200")
+    for _, writer in [*connections, later]:
+        writer.close()
