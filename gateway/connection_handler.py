@@ -23,6 +23,7 @@ with 100 streams asking at once, the added TTFT p50 halves (benchmarks/README.md
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections import deque
 from typing import Any
@@ -58,6 +59,17 @@ class Starts:
         self._per_turn = per_turn
         self._starting = 0  # started this turn, not yet running
         self._waiting: deque[ConnectionHandler] = deque()
+        self._settled: asyncio.Event | None = None  # made when a stop waits for the rest
+
+    async def settled(self, within: float) -> None:
+        """Wait, ``within`` seconds at most, until every request handed here has run its
+        first step (or never will: its client left)."""
+        if not self._starting and not self._waiting:
+            return
+        self._settled = settled = asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(within):
+                await settled.wait()
 
     def start(self, handler: ConnectionHandler) -> None:
         """Start ``handler``'s request now, or once those ahead of it have started."""
@@ -76,6 +88,8 @@ class Starts:
             if waiting.popleft().begin():
                 self._starting += 1
                 return
+        if not self._starting and self._settled is not None:
+            self._settled.set()
 
 
 class ConnectionHandler(RequestHandler):

@@ -42,6 +42,8 @@ log = structlog.get_logger("fairgate.connections")
 # separately (FAIRGATE_UPSTREAM_POOL_SIZE), plus Redis, the policy file and the logs.
 _RESERVED_DESCRIPTORS = 64
 _REFUSAL_LOG_EVERY = 5.0  # seconds: a flood of refusals is one line per period, with a count
+# A bound on the turns the requests waiting for theirs take to start at a stop (a few each).
+_SETTLE_SECONDS = 1.0
 # Watching a drain must stay possible; everything else is refused while it lasts.
 _SERVED_WHILE_DRAINING = frozenset({"/metrics", "/status"})
 _FULL_BODY = b'{"error": "the gateway has too many connections open; retry"}'
@@ -170,6 +172,11 @@ class Listener:
         """Stop listening, close every connection, stop the app."""
         if self._server is not None:
             self._server.close()
+        # aiohttp gives the requests that came before a stop one turn to start, then closes
+        # each connection whose request has not, unanswered; a burst waiting for its turns
+        # (Starts) takes a few. Started, a request is answered (refused while draining)
+        # before its connection is closed.
+        await self._starts.settled(_SETTLE_SECONDS)
         await self._runner.cleanup()
 
     def _accept(self) -> asyncio.BaseProtocol:

@@ -11,7 +11,7 @@ from contextlib import AsyncExitStack, contextmanager
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from gateway.app import SERVICES, create_app
+from gateway.app import SERVICES, create_app, drain
 from gateway.connections import Listener
 from gateway.policy import parse_policy
 from gateway.settings import Settings
@@ -121,4 +121,42 @@ async def test_clients_that_hang_up_before_their_turn_hold_up_nobody(
     later[1].write(request_bytes("/api/generate", _generate(2)))
     assert (await read_streamed(later[0])).startswith(b"HTTP/1.1 200")
     for _, writer in [*connections, later]:
+        writer.close()
+
+
+async def test_requests_waiting_their_turn_when_the_gateway_stops_are_each_answered(
+    start_sim: StartSim,
+) -> None:
+    """Requests that came whole and wait for their turn when a drain begins each get a
+    reply before the listener closes their connections, none a connection closed unanswered."""
+    _, sim_url = await start_sim()
+    house = "defaults: {max_concurrent: 8, max_queued: 8}\n" + POLICY
+    app = create_app(Settings(), parse_policy(house + one_backend(sim_url, slots=8)))
+    services = app[SERVICES]
+    stopping: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    armed = False
+
+    @web.middleware
+    async def stop_at_first(request: web.Request, handler: Handler) -> web.StreamResponse:
+        # SIGTERM lands as the first of the burst starts: serve() drains, then closes.
+        if armed and not stopping.done():
+            await drain(services, 5.0)
+            stopping.set_result(None)
+        return await handler(request)
+
+    app.middlewares.insert(0, stop_at_first)
+    listener = Listener(app, services.settings, services.connections, starts_per_turn=1)
+    await listener.start(port=0)
+    try:
+        gateway = Gateway(listener.url, app)
+        connections = [await warm_raw(gateway) for _ in range(6)]
+        armed = True
+        for _, writer in connections:
+            writer.write(request_bytes("/api/generate", _generate(2)))
+        await stopping
+    finally:
+        await listener.close()
+    replies = [await asyncio.wait_for(reader.read(), timeout=10) for reader, _ in connections]
+    assert all(reply.startswith(b"HTTP/1.1 ") for reply in replies), replies
+    for _, writer in connections:
         writer.close()
