@@ -1,5 +1,6 @@
 """The relay's HTTP/1.1 client: pooled keep-alive connections to the backends, each an
-asyncio protocol on llhttp (backend_connection.py).
+asyncio protocol on llhttp (backend_connection.py), and a reply read through one
+(backend_reply.py).
 
 aiohttp's client cost the relay more than all of the gateway's own logic (issue #22's
 profile): per request a ClientRequest, a ClientResponse, a StreamReader and their timers; per
@@ -21,7 +22,8 @@ from urllib.parse import unquote, urlsplit
 
 from multidict import CIMultiDict
 
-from gateway.backend_connection import Connection, Reply
+from gateway.backend_connection import Connection
+from gateway.backend_reply import Reply
 from gateway.deadlines import Deadline, Deadlines
 
 __all__ = ["BackendClient", "ConnectTimeout"]

@@ -26,7 +26,7 @@ import structlog
 from aiohttp import web
 from aiohttp.http_writer import StreamWriter
 
-from gateway.backend_connection import Reply
+from gateway.backend_reply import Reply
 from gateway.policy import Timeouts
 from gateway.tallies import TALLY_WINDOW, FinalCounts, final_counts
 from gateway.vocabulary import Reason

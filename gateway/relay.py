@@ -21,7 +21,8 @@ from multidict import CIMultiDict
 
 from gateway.access import ReplyHeaders, put
 from gateway.backend_client import BackendClient, ConnectTimeout
-from gateway.backend_connection import Reply, UpstreamError
+from gateway.backend_connection import UpstreamError
+from gateway.backend_reply import Reply
 from gateway.errors import BackendFailure, GatewayError, error_body, inband_error
 from gateway.headers import forwarded_headers, returned_headers
 from gateway.policy import Timeouts

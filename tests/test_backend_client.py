@@ -11,7 +11,8 @@ import pytest
 from multidict import CIMultiDict
 
 from gateway.backend_client import BackendClient
-from gateway.backend_connection import BackendClosed, MalformedReply, Reply
+from gateway.backend_connection import BackendClosed, MalformedReply
+from gateway.backend_reply import Reply
 
 # One raw backend: given each request's head (and body) and the writer, answers as it likes.
 Answer = Callable[[bytes, asyncio.StreamWriter], Awaitable[None]]
