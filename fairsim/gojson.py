@@ -39,7 +39,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.ambiguity import NestedTooDeeply, Pairs, go_fold, parse_object_pairs
+from gateway.ambiguity import go_fold
+from gateway.json_decode import NestedTooDeeply, Pairs, parse_object_pairs
 
 __all__ = ["go_decode"]
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.ambiguity import NestedTooDeeply
+from gateway.json_decode import NestedTooDeeply
 from gateway.ollama_fields import STRUCTS, field_type_error
 
 from .config import LoadOptions

@@ -12,32 +12,36 @@ and its fold:
 https://github.com/golang/go/blob/master/src/encoding/json/fold.go
 
 Pure (no aiohttp): ``load_checked`` is what a request path calls (it counts the body's
-values first: ``json_counts``); ``go_fold`` is the one copy of Go's key folding, which the
-simulator (``fairsim.gojson``) imports as well.
+values first: ``json_counts``, and decodes them as Go accepts them: ``json_decode``);
+``go_fold`` is the one copy of Go's key folding, which the simulator (``fairsim.gojson``)
+imports as well.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import math
 import re
-from collections.abc import Callable
 from typing import Any
 
 from gateway.json_counts import check_counts
+from gateway.json_decode import (
+    MAX_OBJECTS,
+    NestedTooDeeply,
+    Pairs,
+    decode,
+    loads,
+    parse_object_pairs,
+    scanner,
+)
 
 __all__ = [
     "AmbiguousField",
-    "NestedTooDeeply",
     "NotAnObject",
-    "Pairs",
-    "TooManyObjects",
     "ambiguous_field",
     "canonical_keys",
     "go_fold",
     "load_checked",
-    "parse_object_pairs",
 ]
 
 
@@ -58,35 +62,11 @@ class AmbiguousField(ValueError):
         )
 
 
-class NestedTooDeeply(ValueError):
-    """The JSON nests deeper than Python's parser can follow."""
-
-    def __init__(self) -> None:
-        super().__init__("nested too deeply")
-
-
 class NotAnObject(ValueError):
     """Valid JSON, but not an object at the top."""
 
     def __init__(self) -> None:
         super().__init__("the JSON value is not an object")
-
-
-class TooManyObjects(ValueError):
-    """More JSON objects than any request needs: each costs the parser a Python call on the
-    event loop, so a 32 MiB body of ``{}`` would hold every stream for seconds."""
-
-    def __init__(self) -> None:
-        super().__init__(f"the request body holds more than {MAX_OBJECTS:,} JSON objects")
-
-
-# A chat with Open WebUI's 36 tools is about 500 objects; a thousand messages with their
-# tool calls a few thousand. Parsing this many takes tens of milliseconds.
-MAX_OBJECTS = 100_000
-
-
-class Pairs(list[tuple[str, Any]]):
-    """A JSON object as parsed: every (key, value) in document order, duplicates kept."""
 
 
 @functools.lru_cache(maxsize=4096)
@@ -145,32 +125,29 @@ def load_checked(body: bytes | str, *, in_thread: bool = False) -> dict[str, Any
     more than any request needs, ``AmbiguousField`` when some object at any depth has keys
     that fold alike (exact duplicates included), ``NestedTooDeeply`` when the parser runs
     out of stack, ``NotAnObject`` for valid JSON that is not an object, and
-    ``json.JSONDecodeError`` or ``UnicodeDecodeError`` for a body that is not JSON in UTF-8;
-    all are ``ValueError``.
+    ``json.JSONDecodeError`` or ``UnicodeDecodeError`` for a body that is not JSON in UTF-8
+    (or that Go's decoder would refuse: ``json_decode``); all are ``ValueError``.
 
-    ``in_thread``: the caller is a worker thread beside the event loop. The C parser holds
-    the GIL until it calls Python, which it does for each object and fraction but not for
-    an integer; so each integer is made by a Python call too (a million token ids parse in
-    about 150 ms instead of 60), and the loop gets the GIL back every few milliseconds."""
+    ``in_thread``: the caller is a worker thread beside the event loop, which then gets
+    the GIL back every few milliseconds (``json_decode.decode``)."""
     check_counts(body)
     # UTF-8 only, as Go reads it (and as counted above). Given bytes, json.loads guesses
     # UTF-16 or UTF-32 from the first four, where a character's bytes can look like a quote
     # to the count: a UTF-16 body of five million arrays was parsed whole (4 s, 400 MB).
     # The error handler is the one json.loads decodes with.
     text = body.decode("utf-8", "surrogatepass") if isinstance(body, bytes) else body
-    integer = _integer if in_thread else None
     try:
-        if integer is None and len(text) < 2 * MAX_OBJECTS:  # too short to hold too many
-            value = _loads(_SCAN_CHECKED, text)
+        if not in_thread and len(text) < 2 * MAX_OBJECTS:  # too short to hold too many
+            value = loads(_SCAN_CHECKED, text)
         else:
-            value = _decode(text, _checked_object, integer)
+            value = decode(text, _checked_object, in_thread)
     except _Ambiguous:
         found = _first_ambiguity(parse_object_pairs(text, in_thread=in_thread))
         if found is not None:
             raise AmbiguousField(*found) from None
         # Only inside what Ollama reads as a map or as raw JSON (options, a format's schema,
         # tool arguments), where keys are matched exactly, as Python reads them too.
-        value = _decode(text, dict, integer)
+        value = decode(text, dict, in_thread)
     except RecursionError:
         raise NestedTooDeeply from None
     if not isinstance(value, dict):
@@ -178,94 +155,8 @@ def load_checked(body: bytes | str, *, in_thread: bool = False) -> dict[str, Any
     return value
 
 
-def parse_object_pairs(body: bytes | str, *, in_thread: bool = False) -> Any:
-    """The JSON value with every object as ``Pairs``, so that duplicate keys survive.
-
-    Raises ``NestedTooDeeply`` rather than ``RecursionError`` for deep nesting;
-    ``in_thread`` as for ``load_checked``."""
-    try:
-        return _decode(body, Pairs, _integer if in_thread else None)
-    except RecursionError:
-        raise NestedTooDeeply from None
-
-
-def _decode(
-    body: bytes | str,
-    make: Callable[[list[tuple[str, Any]]], Any],
-    integer: Callable[[str], int] | None = None,
-) -> Any:
-    """``json.loads`` as Go's decoder reads: no NaN or Infinity, no number beyond float64
-    (Python would make 1e400 an infinity that ``int()`` cannot take), and at most
-    ``MAX_OBJECTS`` objects, each made by ``make`` from its pairs; ``integer``, when given,
-    makes each integer."""
-    left = MAX_OBJECTS
-
-    def counted(pairs: list[tuple[str, Any]]) -> Any:
-        nonlocal left
-        left -= 1
-        if left < 0:
-            raise TooManyObjects
-        return make(pairs)
-
-    return json.loads(
-        body,
-        object_pairs_hook=counted,
-        parse_constant=_constant,
-        parse_float=_finite,
-        parse_int=integer,
-    )
-
-
-_Scan = Callable[[str, int], tuple[Any, int]]
-
-
-def _loads(scan: _Scan, text: str) -> Any:
-    """``json.loads(text)`` with a decoder built once (building one per body costs a
-    chat's parse a third again) and ``scan``, its scanner; its BOM check kept, with its
-    words.
-
-    The decoder's ``decode`` itself, without its two calls around the scanner and, for a
-    body that starts with its object and ends with it (nearly all), without its two
-    matches of whitespace: the same errors, in the same words, a fifth less time."""
-    if text.startswith("\ufeff"):
-        raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
-    # (_WHITESPACE matches the empty string: never None.)
-    start = 0 if text.startswith("{") else _WHITESPACE(text).end()  # type: ignore[union-attr]
-    try:
-        value, end = scan(text, start)
-    except StopIteration as exc:
-        raise json.JSONDecodeError("Expecting value", text, exc.value) from None
-    if end != len(text):
-        end = _WHITESPACE(text, end).end()  # type: ignore[union-attr]
-        if end != len(text):
-            raise json.JSONDecodeError("Extra data", text, end)
-    return value
-
-
-# What json.decoder.JSONDecoder.decode skips around the value (its WHITESPACE).
-_WHITESPACE = re.compile(r"[ \t\n\r]*").match
-
-
-def _constant(name: str) -> float:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def _integer(text: str) -> int:
-    return int(text)
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"the number {text[:30]} is out of range")
-    return value
-
-
-# ``_decode``'s reading for a body too short to hold ``MAX_OBJECTS`` objects (two bytes each).
-_CHECKED = json.JSONDecoder(
-    object_pairs_hook=_checked_object, parse_constant=_constant, parse_float=_finite
-)
-_SCAN_CHECKED: _Scan = _CHECKED.scan_once  # type: ignore[attr-defined]  # not in typeshed
+# ``load_checked``'s reading of a body too short to hold ``MAX_OBJECTS`` objects.
+_SCAN_CHECKED = scanner(_checked_object)
 
 
 def ambiguous_field(fields: object) -> str | None:

@@ -25,15 +25,10 @@ from aiohttp import hdrs, web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
-from gateway.ambiguity import (
-    AmbiguousField,
-    NotAnObject,
-    TooManyObjects,
-    canonical_keys,
-    load_checked,
-)
+from gateway.ambiguity import AmbiguousField, NotAnObject, canonical_keys, load_checked
 from gateway.errors import GatewayError
 from gateway.json_counts import TooManyValues
+from gateway.json_decode import TooManyObjects
 from gateway.ollama_fields import field_type_error, option_type_error
 from gateway.vocabulary import Reason
 

@@ -13,18 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fairsim.gojson import go_decode
-from gateway.ambiguity import (
-    MAX_OBJECTS,
-    AmbiguousField,
-    NestedTooDeeply,
-    NotAnObject,
-    TooManyObjects,
-    ambiguous_field,
-    go_fold,
-    load_checked,
-    parse_object_pairs,
-)
+from gateway.ambiguity import AmbiguousField, NotAnObject, ambiguous_field, go_fold, load_checked
 from gateway.json_counts import MAX_ARRAYS, MAX_VALUES, TooManyValues, count_values
+from gateway.json_decode import MAX_OBJECTS, NestedTooDeeply, TooManyObjects, parse_object_pairs
 from tests.conftest import StartSim
 
 KELVIN = "\u212a"  # KELVIN SIGN, which Go folds to k

@@ -60,6 +60,8 @@ CORE = (
     "gateway.swap_waits",
     "gateway.load_options",
     "gateway.identity",
+    "gateway.json_decode",
+    "gateway.ambiguity",
     "gateway.errors",
     "gateway.vocabulary",
 )
