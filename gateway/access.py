@@ -1,4 +1,6 @@
-"""One record per request, filled along its path and written as one access log line."""
+"""One record per request, filled along its path and written as one access log line, by
+the gateway's one middleware (which also turns refusals into HTTP: ``error_response``).
+What every reply says of its request is reply_headers.py's."""
 
 from __future__ import annotations
 
@@ -11,12 +13,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
-from aiohttp import hdrs, web
+from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
-from multidict import CIMultiDict, istr
+from multidict import istr
 
 from gateway.connections import Connections
-from gateway.cors import Cors, without_cors
+from gateway.cors import Cors
 from gateway.errors import GatewayError, error_body, retry_after_header
 from gateway.forwarded import Client
 from gateway.logs import REQUEST_ID, info_writer, printable
@@ -25,12 +27,11 @@ from gateway.vocabulary import Api, Lane, Reason, RequestClass, api_of
 
 __all__ = [
     "RECORD",
+    "X_REQUEST_ID",
     "Listener",
-    "ReplyHeaders",
     "RequestRecord",
     "access_log",
     "error_response",
-    "put",
 ]
 
 _LOGGER_NAME = "fairgate.access"
@@ -142,10 +143,9 @@ def error_response(api: Api, error: GatewayError) -> web.Response:
 # A client's request id is used as ours (so both sides' logs join up) only in a form that
 # cannot forge a log field or a header: letters, digits and . _ : - , at most 64.
 _SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
-# istr: header names looked up and set without case folding each time.
-_X_REQUEST_ID = istr("X-Request-Id")
-_X_QUEUE_WAIT = istr("X-Fairgate-Queue-Wait")
-_X_QUEUE_POSITION = istr("X-Fairgate-Queue-Position")
+# istr: a header name looked up and set without case folding each time. Read from a
+# client here, said on every reply (reply_headers.py).
+X_REQUEST_ID = istr("X-Request-Id")
 
 
 def _request_ids(given: str | None) -> tuple[str, str | None]:
@@ -179,7 +179,7 @@ def access_log(
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        given = request.headers.get(_X_REQUEST_ID)
+        given = request.headers.get(X_REQUEST_ID)
         if given is None and ahead:
             request_id, client_request_id = ahead.pop(), None
         else:
@@ -238,53 +238,6 @@ class _AccessLine:
             self._write = info_writer(_LOGGER_NAME)
         if self._writes:
             self._write("request", record.fields())
-
-
-class ReplyHeaders:
-    """What the gateway says on every reply: it names its request, as the access log does;
-    one that waited for its turn says how long and from which place (people ask "was it
-    the gateway or the model?", and a front end can show it); a reply to a listed origin
-    gets its CORS headers (``cors``).
-
-    Said by the app's one on_response_prepare hook (``hook``: each hook is a coroutine of
-    its own for every reply), except in a relayed reply: the relay works them out while the
-    backend works (``said``), builds the reply with them (``put``) and prepares it without
-    the hooks, off the path of its first byte."""
-
-    def __init__(self, cors: Cors) -> None:
-        self._cors = cors
-
-    def add(self, request: web.Request, headers: CIMultiDict[str]) -> None:
-        record = request.get(RECORD)
-        if record is not None:  # else a reply aiohttp made without the middleware
-            headers[_X_REQUEST_ID] = record.request_id
-            if record.queue_wait is not None:
-                headers[_X_QUEUE_WAIT] = f"{record.queue_wait:.3f}"
-                headers[_X_QUEUE_POSITION] = str(record.queue_position or 0)
-        self._cors.add_headers(request, headers)
-
-    def said(self, request: web.Request) -> CIMultiDict[str]:
-        """What ``add`` says on ``request``'s reply, on its own: a relay works it out while
-        the backend works, and ``put`` gives it to the reply once it has one."""
-        said: CIMultiDict[str] = CIMultiDict()
-        self.add(request, said)
-        return said
-
-    async def hook(self, request: web.Request, response: web.StreamResponse) -> None:
-        self.add(request, response.headers)
-
-
-def put(said: CIMultiDict[str], headers: CIMultiDict[str]) -> None:
-    """``said`` (``ReplyHeaders.said``) in ``headers`` as ``add`` would have put it there:
-    each replaces a header of its name, but Vary, a list, is added to (``Cors``). Where
-    the gateway answers for CORS, the backend's own CORS headers go (``without_cors``)."""
-    if hdrs.VARY in said:  # said only where the gateway's CORS is on and asked for
-        without_cors(headers)
-    for name, value in said.items():
-        if name == hdrs.VARY:
-            headers.add(name, value)
-        else:
-            headers[name] = value
 
 
 def _refused(

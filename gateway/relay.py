@@ -19,7 +19,6 @@ from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 from multidict import CIMultiDict
 
-from gateway.access import ReplyHeaders, put
 from gateway.backend_client import BackendClient, ConnectTimeout
 from gateway.backend_connection import UpstreamError
 from gateway.backend_reply import Reply
@@ -27,6 +26,7 @@ from gateway.errors import BackendFailure, GatewayError, error_body, inband_erro
 from gateway.headers import forwarded_headers, returned_headers
 from gateway.policy import Timeouts
 from gateway.pump import Progress, pump
+from gateway.reply_headers import ReplyHeaders, put
 from gateway.vocabulary import Reason, api_of
 
 __all__ = ["Interrupted", "Relay", "Target"]

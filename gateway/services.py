@@ -15,7 +15,7 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
-from gateway.access import RECORD, Listener, ReplyHeaders
+from gateway.access import RECORD, Listener
 from gateway.accounting import Ledger
 from gateway.admission import Admission
 from gateway.backends import BackendStates
@@ -31,6 +31,7 @@ from gateway.identity import Caller
 from gateway.policy import Policy
 from gateway.relay import Relay
 from gateway.reload import LivePolicy, PolicyView
+from gateway.reply_headers import ReplyHeaders
 from gateway.settings import Settings
 from gateway.snapshot import GatewaySnapshot, UserUsage, take
 from gateway.tasks import Background, repeat
