@@ -83,9 +83,7 @@ class Directory:
         """Who is asking, or GatewayError 401 when the request cannot be attributed."""
         key, named = _presented_key(headers)
         if key is not None:
-            # surrogateescape: the header's bytes as sent, even when they are not UTF-8.
-            digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()
-            found = self._caller_of_digest(digest)
+            found = self._caller_of_digest(_digest_of_presented(key))
             if found is not None:
                 if named in self._names and named != found.user:
                     # http://bob:ALICEKEY@host must not run as alice: a name that is a
@@ -112,6 +110,11 @@ class Directory:
             "an API key is required: send Authorization: Bearer KEY "
             "(the keys are under users: in the gateway's policy file)",
         )
+
+    def holds_key(self, headers: Mapping[str, str]) -> bool:
+        """Whether a request carries a user's key (``/metrics`` asks no more of it)."""
+        key, _ = _presented_key(headers)
+        return key is not None and self._caller_of_digest(_digest_of_presented(key)) is not None
 
     def admits(self, user: str, credential: str) -> bool:
         """Whether this policy still lets ``credential`` in as ``user`` (after a reload)."""
@@ -157,6 +160,11 @@ class Directory:
                 if address in rule.network:  # type: ignore[operator]
                     return rule.user
         return None
+
+
+def _digest_of_presented(key: str) -> bytes:
+    # surrogateescape: the header's bytes as sent, even when they are not UTF-8.
+    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()
 
 
 def _digest_of_configured(key: str) -> bytes:

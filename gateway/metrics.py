@@ -21,7 +21,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from gateway.access import RequestRecord
-from gateway.host_names import refuse_unknown_host
+from gateway.host_names import names_gateway, refuse_unknown_host
 from gateway.metric_counts import LabelledCounts, LabelledHistogram
 from gateway.metric_labels import MetricLabels, add_merged
 from gateway.model_metrics import model_families
@@ -117,8 +117,11 @@ class Metrics:
 
     async def endpoint(self, request: web.Request) -> web.Response:
         # Open to whoever reaches the port (Prometheus sends no key): not to a page on
-        # a site that rebinds its name to the gateway.
-        refuse_unknown_host(request.headers, self._policy.current.policy.hosts)
+        # a site that rebinds its name to the gateway. A key, which no page has, is
+        # answered under any name, as on every route.
+        view, headers = self._policy.current, request.headers
+        if not names_gateway(headers, view.policy.hosts) and not view.directory.holds_key(headers):
+            refuse_unknown_host(headers, view.policy.hosts)
         body = generate_latest(self.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

@@ -132,6 +132,16 @@ class TestRequests:
             assert (await ask(gateway, path, "127.0.0.1"))[0] == 200
         assert (await ask(gateway, "/status", SITE, key="alice-key"))[0] == 200
 
+    async def test_metrics_with_a_users_key_are_answered_under_any_name(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """A scraper that sends a user's key reads /metrics however it names the gateway, as
+        every route answers a key; a key no user has is no key."""
+        _, sim_url = await start_sim()
+        gateway = await start_gateway(one_backend(sim_url, extra=HOUSEHOLD))
+        assert (await ask(gateway, "/metrics", SITE, key="alice-key"))[0] == 200
+        assert (await ask(gateway, "/metrics", SITE, key="nobody-key"))[0] == 403
+
     async def test_a_name_listed_under_hosts_is_answered(
         self, start_sim: StartSim, start_gateway: StartGateway
     ) -> None:
