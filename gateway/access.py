@@ -17,6 +17,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 from multidict import istr
 
+from gateway.connection_handler import ARRIVED
 from gateway.connections import Connections
 from gateway.cors import Cors
 from gateway.errors import GatewayError, error_body, retry_after_header
@@ -184,7 +185,8 @@ def access_log(
             request_id, client_request_id = ahead.pop(), None
         else:
             request_id, client_request_id = _request_ids(given)
-        record = RequestRecord(request_id, request.method, request.path, locate(request))
+        arrived = request.get(ARRIVED) or time.monotonic()  # read, or only now handled
+        record = RequestRecord(request_id, request.method, request.path, locate(request), arrived)
         if client_request_id is not None:
             record.client_request_id = client_request_id
         request[RECORD] = record

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections import deque
 from typing import Any
 
@@ -40,9 +41,13 @@ from aiohttp.web_server import Server
 
 from gateway.hot_routes import HotRoutes
 
-__all__ = ["STARTS_PER_TURN", "ConnectionHandler", "Starts"]
+__all__ = ["ARRIVED", "STARTS_PER_TURN", "ConnectionHandler", "Starts"]
 
 log = structlog.get_logger("fairgate.connections")
+
+ARRIVED = web.RequestKey("arrived", float)
+"""When a request started here was read (``time.monotonic``): its record counts from then,
+its wait for a turn (``Starts``) and for the loop included, not from when it began."""
 
 # Hot requests started in one turn of the event loop, at most: each takes ~0.1 ms to its
 # upstream write, so about half a millisecond passes between two looks at the sockets. Of
@@ -147,6 +152,7 @@ class ConnectionHandler(RequestHandler):
         )
         chain, match = hot
         request._match_info = match  # type: ignore[attr-defined]  # as HotRoutes sets it
+        request[ARRIVED] = time.monotonic()
         self._next = request, chain
         self._starts.start(self)
         return True

@@ -182,6 +182,14 @@ class Finished:
         self.records.append(record)
         self._added.set()
 
+    async def at_least(self, count: int) -> list[RequestRecord]:
+        """The records, once ``count`` requests have finished."""
+        async with asyncio.timeout(30):
+            while len(self.records) < count:
+                self._added.clear()
+                await self._added.wait()
+        return self.records
+
     async def first(self, paths: tuple[str, ...]) -> RequestRecord:
         """The first request to one of ``paths`` to finish (a client may ask others first)."""
         async with asyncio.timeout(30):

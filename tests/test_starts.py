@@ -5,6 +5,7 @@ costs nothing, and nothing it leaves behind holds up the requests after it."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from contextlib import AsyncExitStack, contextmanager
 
@@ -15,7 +16,7 @@ from gateway.app import SERVICES, create_app, drain
 from gateway.connections import Listener
 from gateway.policy import parse_policy
 from gateway.settings import Settings
-from tests.conftest import Gateway, StartSim, one_backend
+from tests.conftest import Finished, Gateway, StartSim, one_backend
 from tests.test_hostile_clients import (
     POLICY,
     _generate,
@@ -53,13 +54,18 @@ async def started_gateway(
     per_turn: int,
     started: list[tuple[int, str]],
     turns: Turns,
+    began: dict[str, float] | None = None,
 ) -> Gateway:
     """A gateway whose listener starts ``per_turn`` hot requests a turn, noting in
-    ``started`` the turn each request's handling began in, by its X-Request-Id."""
+    ``started`` the turn each request's handling began in, by its X-Request-Id (and in
+    ``began``, when)."""
 
     @web.middleware
     async def note(request: web.Request, handler: Handler) -> web.StreamResponse:
-        started.append((turns.now, request.headers.get("X-Request-Id", "")))
+        request_id = request.headers.get("X-Request-Id", "")
+        started.append((turns.now, request_id))
+        if began is not None:
+            began[request_id] = time.monotonic()
         return await handler(request)
 
     house = "defaults: {max_concurrent: 8, max_queued: 8}\n" + POLICY  # a burst of alice's
@@ -158,5 +164,26 @@ async def test_requests_waiting_their_turn_when_the_gateway_stops_are_each_answe
         await listener.close()
     replies = [await asyncio.wait_for(reader.read(), timeout=10) for reader, _ in connections]
     assert all(reply.startswith(b"HTTP/1.1 ") for reply in replies), replies
+    for _, writer in connections:
+        writer.close()
+
+
+async def test_a_request_counts_its_wait_for_a_turn_from_when_it_was_read(
+    start_sim: StartSim, servers: AsyncExitStack
+) -> None:
+    """Its record (the access log's TTFT and total, the metrics, the house page) begins when
+    its bytes were read, before its handling began; not when it began."""
+    _, sim_url = await start_sim()
+    began: dict[str, float] = {}
+    gateway = await started_gateway(servers, sim_url, 1, [], Turns(), began)
+    finished = Finished(gateway)
+    connections = [await warm_raw(gateway) for _ in range(3)]
+    finished.records.clear()
+    for n, (_, writer) in enumerate(connections):
+        writer.write(request_bytes("/api/generate", _generate(2), extra=f"X-Request-Id: r{n}\r\n"))
+    for reader, _ in connections:
+        assert (await read_streamed(reader)).startswith(b"HTTP/1.1 200")
+    arrived = {record.request_id: record.arrived for record in await finished.at_least(3)}
+    assert all(arrived[n] < began[n] for n in ("r0", "r1", "r2")), (arrived, began)
     for _, writer in connections:
         writer.close()
