@@ -5,7 +5,7 @@ gateway's address reads nothing, the gateway's own address reads as before."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -24,7 +24,19 @@ users:
   tv: {clients: [127.0.0.1/32]}
   alice: {keys: [alice-key], admin: true}
 """
+StartHousehold = Callable[..., Awaitable[Gateway]]
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": False}
+
+
+@pytest.fixture
+def household(start_sim: StartSim, start_gateway: StartGateway) -> StartHousehold:
+    """A gateway in front of a simulator, its policy's users ``extra`` (the household's)."""
+
+    async def start(extra: str = HOUSEHOLD) -> Gateway:
+        _, sim_url = await start_sim()
+        return await start_gateway(one_backend(sim_url, extra=extra))
+
+    return start
 
 
 async def ask(
@@ -90,11 +102,10 @@ class TestPolicy:
 
 class TestRequests:
     async def test_an_address_known_user_is_not_answered_under_a_sites_name(
-        self, start_sim: StartSim, start_gateway: StartGateway
+        self, household: StartHousehold
     ) -> None:
         """403 host_forbidden, which says where to list the name, and one log line."""
-        _, sim_url = await start_sim()
-        gateway = await start_gateway(one_backend(sim_url, extra=HOUSEHOLD))
+        gateway = await household()
         with structlog.testing.capture_logs() as logs:
             status, body = await ask(gateway, "/api/tags", SITE)
         assert status == 403
@@ -102,53 +113,43 @@ class TestRequests:
         assert [line["host"] for line in logs if line["event"] == "host_forbidden"] == [SITE]
         assert (await ask(gateway, "/api/tags", "gpubox:8080"))[0] == 200
 
-    async def test_a_key_is_answered_under_any_name(
-        self, start_sim: StartSim, start_gateway: StartGateway
-    ) -> None:
+    async def test_a_key_is_answered_under_any_name(self, household: StartHousehold) -> None:
         """A page cannot have a key, so a request with one is answered however it names us."""
-        _, sim_url = await start_sim()
-        gateway = await start_gateway(one_backend(sim_url, extra=HOUSEHOLD))
+        gateway = await household()
         assert (await ask(gateway, "/api/tags", SITE, key="alice-key"))[0] == 200
         assert (await ask(gateway, "/api/chat", SITE, key="alice-key", body=CHAT))[0] == 200
 
     async def test_an_open_gateway_runs_no_chat_for_a_sites_name(
-        self, start_sim: StartSim, start_gateway: StartGateway
+        self, household: StartHousehold
     ) -> None:
         """Without users everyone is anonymous: a site's name gets a 403, an address a reply."""
-        _, sim_url = await start_sim()
-        gateway = await start_gateway(one_backend(sim_url))
+        gateway = await household("")  # no users: an open gateway
         status, body = await ask(gateway, "/api/chat", SITE, body=CHAT)
         assert (status, body["error"][:30]) == (403, "the gateway does not answer to")
         assert (await ask(gateway, "/api/chat", "127.0.0.1", body=CHAT))[0] == 200
 
     async def test_status_and_metrics_are_not_read_under_a_sites_name(
-        self, start_sim: StartSim, start_gateway: StartGateway
+        self, household: StartHousehold
     ) -> None:
         """Loopback opens /status and anyone /metrics, but not under a name a site owns."""
-        _, sim_url = await start_sim()
-        gateway = await start_gateway(one_backend(sim_url, extra=HOUSEHOLD))
+        gateway = await household()
         for path in ("/status", "/metrics"):
             assert (await ask(gateway, path, SITE))[0] == 403
             assert (await ask(gateway, path, "127.0.0.1"))[0] == 200
         assert (await ask(gateway, "/status", SITE, key="alice-key"))[0] == 200
 
     async def test_metrics_with_a_users_key_are_answered_under_any_name(
-        self, start_sim: StartSim, start_gateway: StartGateway
+        self, household: StartHousehold
     ) -> None:
         """A scraper that sends a user's key reads /metrics however it names the gateway, as
         every route answers a key; a key no user has is no key."""
-        _, sim_url = await start_sim()
-        gateway = await start_gateway(one_backend(sim_url, extra=HOUSEHOLD))
+        gateway = await household()
         assert (await ask(gateway, "/metrics", SITE, key="alice-key"))[0] == 200
         assert (await ask(gateway, "/metrics", SITE, key="nobody-key"))[0] == 403
 
-    async def test_a_name_listed_under_hosts_is_answered(
-        self, start_sim: StartSim, start_gateway: StartGateway
-    ) -> None:
+    async def test_a_name_listed_under_hosts_is_answered(self, household: StartHousehold) -> None:
         """The public name a TLS proxy passes on, once listed."""
-        _, sim_url = await start_sim()
-        extra = HOUSEHOLD + "hosts: [gpu.example.com]\n"
-        gateway = await start_gateway(one_backend(sim_url, extra=extra))
+        gateway = await household(HOUSEHOLD + "hosts: [gpu.example.com]\n")
         assert (await ask(gateway, "/api/tags", "gpu.example.com:443"))[0] == 200
         assert (await ask(gateway, "/api/tags", SITE))[0] == 403
 
@@ -167,12 +168,11 @@ async def rebound() -> AsyncIterator[Browser]:
 
 
 async def test_a_page_under_a_rebound_name_reads_nothing_in_a_real_browser(
-    start_sim: StartSim, start_gateway: StartGateway, rebound: Browser
+    household: StartHousehold, rebound: Browser
 ) -> None:
     """The page loads (it is the site's own), but what it fetches from the gateway as the
     household's TV (by address) is refused; under the gateway's address the same reads."""
-    _, sim_url = await start_sim()
-    gateway = await start_gateway(one_backend(sim_url, extra=HOUSEHOLD))
+    gateway = await household()
     port = gateway.url.rsplit(":", 1)[1]
     page = await rebound.new_page()
     read = "Promise.all(['/api/tags', '/ui/me.json'].map(p => fetch(p).then(r => r.status)))"
