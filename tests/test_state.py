@@ -95,9 +95,10 @@ async def _settled(state: HoldStore) -> None:
 class TestRedisLeases:
     async def test_a_lease_not_renewed_expires(self, redis_url: str) -> None:  # noqa: F811
         """A replica that stops renewing (killed) loses its holds within the lease time."""
-        # 2 s: long enough that the survivor sees the hold still there even on a machine
-        # busy enough to take a second between the two takes (0.5 s was not, under load).
-        crashed = RedisHolds(redis_url, lease_seconds=2.0)
+        # 4 s: long enough that the survivor sees the hold still there even on a machine
+        # busy enough to take seconds between the two takes (0.5 s was not, under load, and
+        # 2 s was not once, with two suites sharing the machine's two cores).
+        crashed = RedisHolds(redis_url, lease_seconds=4.0)
         crashed.start()
         assert await crashed.take(hold(1, user_cap=1))
         await crashed.close()  # renewal stops and nothing is given back, as after SIGKILL
@@ -105,7 +106,7 @@ class TestRedisLeases:
         survivor.start()
         try:
             assert not await survivor.take(hold(2, user_cap=1))
-            deadline = time.monotonic() + 8
+            deadline = time.monotonic() + 10
             while not await survivor.take(hold(2, user_cap=1)):
                 assert time.monotonic() < deadline, "the dead replica's lease never expired"
                 await survivor.released(within=0.1)
