@@ -48,8 +48,7 @@ def _host_name(text: str) -> str:
     if name == _ANY:
         return name
     name = name.removesuffix(".")
-    bare = name.removeprefix("*.")
-    if not bare or not all(part and _is_label(part) for part in bare.split(".")):
+    if not _is_name(name.removeprefix("*.")):
         raise ValueError(
             "a host is a name such as gpu.example.com (or *.example.com, or * for any name): "
             "no scheme, port or path"
@@ -57,8 +56,12 @@ def _host_name(text: str) -> str:
     return name
 
 
-def _is_label(part: str) -> bool:
-    return part.replace("-", "").replace("_", "").isalnum() and part.isascii()
+def _is_name(name: str) -> bool:
+    """Dot-separated labels of letters, digits, ``-`` and ``_``, none empty."""
+    return all(
+        part and part.replace("-", "").replace("_", "").isalnum() and part.isascii()
+        for part in name.split(".")
+    )
 
 
 HostName = Annotated[str, AfterValidator(_host_name)]
@@ -113,7 +116,7 @@ def _name_of(host: str) -> str | None:
     if colon and not port.isdigit():
         return None
     name = name.rstrip(".")
-    return name if name and all(part and _is_label(part) for part in name.split(".")) else None
+    return name if _is_name(name) else None
 
 
 def _is_address(name: str) -> bool:

@@ -73,9 +73,7 @@ class Residency:
         """The context a request for ``model`` (a model key) asking for ``asked`` (None:
         nothing) gets on ``backend``: at least 4, at most the model's trained context once
         seen (Ollama cuts a larger num_ctx to it, so asking more reloads nothing)."""
-        wanted = max(4, backend.default_num_ctx if asked is None else asked)
-        trained = self._of(backend).trained.get(model)
-        return wanted if trained is None else min(wanted, trained)
+        return _fitted(backend, self._of(backend), model, asked)
 
     def placing(
         self, backend: Backend, model: str, asked: int | None, busy: Mapping[str, int]
@@ -83,13 +81,7 @@ class Residency:
         """(``num_ctx``, ``context``) of one request: what the quick yes asks, with one look
         at the backend's record rather than one for each."""
         mine = self._of(backend)
-        wanted = max(4, backend.default_num_ctx if asked is None else asked)
-        trained = mine.trained.get(model)
-        num_ctx = wanted if trained is None else min(wanted, trained)
-        seen, sent = self._held(backend, mine, model, busy)
-        if sent is not None:
-            return num_ctx, sent.num_ctx
-        return num_ctx, None if seen is None else seen.context_length or backend.default_num_ctx
+        return _fitted(backend, mine, model, asked), self._context(backend, mine, model, busy)
 
     def residents(self, backend: Backend, busy: Mapping[str, int]) -> dict[str, Resident]:
         """The models ``backend`` holds now (``busy``: running requests by slot group)."""
@@ -118,7 +110,12 @@ class Residency:
         """The context per slot ``model`` (a model key) is held with on ``backend`` now, or
         None when it is not held: ``resident``'s num_ctx, all that a dispatch asks, without
         the size it would estimate and the record it would build."""
-        seen, sent = self._held(backend, self._of(backend), model, busy)
+        return self._context(backend, self._of(backend), model, busy)
+
+    def _context(
+        self, backend: Backend, mine: _Backend, model: str, busy: Mapping[str, int]
+    ) -> int | None:
+        seen, sent = self._held(backend, mine, model, busy)
         if sent is not None:
             return sent.num_ctx
         return None if seen is None else seen.context_length or backend.default_num_ctx
@@ -214,3 +211,10 @@ class Residency:
         if found is None:  # not setdefault: that would build a _Backend on every call
             found = self._backends[backend.key] = _Backend()
         return found
+
+
+def _fitted(backend: Backend, mine: _Backend, model: str, asked: int | None) -> int:
+    """``num_ctx``'s answer, from the backend's record already looked up."""
+    wanted = max(4, backend.default_num_ctx if asked is None else asked)
+    trained = mine.trained.get(model)
+    return wanted if trained is None else min(wanted, trained)
