@@ -72,7 +72,9 @@ async def cut_connection(request: web.Request, stream: web.StreamResponse | None
     always sees a reply that started and broke off; a whole reply just never arrives."""
     if stream is not None and not stream.prepared:
         with contextlib.suppress(ConnectionError):
-            await stream.prepare(request)
+            writer = await stream.prepare(request)
+            if writer is not None:
+                writer.send_headers()  # a stream's head waits for its first bytes (TapStream)
     if request.transport is not None:
         request.transport.close()
 

@@ -13,7 +13,13 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class TapStream(web.StreamResponse):
-    """A streamed reply that keeps a copy of its body when the simulator records replies."""
+    """A streamed reply that keeps a copy of its body when the simulator records replies.
+
+    Its head goes out with its first bytes, in one send, as Ollama's does: Go's net/http
+    writes a reply's head on its first Write, and Ollama flushes each line after writing it.
+    """
+
+    _send_headers_immediately = False
 
     def __init__(self, content_type: str, *, keep: bool) -> None:
         super().__init__(headers={"Content-Type": content_type})

@@ -128,9 +128,13 @@ class BackendClient:
         first_byte: float,
         close: bool = False,
         sent: Callable[[], object] | None = None,
+        arrived: Callable[[Reply], None] | None = None,
     ) -> Reply:
         """Send the request and wait for the reply's head; ``sent`` is called once the
-        request has gone out (work that need not delay it: the backend is working).
+        request has gone out (work that need not delay it: the backend is working), and
+        ``arrived``, from the connection's callback, with the reply this returns, if its
+        head and first body bytes come in one read (before this wakes: its first bytes can
+        be passed on at once).
 
         OSError if the backend cannot be reached (ConnectTimeout: not within
         ``connect_timeout``), UpstreamError if it fails before its head, TimeoutError if the
@@ -149,6 +153,7 @@ class BackendClient:
         conn.reset(method == "HEAD")
         conn.active = True
         expiry: Deadline | None = None
+        reply: Reply | None = None
         try:
             assert conn.transport is not None
             conn.transport.write(head if body is None else head + body)
@@ -157,6 +162,14 @@ class BackendClient:
             expiry = self._first_bytes.arm(loop, deadline, conn.time_out)
             if sent is not None:
                 sent()
+            if arrived is not None:
+
+                def head_here() -> None:
+                    nonlocal reply
+                    reply = Reply(conn, close, expiry)
+                    arrived(reply)
+
+                conn.arrived = head_here
             while not conn.headers_done:
                 if conn.exception is not None:
                     raise conn.exception
@@ -167,7 +180,9 @@ class BackendClient:
             conn.close()
             self.put_back(conn, False)
             raise
-        return Reply(conn, close, expiry)
+        finally:
+            conn.arrived = None  # a head that came alone: the caller reads its first bytes
+        return Reply(conn, close, expiry) if reply is None else reply
 
     def _idle_connection(self, key: tuple[str, int, bool]) -> Connection | None:
         idle = self._idle.get(key)

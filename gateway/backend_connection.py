@@ -4,9 +4,11 @@ asyncio protocol on llhttp (httptools, the parser uvicorn uses), for the relay's
 
 The parser's callbacks gather the body's bytes as they arrive; the relay takes them through
 a ``Reply`` (backend_reply.py): read, after at most one wake-up, or passed on from
-``data_received`` itself (its ``sink``), with no wake-up at all. The bytes are the body as
-the backend sent it, de-chunked: NDJSON lines and SSE events cross unchanged, only chunk
-boundaries (no part of either format) may differ.
+``data_received`` itself (its ``sink``), with no wake-up at all. The head and the first body
+bytes, when they come in one read (a stream's first token mostly does), can be taken there
+too (``arrived``): a relay's first byte then goes out before its task wakes. The bytes are
+the body as the backend sent it, de-chunked: NDJSON lines and SSE events cross unchanged,
+only chunk boundaries (no part of either format) may differ.
 """
 
 from __future__ import annotations
@@ -76,6 +78,8 @@ class Connection(asyncio.Protocol):
         # Given each read's body bytes, and whether the body ends with them.
         self.sink: Callable[[bytes, bool], None] | None = None
         self.delivered = False  # the sink has had the whole body
+        # Told, once, from data_received, when the head and the first body bytes are here.
+        self.arrived: Callable[[], None] | None = None
         self.held = False  # the sink asked for a pause (its client's buffer is full)
         self.waiter: asyncio.Future[None] | None = None
 
@@ -111,6 +115,8 @@ class Connection(asyncio.Protocol):
             if self.complete:  # else the relay has nothing to do until the next read
                 self._wake()
             return
+        if self.arrived is not None and self.pieces:
+            self._arrive()
         if self.buffered > _HIGH_WATER and not self.paused and self.transport is not None:
             self.paused = True
             self.transport.pause_reading()
@@ -169,6 +175,14 @@ class Connection(asyncio.Protocol):
             await self.waiter
         finally:
             self.waiter = None
+
+    def _arrive(self) -> None:
+        arrived, self.arrived = self.arrived, None
+        assert arrived is not None
+        try:
+            arrived()
+        except Exception as exc:  # the relay's failure, reported where it waits
+            self.fail(exc)
 
     def pass_on(self) -> None:
         """The body bytes read so far, joined, to the sink (with the end, if it came)."""

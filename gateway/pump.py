@@ -61,18 +61,20 @@ async def pump(
     response: web.StreamResponse,
     upstream: Reply,
     first: bytes,
+    first_sent: bool,
     progress: Progress,
     timeouts: Timeouts,
     meter: Callable[[int], None] | None,
 ) -> None:
-    """Send ``first``, the rest of the body and its end to the prepared ``response``, the
-    tallies into ``progress``. Raises what failed the reply (ConnectionResetError: the
-    client has gone)."""
+    """Send ``first`` (unless ``first_sent``), the rest of the body and its end to the
+    prepared ``response``, the tallies into ``progress``. Raises what failed the reply
+    (ConnectionResetError: the client has gone)."""
     # The head and the first bytes go out first: the watches and tallies are set up after,
     # off the path of the first byte. The write cannot wait here (``drain=False``); a client
     # that is not reading is waited for below, under the watch.
     writer = cast(StreamWriter, request.writer)  # aiohttp's server makes only these
-    await writer.write(first, drain=False)
+    if not first_sent:
+        await writer.write(first, drain=False)
     loop = upstream.loop
     now = loop.time()
     watch = _Watch(request, upstream, timeouts, progress, loop, now)

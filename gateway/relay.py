@@ -11,12 +11,13 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable
-from typing import NamedTuple
+from collections.abc import Callable, Coroutine
+from typing import Any, NamedTuple, cast
 
 import structlog
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
+from aiohttp.http_writer import StreamWriter
 from multidict import CIMultiDict
 
 from gateway.backend_client import BackendClient, ConnectTimeout
@@ -81,6 +82,8 @@ class Relay:
         self._reply_headers = reply_headers
         self._said: CIMultiDict[str] | None = None  # the gateway's own reply headers
         self._request: web.Request | None = None  # once it runs
+        # The reply and its first bytes, once they have gone out from ``_arrived``.
+        self._started: tuple[web.StreamResponse, bytes] | None = None
 
     async def run(self, request: web.Request, body: bytes | None) -> web.StreamResponse:
         """Send the request and stream the reply back; GatewayError before the first byte."""
@@ -90,28 +93,60 @@ class Relay:
         # The gateway's own reply headers are worked out while the backend works: the client
         # calls ``_say`` once the request is out, off the path of its first byte.
         self._request = request
-        upstream, first = await _open(request, self._client, self._target, body, headers, self._say)
-        self.progress.first_byte_at = time.monotonic()
+        client, target = self._client, self._target
+        upstream = await _open(request, client, target, body, headers, self._say, self._arrived)
         self._reply = upstream
         try:  # not ``async with``: two coroutines less for every reply
+            if self._started is not None:  # its head and first bytes are out (``_arrived``)
+                response, first = self._started
+                return await self._pump(request, upstream, response, first, True)
+            first = await _first(upstream, target)
+            self.progress.first_byte_at = time.monotonic()
             if upstream.status >= 400 and not _speaks_json(upstream):
                 return await _wrapped_error(request, upstream, first)
-            return await self._pump(request, upstream, first)
+            response = self._response_for(upstream)
+            await response.prepare(request)
+            return await self._pump(request, upstream, response, first, False)
         finally:
             upstream.release()
 
+    def _arrived(self, upstream: Reply) -> None:
+        """The reply's head and first bytes, in the backend connection's callback: a stream's
+        go to the client here, in one send, before the relay's task wakes (a turn of the
+        event loop, and the coroutines' way back up, off the path of the first byte). An
+        error, or a reply of a declared length, is left to the task."""
+        request = self._request
+        assert request is not None
+        transport = request.transport
+        if upstream.status >= 400 or upstream.content_length is not None:
+            return
+        if transport is None or transport.is_closing():
+            return  # the task finds the client gone
+        first = upstream.first_if_here()
+        assert first is not None  # the connection calls this with body bytes in
+        self.progress.first_byte_at = time.monotonic()
+        self._reply = upstream
+        response = self._response_for(upstream)
+        self._started = response, first
+        _at_once(response.prepare(request))
+        writer = cast(StreamWriter, request.writer)  # aiohttp's server makes only these
+        _at_once(writer.write(first, drain=False))
+
     async def _pump(
-        self, request: web.Request, upstream: Reply, first: bytes
+        self,
+        request: web.Request,
+        upstream: Reply,
+        response: web.StreamResponse,
+        first: bytes,
+        first_sent: bool,
     ) -> web.StreamResponse:
-        said = self._said if self._said is not None else self._say()
-        response = _response_for(upstream, said)
-        await response.prepare(request)
         try:
             await pump(
                 request,
                 response,
                 upstream,
                 first,
+                first_sent,
                 self.progress,
                 self._target.timeouts,
                 self._meter,
@@ -121,6 +156,14 @@ class Relay:
         except (UpstreamError, TimeoutError, Interrupted) as exc:
             content_type = upstream.headers.get("Content-Type", "")
             await self._failed(request, response, content_type, exc)
+        return response
+
+    def _response_for(self, upstream: Reply) -> web.StreamResponse:
+        said = self._said if self._said is not None else self._say()
+        response = _Relayed(status=upstream.status, headers=returned_headers(upstream.headers))
+        put(said, response.headers)
+        if upstream.content_length is not None:
+            response.content_length = upstream.content_length
         return response
 
     def _say(self) -> CIMultiDict[str]:
@@ -160,8 +203,9 @@ async def _open(
     body: bytes | None,
     headers: list[tuple[str, str]],
     sent: Callable[[], object],
-) -> tuple[Reply, bytes]:
-    """The upstream reply and its first chunk, or a GatewayError saying what went wrong."""
+    arrived: Callable[[Reply], None],
+) -> Reply:
+    """The upstream reply, its head read, or a GatewayError saying what went wrong."""
     upstream, timeouts = None, target.timeouts
     try:
         upstream = await client.request(
@@ -173,24 +217,37 @@ async def _open(
             timeouts.first_byte,
             close=target.close_connection,
             sent=sent,
+            arrived=arrived,
         )
         if target.fail_fast and upstream.status >= 500:
             detail = (await upstream.read_up_to(300)).decode("utf-8", "replace")[:300]
             raise BackendFailure(
                 502, Reason.BACKEND_FAILED, f"the backend answered {upstream.status}: {detail}"
             )
-        first = upstream.first_if_here()
-        return upstream, await upstream.first() if first is None else first
+        return upstream
     except BaseException as exc:
         if upstream is not None:
             upstream.release()
-        if isinstance(exc, UpstreamError | OSError):
-            # The backend's address and our request's headers are for the log only.
-            log.warning("backend_request_failed", url=target.url, error=repr(exc))
-        raise _open_error(exc, timeouts) from exc
+        raise _open_error(exc, target) from exc
 
 
-def _open_error(exc: BaseException, timeouts: Timeouts) -> BaseException:
+async def _first(upstream: Reply, target: Target) -> bytes:
+    """The reply's first body bytes, or a GatewayError saying what went wrong."""
+    first = upstream.first_if_here()
+    if first is not None:
+        return first
+    try:
+        return await upstream.first()
+    except BaseException as exc:
+        raise _open_error(exc, target) from exc
+
+
+def _open_error(exc: BaseException, target: Target) -> BaseException:
+    """What the client is told of a failure before the reply's first byte."""
+    if isinstance(exc, UpstreamError | OSError):
+        # The backend's address and our request's headers are for the log only.
+        log.warning("backend_request_failed", url=target.url, error=repr(exc))
+    timeouts = target.timeouts
     if isinstance(exc, GatewayError):
         return exc
     if isinstance(exc, OSError) and not isinstance(exc, TimeoutError):
@@ -251,7 +308,8 @@ async def _wrapped_error(request: web.Request, upstream: Reply, first: bytes) ->
 
 class _Relayed(web.StreamResponse):
     """A relayed reply: its head goes out with its first bytes, in one send, as aiohttp's
-    own web.Response does (a StreamResponse sends its head alone, at prepare)."""
+    own web.Response does (a StreamResponse sends its head alone, at prepare). Neither its
+    ``prepare`` nor its first write ever waits (``_at_once``)."""
 
     _send_headers_immediately = False
 
@@ -266,12 +324,16 @@ class _Relayed(web.StreamResponse):
         return writer
 
 
-def _response_for(upstream: Reply, said: CIMultiDict[str]) -> web.StreamResponse:
-    response = _Relayed(status=upstream.status, headers=returned_headers(upstream.headers))
-    put(said, response.headers)
-    if upstream.content_length is not None:
-        response.content_length = upstream.content_length
-    return response
+def _at_once(step: Coroutine[Any, Any, object]) -> None:
+    """Run ``step`` to its end, here: aiohttp's ``prepare`` and ``write`` are coroutines for
+    what can wait (the app's hooks, compression, a full buffer with ``drain``), and none of
+    it is in a relayed reply's prepare (``_Relayed``) or its first write (``drain=False``)."""
+    try:
+        step.send(None)
+    except StopIteration:
+        return
+    step.close()
+    raise RuntimeError("a step that never waits has waited: aiohttp changed")
 
 
 async def _fail_inband(

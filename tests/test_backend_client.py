@@ -185,6 +185,48 @@ class TestReplies:
                 with pytest.raises(TimeoutError):
                     await reply.first()
 
+    async def test_a_head_with_its_first_bytes_is_handed_over_before_the_caller_wakes(
+        self, client: BackendClient
+    ) -> None:
+        """The head and the first bytes of one read go to ``arrived`` from the connection's
+        callback, with the reply the request then returns; a head read alone does not, and
+        its first bytes are read as ever."""
+        go_on, rest = asyncio.Event(), asyncio.Event()
+
+        async def answer(request: bytes, writer: asyncio.StreamWriter) -> None:
+            head = _STREAM_HEAD + b"Transfer-Encoding: chunked\r\n\r\n"
+            if b"/alone" in request:
+                writer.write(head)
+                await writer.drain()
+                await go_on.wait()
+                writer.write(b"5\r\nfirst\r\n")
+            else:
+                writer.write(head + b"5\r\nfirst\r\n")
+                await writer.drain()
+                await rest.wait()
+            writer.write(b"4\r\nrest\r\n0\r\n\r\n")
+
+        async with raw_backend(answer) as backend:
+            arrived: list[tuple[Reply, bytes | None]] = []
+
+            def took(reply: Reply) -> None:
+                arrived.append((reply, reply.first_if_here()))
+
+            headers = CIMultiDict({"Content-Type": "application/json"})
+            reply = await client.request(
+                "POST", backend.url + "/api/chat", headers, b"{}", 5, 5, arrived=took
+            )
+            assert arrived == [(reply, b"first")]
+            rest.set()
+            assert await _body(reply) == b"rest"
+
+            alone = await client.request(
+                "POST", backend.url + "/alone", headers, b"{}", 5, 5, arrived=took
+            )
+            go_on.set()
+            assert await _body(alone) == b"firstrest"
+            assert len(arrived) == 1  # not told of the second: its head came alone
+
 
 class TestConnections:
     async def test_replies_in_a_row_share_one_keep_alive_connection(
