@@ -28,9 +28,10 @@ class Reply:
         "_close",
         "_conn",
         "_deadline",
+        "_headers",
         "content_length",
-        "headers",
         "loop",
+        "raw_headers",
         "reason",
         "status",
     )
@@ -42,14 +43,29 @@ class Reply:
         self.loop = conn.loop  # the loop its connection reads on: for the relay's timers
         self.status = conn.status
         self.reason = conn.reason
-        self.headers: CIMultiDict[str] = CIMultiDict(
-            [
-                (name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape"))
-                for name, value in conn.raw_headers
-            ]
+        self.raw_headers = conn.raw_headers  # as they came (the connection's next is new)
+        self._headers: CIMultiDict[str] | None = None
+        length = next(
+            (value for name, value in self.raw_headers if name.lower() == b"content-length"),
+            None,
         )
-        length = self.headers.get("Content-Length")
         self.content_length = int(length) if length is not None and length.isdigit() else None
+
+    @property
+    def headers(self) -> CIMultiDict[str]:
+        """The headers, decoded: made when first asked for (a stream's relayed head is
+        written from ``raw_headers``, and its first bytes go out before anyone asks)."""
+        if self._headers is None:
+            self._headers = CIMultiDict(
+                [
+                    (
+                        name.decode("utf-8", "surrogateescape"),
+                        value.decode("utf-8", "surrogateescape"),
+                    )
+                    for name, value in self.raw_headers
+                ]
+            )
+        return self._headers
 
     async def read(self) -> bytes:
         """Every body byte that has arrived since the last read (waiting for one if none

@@ -13,7 +13,7 @@ from functools import lru_cache
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
-__all__ = ["forwarded_headers", "returned_headers"]
+__all__ = ["forwarded_headers", "returned_headers", "returned_pairs"]
 
 _NOT_FORWARDED = frozenset(
     {
@@ -38,6 +38,7 @@ _NOT_FORWARDED = frozenset(
 )
 _NOT_RETURNED = _NOT_FORWARDED | {"server", "date", "set-cookie"}
 _NOT_FORWARDED_NOR_ORIGIN = _NOT_FORWARDED | {"origin"}
+_NOT_RETURNED_RAW = frozenset(name.encode() for name in _NOT_RETURNED)
 
 
 def forwarded_headers(
@@ -60,6 +61,19 @@ def returned_headers(upstream: CIMultiDict[str]) -> list[tuple[str, str]]:
     to makes its own CIMultiDict of them."""
     dropped = _dropped(_NOT_RETURNED, upstream)
     return [(k, v) for k, v in upstream.items() if k.lower() not in dropped]
+
+
+def returned_pairs(raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """``returned_headers`` of the reply's header bytes as the backend sent them (a relayed
+    head of the gateway's making writes them as they came: relayed_reply.py)."""
+    dropped = _NOT_RETURNED_RAW
+    for name, value in raw:
+        if name.lower() == b"connection":
+            named = {
+                item.encode("latin-1") for item in _named_by_connection(value.decode("latin-1"))
+            }
+            dropped = dropped | named
+    return [(name, value) for name, value in raw if name.lower() not in dropped]
 
 
 def _dropped(

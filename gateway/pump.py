@@ -61,20 +61,16 @@ async def pump(
     response: web.StreamResponse,
     upstream: Reply,
     first: bytes,
-    first_sent: bool,
     progress: Progress,
     timeouts: Timeouts,
     meter: Callable[[int], None] | None,
 ) -> None:
-    """Send ``first`` (unless ``first_sent``), the rest of the body and its end to the
-    prepared ``response``, the tallies into ``progress``. Raises what failed the reply
-    (ConnectionResetError: the client has gone)."""
-    # The head and the first bytes go out first: the watches and tallies are set up after,
-    # off the path of the first byte. The write cannot wait here (``drain=False``); a client
-    # that is not reading is waited for below, under the watch.
+    """The rest of the body and its end to ``response``, whose head and ``first`` bytes
+    have gone out (relayed_reply.py), the tallies into ``progress``. Raises what failed the
+    reply (ConnectionResetError: the client has gone)."""
+    # The watches and tallies are set up once the first bytes are out, off their path; a
+    # client that is not reading them is waited for below, under the watch.
     writer = cast(StreamWriter, request.writer)  # aiohttp's server makes only these
-    if not first_sent:
-        await writer.write(first, drain=False)
     loop = upstream.loop
     now = loop.time()
     watch = _Watch(request, upstream, timeouts, progress, loop, now)
@@ -84,7 +80,7 @@ async def pump(
         watch.unread_since = now
         await writer.drain()
         watch.unread_since = None
-        if response.headers.get("Transfer-Encoding") == "chunked":
+        if writer.chunked:
             watch.silent_since = loop.time()
             upstream.pass_to(passing)
             while not await upstream.passed():

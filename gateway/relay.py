@@ -11,23 +11,22 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable, Coroutine
-from typing import Any, NamedTuple, cast
+from collections.abc import Callable
+from typing import NamedTuple
 
 import structlog
 from aiohttp import web
-from aiohttp.abc import AbstractStreamWriter
-from aiohttp.http_writer import StreamWriter
 from multidict import CIMultiDict
 
 from gateway.backend_client import BackendClient, ConnectTimeout
 from gateway.backend_connection import UpstreamError
 from gateway.backend_reply import Reply
 from gateway.errors import BackendFailure, GatewayError, error_body, inband_error
-from gateway.headers import forwarded_headers, returned_headers
+from gateway.headers import forwarded_headers
 from gateway.policy import Timeouts
 from gateway.pump import Progress, pump
-from gateway.reply_headers import ReplyHeaders, put
+from gateway.relayed_reply import start
+from gateway.reply_headers import ReplyHeaders
 from gateway.vocabulary import Reason, api_of
 
 __all__ = ["Interrupted", "Relay", "Target"]
@@ -99,14 +98,13 @@ class Relay:
         try:  # not ``async with``: two coroutines less for every reply
             if self._started is not None:  # its head and first bytes are out (``_arrived``)
                 response, first = self._started
-                return await self._pump(request, upstream, response, first, True)
-            first = await _first(upstream, target)
-            self.progress.first_byte_at = time.monotonic()
-            if upstream.status >= 400 and not _speaks_json(upstream):
-                return await _wrapped_error(request, upstream, first)
-            response = self._response_for(upstream)
-            await response.prepare(request)
-            return await self._pump(request, upstream, response, first, False)
+            else:
+                first = await _first(upstream, target)
+                self.progress.first_byte_at = time.monotonic()
+                if upstream.status >= 400 and not _speaks_json(upstream):
+                    return await _wrapped_error(request, upstream, first)
+                response = self._start(upstream, first)
+            return await self._pump(request, upstream, response, first)
         finally:
             upstream.release()
 
@@ -115,30 +113,22 @@ class Relay:
         go to the client here, in one send, before the relay's task wakes (a turn of the
         event loop, and the coroutines' way back up, off the path of the first byte). An
         error, or a reply of a declared length, is left to the task."""
-        request = self._request
-        assert request is not None
-        transport = request.transport
         if upstream.status >= 400 or upstream.content_length is not None:
             return
-        if transport is None or transport.is_closing():
-            return  # the task finds the client gone
         first = upstream.first_if_here()
         assert first is not None  # the connection calls this with body bytes in
         self.progress.first_byte_at = time.monotonic()
         self._reply = upstream
-        response = self._response_for(upstream)
-        self._started = response, first
-        _at_once(response.prepare(request))
-        writer = cast(StreamWriter, request.writer)  # aiohttp's server makes only these
-        _at_once(writer.write(first, drain=False))
+        self._started = self._start(upstream, first), first
+
+    def _start(self, upstream: Reply, first: bytes) -> web.StreamResponse:
+        """The reply, prepared, its head and first bytes sent (relayed_reply.py)."""
+        assert self._request is not None
+        said = self._said if self._said is not None else self._say()
+        return start(self._request, upstream, said, first)
 
     async def _pump(
-        self,
-        request: web.Request,
-        upstream: Reply,
-        response: web.StreamResponse,
-        first: bytes,
-        first_sent: bool,
+        self, request: web.Request, upstream: Reply, response: web.StreamResponse, first: bytes
     ) -> web.StreamResponse:
         try:
             await pump(
@@ -146,7 +136,6 @@ class Relay:
                 response,
                 upstream,
                 first,
-                first_sent,
                 self.progress,
                 self._target.timeouts,
                 self._meter,
@@ -156,14 +145,6 @@ class Relay:
         except (UpstreamError, TimeoutError, Interrupted) as exc:
             content_type = upstream.headers.get("Content-Type", "")
             await self._failed(request, response, content_type, exc)
-        return response
-
-    def _response_for(self, upstream: Reply) -> web.StreamResponse:
-        said = self._said if self._said is not None else self._say()
-        response = _Relayed(status=upstream.status, headers=returned_headers(upstream.headers))
-        put(said, response.headers)
-        if upstream.content_length is not None:
-            response.content_length = upstream.content_length
         return response
 
     def _say(self) -> CIMultiDict[str]:
@@ -304,36 +285,6 @@ async def _wrapped_error(request: web.Request, upstream: Reply, first: bytes) ->
         body=error_body(api_of(request.path), upstream.status, Reason.BACKEND_FAILED, message),
         content_type="application/json",
     )
-
-
-class _Relayed(web.StreamResponse):
-    """A relayed reply: its head goes out with its first bytes, in one send, as aiohttp's
-    own web.Response does (a StreamResponse sends its head alone, at prepare). Neither its
-    ``prepare`` nor its first write ever waits (``_at_once``)."""
-
-    _send_headers_immediately = False
-
-    async def _start(self, request: web.BaseRequest) -> AbstractStreamWriter:
-        # aiohttp's own, without its call of the app's on_response_prepare hooks (the
-        # gateway's one hook, ReplyHeaders.hook): this reply was given their headers when
-        # it was built, and the hooks' coroutines would be on the path of its first byte.
-        self._req = request
-        writer = self._payload_writer = request._payload_writer
-        await self._prepare_headers()
-        await self._write_headers()
-        return writer
-
-
-def _at_once(step: Coroutine[Any, Any, object]) -> None:
-    """Run ``step`` to its end, here: aiohttp's ``prepare`` and ``write`` are coroutines for
-    what can wait (the app's hooks, compression, a full buffer with ``drain``), and none of
-    it is in a relayed reply's prepare (``_Relayed``) or its first write (``drain=False``)."""
-    try:
-        step.send(None)
-    except StopIteration:
-        return
-    step.close()
-    raise RuntimeError("a step that never waits has waited: aiohttp changed")
 
 
 async def _fail_inband(

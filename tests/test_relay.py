@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import aiohttp
 import ollama
 import openai
 import pytest
+from yarl import URL
 
 from tests.conftest import StartGateway, StartSim, one_backend, post_gzipped
 
@@ -124,6 +126,36 @@ class TestByteFaithfulRelay:
         seen = {name.lower() for name in sim.request_headers[-1]}
         assert "authorization" not in seen and "x-api-key" not in seen
         assert "content-type" in seen
+
+    @pytest.mark.parametrize("path", ["/api/chat", "/v1/chat/completions"])
+    async def test_a_streams_head_is_the_one_aiohttp_writes(
+        self, start_sim: StartSim, start_gateway: StartGateway, path: str
+    ) -> None:
+        """The head the relay writes for a kept-alive stream (relayed_reply.py) has the
+        lines, in the order, that aiohttp's prepare writes for one it closes after."""
+        _, sim_url = await start_sim()
+        gateway = await start_gateway(one_backend(sim_url))
+        body = json.dumps({**CHAT, "stream": True}).encode()
+        heads = []
+        for connection in ("keep-alive", "close"):
+            address = URL(gateway.url)
+            reader, writer = await asyncio.open_connection(address.host, address.port)
+            writer.write(
+                f"POST {path} HTTP/1.1\r\nHost: localhost\r\nConnection: {connection}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            head = await reader.readuntil(b"\r\n\r\n")
+            writer.close()
+            # Each reply's own date and id: their names, in their places, are compared.
+            lines = [
+                line.partition(":")[0] if line.startswith(("Date:", "X-Request-Id:")) else line
+                for line in head.decode().split("\r\n")
+            ]
+            heads.append(lines)
+        kept, closed = heads
+        assert kept[0] == "HTTP/1.1 200 OK" and "Transfer-Encoding: chunked" in kept
+        assert [line for line in closed if line != "Connection: close"] == kept
 
 
 class TestRefusals:
