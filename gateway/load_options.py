@@ -12,7 +12,7 @@ clamps or replaces the value, and the gateway forwards exactly the value it chec
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any, Literal, Self
+from typing import Any, Literal, Self, TypeGuard
 
 from pydantic import Field, model_validator
 
@@ -66,7 +66,7 @@ def num_ctx_of(fields: dict[str, Any]) -> int | None:
     below 4 to 4. Another type fails the request in Ollama: nothing loads, None here."""
     options = fields.get("options")
     value = options.get("num_ctx") if isinstance(options, dict) else None
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if not _is_number(value):
         return None
     number = int(value)
     return max(_MIN_NUM_CTX, number if -_INT64 <= number < _INT64 else _MIN_NUM_CTX)
@@ -82,7 +82,7 @@ def apply_num_ctx_policy(fields: dict[str, Any], rules: NumCtxPolicy) -> bool:
     if not rules.active or not isinstance(options, dict | None):
         return False
     given = None if options is None else options.get("num_ctx")
-    if given is not None and (isinstance(given, bool) or not isinstance(given, int | float)):
+    if given is not None and not _is_number(given):
         raise GatewayError(400, Reason.BAD_REQUEST, "options.num_ctx must be a number")
     wanted = _wanted(num_ctx_of(fields) if given is not None else None, rules)
     if wanted == "default":
@@ -95,6 +95,11 @@ def apply_num_ctx_policy(fields: dict[str, Any], rules: NumCtxPolicy) -> bool:
         options = {**(options or {}), "num_ctx": wanted}
     fields["options"] = options
     return True
+
+
+def _is_number(value: object) -> TypeGuard[int | float]:
+    """A JSON number (JSON's true and false are Python ints too, and not numbers to Go)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _wanted(asked: int | None, rules: NumCtxPolicy) -> int | Literal["default"] | None:
