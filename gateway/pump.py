@@ -151,7 +151,10 @@ class _Passing:
         self._loop = loop
         # The gaps on the system's clock: uvloop's loop.time() is in whole milliseconds,
         # read once a turn, which made a 0.4 ms gap 0 or 1 ms and two reads of a turn 0.
-        self._last = monotonic()
+        # The first from when the first bytes came (on that clock too), which may be a turn
+        # of the loop before this: they went out from the backend's callback (relay.py).
+        first = progress.first_byte_at
+        self._last = monotonic() if first is None else first
         self.tail = _Tail()
         content_type = upstream.headers.get("Content-Type", "")
         self.meter = _Meter(charge, content_type) if charge is not None else None
