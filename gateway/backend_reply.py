@@ -17,6 +17,7 @@ from multidict import CIMultiDict
 
 from gateway.backend_connection import Connection
 from gateway.deadlines import Deadline
+from gateway.headers import decoded
 
 __all__ = ["Reply"]
 
@@ -56,15 +57,7 @@ class Reply:
         """The headers, decoded: made when first asked for (a stream's relayed head is
         written from ``raw_headers``, and its first bytes go out before anyone asks)."""
         if self._headers is None:
-            self._headers = CIMultiDict(
-                [
-                    (
-                        name.decode("utf-8", "surrogateescape"),
-                        value.decode("utf-8", "surrogateescape"),
-                    )
-                    for name, value in self.raw_headers
-                ]
-            )
+            self._headers = CIMultiDict(decoded(self.raw_headers))
         return self._headers
 
     async def read(self) -> bytes:

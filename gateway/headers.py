@@ -13,7 +13,7 @@ from functools import lru_cache
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
-__all__ = ["forwarded_headers", "returned_headers", "returned_pairs"]
+__all__ = ["decoded", "forwarded_headers", "returned_pairs"]
 
 _NOT_FORWARDED = frozenset(
     {
@@ -56,16 +56,10 @@ def forwarded_headers(
     return forwarded
 
 
-def returned_headers(upstream: CIMultiDict[str]) -> list[tuple[str, str]]:
-    """The reply's headers that go on to the client, as pairs: the response they are given
-    to makes its own CIMultiDict of them."""
-    dropped = _dropped(_NOT_RETURNED, upstream)
-    return [(k, v) for k, v in upstream.items() if k.lower() not in dropped]
-
-
 def returned_pairs(raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """``returned_headers`` of the reply's header bytes as the backend sent them (a relayed
-    head of the gateway's making writes them as they came: relayed_reply.py)."""
+    """The reply's headers that go on to the client, as the backend sent them: a relayed
+    head of the gateway's making writes them as they came, aiohttp's prepare is given them
+    ``decoded`` (relayed_reply.py)."""
     dropped = _NOT_RETURNED_RAW
     for name, value in raw:
         if name.lower() == b"connection":
@@ -74,6 +68,15 @@ def returned_pairs(raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
             }
             dropped = dropped | named
     return [(name, value) for name, value in raw if name.lower() not in dropped]
+
+
+def decoded(raw: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+    """Header bytes as text: UTF-8, any other byte kept (surrogateescape) so that it is
+    written back as it came."""
+    return [
+        (name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape"))
+        for name, value in raw
+    ]
 
 
 def _dropped(

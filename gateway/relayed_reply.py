@@ -26,7 +26,7 @@ from aiohttp.web_response import REASON_PHRASES
 from multidict import CIMultiDict
 
 from gateway.backend_reply import Reply
-from gateway.headers import returned_headers, returned_pairs
+from gateway.headers import decoded, returned_pairs
 from gateway.reply_headers import put
 
 __all__ = ["Relayed", "start"]
@@ -72,7 +72,9 @@ def start(
             response = Relayed(status=upstream.status)
             response.sent(request, head, first)
             return response
-    response = Relayed(status=upstream.status, headers=returned_headers(upstream.headers))
+    response = Relayed(
+        status=upstream.status, headers=decoded(returned_pairs(upstream.raw_headers))
+    )
     put(said, response.headers)
     if upstream.content_length is not None:
         response.content_length = upstream.content_length

@@ -1,10 +1,10 @@
-"""Which request headers cross the gateway to the backend (gateway/headers.py)."""
+"""Which headers cross the gateway, to the backend and back (gateway/headers.py)."""
 
 from __future__ import annotations
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from gateway.headers import forwarded_headers
+from gateway.headers import decoded, forwarded_headers, returned_pairs
 
 
 def _proxy(pairs: list[tuple[str, str]]) -> CIMultiDictProxy[str]:
@@ -52,3 +52,25 @@ class TestForwardedHeaders:
             ("Accept", "*/*"),
             ("Accept-Encoding", "identity"),
         ]
+
+
+class TestReturnedHeaders:
+    def test_hop_by_hop_and_the_backends_own_stay_whatever_their_case(self) -> None:
+        """The reply's headers go on as the backend sent them, in its order, without the
+        hop-by-hop ones, those its Connection header names, and its Server, Date and
+        cookies; a byte that is not UTF-8 is written back as it came."""
+        raw = [
+            (b"Content-Type", b"application/x-ndjson"),
+            (b"connection", b"keep-alive, X-Hop"),
+            (b"x-hop", b"1"),
+            (b"Keep-Alive", b"timeout=5"),
+            (b"Transfer-Encoding", b"chunked"),
+            (b"SERVER", b"ollama"),
+            (b"Date", b"Wed, 02 Dec 2026 03:00:00 GMT"),
+            (b"Set-Cookie", b"a=b"),
+            (b"X-Kept", b"caf\xe9"),
+        ]
+        kept = returned_pairs(raw)
+        assert kept == [(b"Content-Type", b"application/x-ndjson"), (b"X-Kept", b"caf\xe9")]
+        name, value = decoded(kept)[1]
+        assert (name, value.encode("utf-8", "surrogateescape")) == ("X-Kept", b"caf\xe9")
