@@ -74,6 +74,7 @@ class Connection(asyncio.Protocol):
         self.pieces: list[bytes] = []
         self.buffered = 0
         self.head_bytes = 0
+        self.trailer_bytes = 0
         self.paused = False
         # Given each read's body bytes, and whether the body ends with them.
         self.sink: Callable[[bytes, bool], None] | None = None
@@ -145,10 +146,19 @@ class Connection(asyncio.Protocol):
         self.reason = reason.decode("latin-1")
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self.headers_done:
+            # A trailer, after a chunked body: none is passed on, and none is kept, but an
+            # endless run of them would be read forever without a bound of its own.
+            self.trailer_bytes += len(name) + len(value)
+            if self.trailer_bytes > _MAX_HEAD:
+                raise MalformedReply("the reply's trailers are over 64 KiB")
+            return
         self.raw_headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
+        if status < 100:  # three digits to llhttp, but no status HTTP has, nor a client reads
+            raise MalformedReply(f"the reply's status is {status}")
         if 100 <= status < 200:  # an interim reply (100 Continue, 103): the real one follows
             self.raw_headers = []
             return
@@ -229,6 +239,10 @@ class Connection(asyncio.Protocol):
             self.transport.close()
 
     def _broken(self, exc: UpstreamError) -> None:
+        # The body bytes read before the fault are the client's, and so is the end when it
+        # came before them (bytes after a reply's end): passed on first, then the failure.
+        if self.sink is not None and self.pieces:
+            self.pass_on()
         if not self.complete:
             self.fail(exc)
         self.keep_alive = False

@@ -59,7 +59,9 @@ def forwarded_headers(
 def returned_pairs(raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     """The reply's headers that go on to the client, as the backend sent them: a relayed
     head of the gateway's making writes them as they came, aiohttp's prepare is given them
-    ``decoded`` (relayed_reply.py)."""
+    ``decoded`` (relayed_reply.py). A value that is not UTF-8 stays behind: aiohttp's
+    writer would drop its odd bytes (or, without its C extensions, fail the reply), so the
+    two ways of writing a head would differ; no backend of ours sends one."""
     dropped = _NOT_RETURNED_RAW
     for name, value in raw:
         if name.lower() == b"connection":
@@ -67,12 +69,25 @@ def returned_pairs(raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
                 item.encode("latin-1") for item in _named_by_connection(value.decode("latin-1"))
             }
             dropped = dropped | named
-    return [(name, value) for name, value in raw if name.lower() not in dropped]
+    return [
+        (name, value)
+        for name, value in raw
+        if name.lower() not in dropped and (value.isascii() or _is_utf8(value))
+    ]
+
+
+def _is_utf8(value: bytes) -> bool:
+    try:
+        value.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def decoded(raw: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
-    """Header bytes as text: UTF-8, any other byte kept (surrogateescape) so that it is
-    written back as it came."""
+    """Header bytes as text: UTF-8, any other byte kept (surrogateescape), so that a
+    backend's odd header can still be read (``Reply.headers``); ``returned_pairs`` passes
+    no such value on."""
     return [
         (name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape"))
         for name, value in raw

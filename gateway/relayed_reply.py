@@ -57,7 +57,9 @@ class Relayed(web.StreamResponse):
         self._keep_alive, self._must_be_empty_body = True, False
         writer.enable_chunking()
         writer._headers_written = True
-        writer._write(b"%b%x\r\n%b\r\n" % (head, len(first), first))  # counts its bytes
+        # No bytes, no chunk: an empty one is the body's end, which write_eof sends.
+        start = b"%b%x\r\n%b\r\n" % (head, len(first), first) if first else head
+        writer._write(start)  # counts its bytes
 
 
 def start(
@@ -78,6 +80,10 @@ def start(
     put(said, response.headers)
     if upstream.content_length is not None:
         response.content_length = upstream.content_length
+    elif request.version < HttpVersion11:
+        # Its end is the connection's: aiohttp leaves one the client asked to keep open,
+        # and the client would wait for the keep-alive timeout to know the reply had ended.
+        response.force_close()
     _at_once(response.prepare(request))
     if transport is not None and not transport.is_closing():
         writer = cast(StreamWriter, request.writer)  # aiohttp's server makes only these
