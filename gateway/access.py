@@ -4,6 +4,7 @@ What every reply says of its request is reply_headers.py's."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import re
@@ -203,9 +204,12 @@ def access_log(
             if exc.status < 400:
                 raise
             response = _refused(request, record, _refusal_of(exc), may_close=False)
-        except BaseException:
+        except BaseException as exc:
             record.client_gone = record.client_gone or request.transport is None
-            record.status = record.status or 499
+            # The client gone (its task cancelled) is 499; anything else escaping here is a
+            # failure of the gateway's own, which its connection handler answers with a 500.
+            gone = record.client_gone or isinstance(exc, asyncio.CancelledError)
+            record.status = record.status or (499 if gone else 500)
             raise
         else:
             record.status = record.status or response.status

@@ -96,10 +96,14 @@ def start_sim(servers: AsyncExitStack) -> StartSim:
 @pytest.fixture
 def start_gateway(servers: AsyncExitStack) -> StartGateway:
     """Start a gateway from policy YAML text, a Policy, or a file that it then watches;
-    ``clock``, when given, is its wall clock (days, hours, budgets' windows)."""
+    ``clock``, when given, is its wall clock (days, hours, budgets' windows); ``routes``
+    adds a test's own routes to its app."""
 
     async def start(
-        policy: str | Policy | Path, clock: Callable[[], float] = time.time, **settings: Any
+        policy: str | Policy | Path,
+        clock: Callable[[], float] = time.time,
+        routes: Callable[[web.Application], None] | None = None,
+        **settings: Any,
     ) -> Gateway:
         path = policy if isinstance(policy, Path) else None
         if isinstance(policy, Path):
@@ -107,6 +111,8 @@ def start_gateway(servers: AsyncExitStack) -> StartGateway:
         elif isinstance(policy, str):
             policy = parse_policy(policy)
         app = create_app(Settings(**settings), policy, path, clock)
+        if routes is not None:  # a test's own, added before the router is frozen
+            routes(app)
         services = app[SERVICES]
         listener = Listener(app, services.settings, services.connections)
         await listener.start(port=0)

@@ -9,9 +9,10 @@ import aiohttp
 import ollama
 import openai
 import pytest
+from aiohttp import web
 from yarl import URL
 
-from tests.conftest import StartGateway, StartSim, one_backend, post_gzipped
+from tests.conftest import Finished, StartGateway, StartSim, one_backend, post_gzipped
 
 MODEL = "llama3.2:3b"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Why is the sky blue?"}]}
@@ -244,6 +245,27 @@ class TestFailures:
             response.close()
         await sim.wait_for(lambda stats: stats.running == 0, timeout=0.1)
         assert sim.stats.disconnects == 1
+
+    async def test_a_failure_of_the_gateways_own_is_recorded_as_the_500_it_answers(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """An exception that escapes a handler is the client's 500 and the record's too,
+        not the 499 of a client that left."""
+
+        async def broken(request: web.Request) -> web.StreamResponse:
+            raise RuntimeError("a bug")
+
+        _, sim_url = await start_sim()
+        gateway = await start_gateway(
+            one_backend(sim_url), routes=lambda app: app.router.add_get("/broken", broken)
+        )
+        finished = Finished(gateway)
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(gateway.url + "/broken") as reply,
+        ):
+            assert reply.status == 500
+        assert (await finished.first(("/broken",))).status == 500
 
     async def test_an_unreachable_backend_gets_502(
         self, start_gateway: StartGateway, unused_tcp_port: int
