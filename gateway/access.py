@@ -21,7 +21,7 @@ from multidict import istr
 from gateway.connection_handler import ARRIVED
 from gateway.connections import Connections
 from gateway.cors import Cors
-from gateway.errors import GatewayError, error_body, retry_after_header
+from gateway.errors import GatewayError, error_body, retry_after_header, shutting_down
 from gateway.forwarded import Client
 from gateway.logs import REQUEST_ID, info_writer, printable
 from gateway.pump import Progress
@@ -204,12 +204,22 @@ def access_log(
             if exc.status < 400:
                 raise
             response = _refused(request, record, _refusal_of(exc), may_close=False)
-        except BaseException as exc:
+        except asyncio.CancelledError:
+            if not connections.was_cut(request) or request.transport is None:
+                record.client_gone = record.client_gone or request.transport is None
+                record.status = record.status or 499
+                raise
+            # Ended by the drain's deadline before its reply began: answered as a request
+            # arriving now is, rather than closed on (the cancellation was for this alone).
+            current = asyncio.current_task()
+            if current is not None:
+                current.uncancel()
+            response = _refused(request, record, shutting_down())
+        except BaseException:
             record.client_gone = record.client_gone or request.transport is None
-            # The client gone (its task cancelled) is 499; anything else escaping here is a
-            # failure of the gateway's own, which its connection handler answers with a 500.
-            gone = record.client_gone or isinstance(exc, asyncio.CancelledError)
-            record.status = record.status or (499 if gone else 500)
+            # Anything else escaping here is a failure of the gateway's own, which its
+            # connection handler answers with a 500 (unless the client has gone: 499).
+            record.status = record.status or (499 if record.client_gone else 500)
             raise
         else:
             record.status = record.status or response.status

@@ -76,6 +76,7 @@ class Admission:
         self.replicas = (
             None if holds is None else ReplicaHolds(holds, self.room, clock, self._refusal)
         )
+        self.closing: Refusal | None = None  # a stop's refusal: nobody waits for a turn now
 
     @property
     def holds(self) -> HoldStore | None:
@@ -100,6 +101,10 @@ class Admission:
         then confirms that the user's cap and the backend's slots have room across every
         replica, within the same ``max_wait``.
         """
+        if self.closing is not None:
+            # A request read before the stop, its body after: one with a place now starts,
+            # one that would wait is refused (a turn later could start it after the drain).
+            return self.at_once(ticket) or self.closing
         if self.replicas is None:
             # ``take``, as two steps: the quick yes of most requests needs no wait bounded.
             permit = self.turns.at_once(ticket)
@@ -175,7 +180,9 @@ class Admission:
         turn_away(self.room, lambda ticket: not admits(ticket.user, ticket.credential), REVOKED)
 
     def turn_away_all(self, refusal: Refusal) -> None:
-        """Refuse every waiting request now (the gateway is shutting down)."""
+        """Refuse every waiting request now, and every one that would wait from now on (the
+        gateway is shutting down)."""
+        self.closing = refusal
         turn_away(self.room, lambda ticket: True, refusal)
 
     def wake(self) -> None:

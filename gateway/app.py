@@ -16,6 +16,7 @@ from aiohttp import web
 
 from gateway.access import access_log
 from gateway.connections import Listener
+from gateway.errors import STOPPING_MESSAGE, STOPPING_RETRY_AFTER
 from gateway.house import House
 from gateway.listings import Reads
 from gateway.metrics import Metrics
@@ -33,9 +34,7 @@ log = structlog.get_logger("fairgate")
 
 # After the drain, how long interrupted streams have to write their last line.
 _LAST_WORDS_SECONDS = 2.0
-SHUTTING_DOWN = Refusal(
-    Reason.SHUTTING_DOWN, "the gateway is shutting down; retry in a moment", retry_after=5.0
-)
+SHUTTING_DOWN = Refusal(Reason.SHUTTING_DOWN, STOPPING_MESSAGE, STOPPING_RETRY_AFTER)
 
 SERVICES = web.AppKey("services", Services)
 """The app's services, for tools and tests that hold only the app; the gateway's own code
@@ -98,8 +97,14 @@ def _watch_policy(services: Services) -> None:
 
 
 def _unwatch_policy() -> None:
+    # Not removed: SIGHUP's default action ends the process, and a reload asked for now,
+    # as the gateway stops, would end it before its last usage is written (services.close).
     with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-        asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, _too_late)
+
+
+def _too_late() -> None:
+    log.info("reload_ignored", why="the gateway is stopping")
 
 
 def run_app(
@@ -142,7 +147,9 @@ async def serve(
         await drain(services, settings.drain_timeout)
     finally:
         await listener.close()
-        for handled in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
+        # SIGHUP keeps a handler (_unwatch_policy's) until the loop closes: its default
+        # action would end the process before its last line.
+        for handled in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(handled)
     log.info("stopped")
 
@@ -158,12 +165,15 @@ async def drain(services: Services, within: float) -> None:
     if await connections.until_idle(within):
         log.info("drained")
         return
-    cut = list(services.streams)
+    # A reply under way ends with an in-band error; a request whose reply has not begun
+    # is answered 503, as one arriving now would be (not closed on unanswered).
+    cut = [relay for relay in services.streams if relay.started]
     for relay in cut:
         relay.interrupt(Reason.SHUTTING_DOWN, "the gateway is shutting down")
+    refused = connections.cut_unanswered()
     # The interrupted streams write their last line; whatever is left is closed after.
     await connections.until_idle(_LAST_WORDS_SECONDS)
-    log.info("drained", streams_cut=len(cut), left=connections.in_request)
+    log.info("drained", streams_cut=len(cut), refused=refused, left=connections.in_request)
 
 
 def _log_serving(

@@ -29,10 +29,9 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from gateway.connection_handler import STARTS_PER_TURN, ConnectionHandler, Starts
-from gateway.errors import GatewayError
+from gateway.errors import shutting_down
 from gateway.hot_routes import HOT_PATHS, HotRoutes
 from gateway.settings import Settings
-from gateway.vocabulary import Reason
 
 __all__ = ["Connections", "Listener", "descriptor_cap"]
 
@@ -65,7 +64,9 @@ class Connections:
     draining (shutting down: requests still arriving get 503 and a closed connection)."""
 
     def __init__(self) -> None:
-        self.busy: set[object] = set()
+        # Each connection handling a request: the request, and the task that handles it.
+        self.busy: dict[object, tuple[web.Request, asyncio.Task[object] | None]] = {}
+        self._cut: set[object] = set()  # the requests ``cut_unanswered`` ended
         self.draining = False
         # Made when someone waits for the last request to end (a drain): not an event
         # cleared and set by every request.
@@ -77,21 +78,32 @@ class Connections:
         ``leave`` in a ``finally``: a guard object for a ``with`` would cost each request a
         third of a microsecond more."""
         if self.draining and request.path not in _SERVED_WHILE_DRAINING:
-            raise GatewayError(
-                503,
-                Reason.SHUTTING_DOWN,
-                "the gateway is shutting down; retry in a moment",
-                retry_after=5.0,
-                close=True,
-            )
-        self.busy.add(request.protocol)
+            raise shutting_down()
+        self.busy[request.protocol] = (request, asyncio.current_task())
 
     def leave(self, request: web.Request) -> None:
         """``request`` has ended; a no-op if ``enter`` refused it (a connection handles one
         request at a time, so its protocol was not busy with another)."""
-        self.busy.discard(request.protocol)
+        self.busy.pop(request.protocol, None)
+        self._cut.discard(request.protocol)
         if not self.busy and self._idle is not None:
             self._idle.set()
+
+    def cut_unanswered(self) -> int:
+        """At the drain's deadline, end each request whose reply has not begun (its body still
+        coming, its model loading, a whole reply still being made) by cancelling its handler;
+        the access log answers it 503 (``was_cut``). How many were."""
+        cut = 0
+        for request, task in list(self.busy.values()):
+            if task is not None and not task.done() and request.writer.output_size == 0:
+                self._cut.add(request.protocol)
+                task.cancel()
+                cut += 1
+        return cut
+
+    def was_cut(self, request: web.Request) -> bool:
+        """Whether ``request``'s handler was cancelled by ``cut_unanswered``."""
+        return request.protocol in self._cut
 
     @property
     def in_request(self) -> int:

@@ -13,12 +13,19 @@ from dataclasses import dataclass
 from gateway.vocabulary import Api, Reason
 
 __all__ = [
+    "STOPPING_MESSAGE",
+    "STOPPING_RETRY_AFTER",
     "BackendFailure",
     "GatewayError",
     "error_body",
     "inband_error",
     "retry_after_header",
+    "shutting_down",
 ]
+
+# What every request the gateway turns away as it stops is told.
+STOPPING_MESSAGE = "the gateway is shutting down; retry in a moment"
+STOPPING_RETRY_AFTER = 5.0
 
 
 @dataclass(eq=False)
@@ -52,6 +59,14 @@ _OPENAI_TYPES = {
     429: "rate_limit_error",
     503: "service_unavailable_error",
 }
+
+
+def shutting_down() -> GatewayError:
+    """The answer to a request the gateway will not finish because it is stopping: 503,
+    retry in a moment (another replica, or this one restarted), and the connection closed."""
+    return GatewayError(
+        503, Reason.SHUTTING_DOWN, STOPPING_MESSAGE, STOPPING_RETRY_AFTER, close=True
+    )
 
 
 def error_body(api: Api, status: int, reason: Reason, message: str) -> bytes:

@@ -106,7 +106,9 @@ class Generation:
         outcome = admission.at_once(ticket) or await admission.acquire(ticket)
         if isinstance(outcome, Refusal):
             retry_after = outcome.retry_after if outcome.status == 503 else None
-            raise GatewayError(outcome.status, outcome.reason, outcome.message, retry_after)
+            # A stop's refusal closes the connection, as every other answer of a drain does.
+            close = outcome.reason is Reason.SHUTTING_DOWN
+            raise GatewayError(outcome.status, outcome.reason, outcome.message, retry_after, close)
         async with outcome as permit:
             record.queue_wait, record.dispatched_at = permit.queue_wait, permit.granted_at
             record.queue_position = permit.queue_position

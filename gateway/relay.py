@@ -170,6 +170,13 @@ class Relay:
         if not await _fail_inband(request, response, content_type, reason):
             self.progress.client_gone = True
 
+    @property
+    def started(self) -> bool:
+        """Whether the reply's head has gone to the client."""
+        return self._started is not None or (
+            self._request is not None and self._request.writer.output_size > 0
+        )
+
     def interrupt(self, reason: Reason, message: str) -> None:
         """End a started reply now, with an in-band error saying ``message``; a reply not
         started yet is left to its handler's cancellation."""
