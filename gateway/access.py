@@ -216,7 +216,10 @@ def access_log(
                 current.uncancel()
             response = _refused(request, record, shutting_down())
         except BaseException:
-            record.client_gone = record.client_gone or request.transport is None
+            # Gone, or going: a write to a transport the client closed raises before aiohttp
+            # has seen the connection lost.
+            transport = request.transport
+            record.client_gone = record.client_gone or transport is None or transport.is_closing()
             # Anything else escaping here is a failure of the gateway's own, which its
             # connection handler answers with a 500 (unless the client has gone: 499).
             record.status = record.status or (499 if record.client_gone else 500)

@@ -60,8 +60,12 @@ async def read_body(request: web.Request, limit: int, deadline: float) -> bytes:
     417 for an expectation other than 100-continue, 408 when it takes over ``deadline``."""
     declared = request.content_length
     if declared is not None and declared > limit:
+        # The body on its way is not read: nothing after it on the connection can be.
         raise GatewayError(
-            413, Reason.BODY_TOO_LARGE, f"the body is {declared} bytes; the limit is {limit}"
+            413,
+            Reason.BODY_TOO_LARGE,
+            f"the body is {declared} bytes; the limit is {limit}",
+            close=True,
         )
     # hdrs' names: looked up without folding their case each time.
     expect = request.headers.get(hdrs.EXPECT)
@@ -92,7 +96,10 @@ async def read_body(request: web.Request, limit: int, deadline: float) -> bytes:
         ) from exc
     except TimeoutError:
         raise GatewayError(
-            408, Reason.BODY_TIMEOUT, f"the request body did not arrive within {deadline:g}s"
+            408,
+            Reason.BODY_TIMEOUT,
+            f"the request body did not arrive within {deadline:g}s",
+            close=True,  # its rest may still come: nothing after it can be read
         ) from None
 
 

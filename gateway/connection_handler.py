@@ -143,6 +143,10 @@ class ConnectionHandler(RequestHandler):
         message, payload = self._messages[0]
         if not isinstance(message, RawRequestMessage) or not payload.is_eof():
             return False
+        if message.upgrade or self._upgraded:
+            # aiohttp's finish_response feeds on the bytes held behind a request that asks
+            # to switch protocols, and asserts that start() is not waiting: start()'s own.
+            return False
         hot = self._hot.chain_for(message.method, message.path, message.headers)
         manager, parser = self._manager, self._parser
         if hot is None or manager is None or parser is None or self._request_factory is None:
@@ -257,6 +261,11 @@ class ConnectionHandler(RequestHandler):
     ) -> web.StreamResponse:
         """A JSON error that echoes nothing the client sent, logged without a traceback
         unless it is a bug of ours."""
+        transport = request.transport
+        if isinstance(exc, ConnectionError) and (transport is None or transport.is_closing()):
+            # The client left while the handler wrote to it (an interim 100 Continue):
+            # nobody to answer, and no bug of ours; start() and _serve close quietly.
+            raise ConnectionError("the client is gone") from exc
         if status >= 500:
             # A bug of ours reached the top: the traceback is for the admin, not the client.
             log.error("unhandled_error", status=status, exc_info=exc)

@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import socket
+import struct
 import threading
 import time
 from contextlib import AsyncExitStack
@@ -21,7 +22,15 @@ from aiohttp import web
 
 from gateway.bodies import ON_LOOP_BYTES
 from gateway.logs import console_rendering
-from tests.conftest import Gateway, StartGateway, StartSim, one_backend, post_gzipped, serve
+from tests.conftest import (
+    Finished,
+    Gateway,
+    StartGateway,
+    StartSim,
+    one_backend,
+    post_gzipped,
+    serve,
+)
 from tests.test_admission import MODEL, held, idle, until
 from tests.test_metrics import scrape
 
@@ -184,8 +193,44 @@ class TestRefusedBeforeTheBody:
         )
         reader, writer = await open_raw(gateway)
         writer.write(request_head("/api/generate", len(CHAT)) + CHAT[:5])
-        assert (await head_of(reader)).startswith(b"HTTP/1.1 408")
+        head = await head_of(reader)
+        assert head.startswith(b"HTTP/1.1 408") and b"Connection: close" in head
+        # Its rest, or a next request, is not read as another request.
+        writer.write(CHAT[5:] + b"GET /api/version HTTP/1.1\r\nHost: gateway\r\n\r\n")
+        assert b"HTTP/1.1" not in await asyncio.wait_for(reader.read(), timeout=5)
         writer.close()
+
+    async def test_a_body_over_the_limit_sent_anyway_gets_413_and_a_closed_connection(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """A declared length over the limit, its body already coming: 413, and the
+        connection closed rather than read on to what follows."""
+        gateway = await capped_gateway(start_sim, start_gateway)
+        reader, writer = await open_raw(gateway)
+        writer.write(request_head("/api/generate", HUGE * 2) + b"x" * 1000)
+        head = await head_of(reader)
+        assert head.startswith(b"HTTP/1.1 413") and b"Connection: close" in head
+        writer.close()
+
+    async def test_a_client_gone_before_its_100_continue_is_a_hang_up(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """A client that leaves while its 100 Continue is on its way is recorded as gone
+        (499), not as a failure of the gateway's own (500 and a traceback)."""
+        _, url = await start_sim()
+        gateway = await start_gateway(POLICY + one_backend(url, slots=2))
+        finished = Finished(gateway)
+        head = request_head("/api/chat", 100, extra="Expect: 100-continue\r\n")
+        for _ in range(20):
+            _, writer = await open_raw(gateway)
+            sock = writer.get_extra_info("socket")
+            # A reset, sent with the head: the gateway reads the head from a closed socket.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.write(head)
+            await writer.drain()
+            writer.close()
+        records = await finished.at_least(20)
+        assert {record.status for record in records} == {499}
 
 
 class TestBigBodies:
@@ -524,6 +569,29 @@ class TestKeepAlive:
         assert sim.stats.running == 1
         writer.close()
         await sim.wait_for(lambda stats: stats.running == 0, timeout=0.2)
+
+    async def test_a_request_that_asks_to_upgrade_leaves_the_one_behind_it_answered(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """A chat that asks to switch to websocket on a kept-alive connection (which the
+        gateway does not do) is answered, and so is the request sent behind it, with no
+        failure logged: as aiohttp's own path answers them."""
+        _, url = await start_sim()
+        gateway = await start_gateway(POLICY + one_backend(url, slots=2))
+        chat = json.dumps({"model": MODEL, "prompt": "hi", "stream": False}).encode()
+        version = b"GET /api/version HTTP/1.1\r\nHost: gateway\r\n\r\n"
+        upgrade = "Connection: Upgrade\r\nUpgrade: websocket\r\n"
+        for key in ("alice-key", "wrong-key"):
+            with structlog.testing.capture_logs() as logs:
+                reader, writer = await warm_raw(gateway)
+                writer.write(request_bytes("/api/generate", chat, key=key, extra=upgrade) + version)
+                first = await head_of(reader)
+                await reader.readexactly(length_of(first))
+                second = await head_of(reader)
+                assert b'"version"' in await reader.readexactly(length_of(second))
+                writer.close()
+            assert first.startswith(b"HTTP/1.1 ") and second.startswith(b"HTTP/1.1 200")
+            assert not [entry for entry in logs if entry["log_level"] == "error"]
 
     async def test_a_chat_that_asks_to_close_the_connection_has_it_closed(
         self, start_sim: StartSim, start_gateway: StartGateway
