@@ -81,9 +81,10 @@ def retry_after_header(seconds: float) -> str:
     return str(max(1, int(-(-seconds // 1))))
 
 
-def inband_error(content_type: str, message: str) -> bytes:
-    """The error to write once a stream has started: Ollama's NDJSON line or an SSE event."""
+def inband_error(content_type: str, message: str, reason: Reason) -> bytes:
+    """The error to write once a stream has started: Ollama's NDJSON line or an SSE event,
+    whose ``code`` says why, as a refusal's does."""
     if content_type.startswith("text/event-stream"):
-        payload = {"error": {"message": message, "type": "server_error", "code": "stream_failed"}}
+        payload = {"error": {"message": message, "type": "server_error", "code": reason}}
         return b"data: " + json.dumps(payload).encode() + b"\n\n"
     return json.dumps({"error": message}).encode() + b"\n"

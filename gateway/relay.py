@@ -167,7 +167,8 @@ class Relay:
         else:
             log.warning("backend_failed_mid_stream", url=self._target.url, error=repr(exc))
             reason = f"the backend failed mid-stream ({type(exc).__name__})"
-        if not await _fail_inband(request, response, content_type, reason):
+        failure = self.progress.failure
+        if not await _fail_inband(request, response, content_type, reason, failure):
             self.progress.client_gone = True
 
     @property
@@ -295,9 +296,14 @@ async def _wrapped_error(request: web.Request, upstream: Reply, first: bytes) ->
 
 
 async def _fail_inband(
-    request: web.Request, response: web.StreamResponse, content_type: str, reason: str
+    request: web.Request,
+    response: web.StreamResponse,
+    content_type: str,
+    reason: str,
+    failure: Reason,
 ) -> bool:
-    """End a started reply with an in-band error; False if the client was gone."""
+    """End a started reply with an in-band error saying ``reason`` (``failure``, in the
+    vocabulary); False if the client was gone."""
     log.warning("stream_failed", reason=reason)
     if response.content_length is not None or request.transport is None:
         # A reply with a declared length cannot carry an error line: cut the connection,
@@ -306,7 +312,7 @@ async def _fail_inband(
             request.transport.close()
         return True
     try:
-        await response.write(inband_error(content_type, reason))
+        await response.write(inband_error(content_type, reason, failure))
         await response.write_eof()
     except ConnectionResetError:
         return False

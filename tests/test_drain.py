@@ -89,6 +89,29 @@ class TestDrainAnswers:
             holder.close()
             writer.close()
 
+    async def test_a_stream_cut_by_the_deadline_says_why_in_the_apis_vocabulary(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """An OpenAI stream still running when the drain's time is up ends with an error
+        event whose code is shutting_down, as the 503 of a request refused then is."""
+        sim, sim_url = await start_sim(decode_tokens_per_s=20.0)
+        gateway = await start_gateway(ALICE + one_backend(sim_url))
+        reader, writer = await _connect(gateway.url)
+        body = json.dumps(
+            {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": True}
+            | {"max_tokens": 100_000}
+        ).encode()
+        writer.write(_head(body).replace(b"/api/generate", b"/v1/chat/completions") + body)
+        await reader.readuntil(b"\r\n\r\n")
+        await sim.wait_for(lambda stats: stats.running == 1, timeout=10)
+        await drain(gateway.services, within=0)
+        async with asyncio.timeout(10):
+            rest = await reader.readuntil(b"\r\n0\r\n\r\n")  # the stream's end
+        writer.close()
+        events = [line for line in rest.split(b"\n") if line.startswith(b"data: {")]
+        error = json.loads(events[-1].removeprefix(b"data: "))["error"]
+        assert error["code"] == "shutting_down"
+
 
 async def test_a_sighup_as_the_gateway_stops_cannot_end_the_process(start_sim: StartSim) -> None:
     """Once the app's policy watch is down, SIGHUP still has a handler: its default action
