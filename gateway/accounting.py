@@ -54,6 +54,7 @@ class Ledger:
         self._every = flush_seconds
         self._batch = Batch()
         self._since: dict[str, Tally] = {}  # by user: counted since the last write began
+        self._writing_now: dict[str, Tally] = {}  # by user: what the write under way carries
         self._base: dict[str, Tally] = {}  # by user: the store's totals after that write
         self._lock = asyncio.Lock()
         self._writing: asyncio.Task[None] | None = None
@@ -86,7 +87,7 @@ class Ledger:
         end, so that a header naming ever new people cannot grow the day's rows, which
         every view of the usage walks."""
         front_end, separator, _ = user.partition(PERSON_SEPARATOR)
-        if separator and user not in self._since and user not in self._base:
+        if separator and not any(user in part for part in self._parts()):
             return front_end
         return user
 
@@ -137,10 +138,18 @@ class Ledger:
         """``user``'s figures in the current windows: the store's, and what came since."""
         figures = Tally()
         figures.roll(self.calendar.now())
-        for part in (self._base.get(user), self._since.get(user)):
-            if part is not None:
-                figures.absorb(part)
+        # What a write carries counts until the store's totals include it: a store that is
+        # slow to answer (a stalled Redis, a locked file) must not hide it from budgets.
+        for part in self._parts():
+            tally = part.get(user)
+            if tally is not None:
+                figures.absorb(tally)
         return figures
+
+    def _parts(self) -> tuple[dict[str, Tally], ...]:
+        """The figures by user: the store's totals, what the write under way carries, and
+        what came since it began."""
+        return self._base, self._writing_now, self._since
 
     def budgets(self, user: str, budget: Budget, in_flight: int) -> list[BudgetState]:
         """Each of ``budget``'s limits against what ``user`` has used (and has running or
@@ -155,7 +164,7 @@ class Ledger:
 
     def snapshot(self) -> dict[str, Tally]:
         """Every user with figures in the current windows."""
-        return {user: self.used(user) for user in sorted({*self._base, *self._since})}
+        return {user: self.used(user) for user in sorted(set().union(*self._parts()))}
 
     async def flush(self) -> None:
         """Write what accumulated; the write finishes even if the caller is cancelled."""
@@ -167,7 +176,7 @@ class Ledger:
             if not self._batch and not self.store.shared:
                 return  # nothing new, and nobody else writes: the totals stand
             batch, since = self._batch, self._since
-            self._batch, self._since = Batch(), {}
+            self._batch, self._since, self._writing_now = Batch(), {}, since
             try:
                 self._base = await self.store.add(batch, self.calendar.now())
             except StoreError as exc:
@@ -178,6 +187,8 @@ class Ledger:
                     self._since[user] = tally
                 self._failed(exc)
                 return
+            finally:
+                self._writing_now = {}
         if self.failing:
             self.failing = False
             log.info("usage_store_restored")

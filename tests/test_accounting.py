@@ -25,8 +25,9 @@ from gateway.connections import Listener
 from gateway.policy import parse_policy
 from gateway.settings import Settings
 from gateway.usage import RedisUsage, SqliteUsage
+from gateway.usage.base import Batch, Tally
 from gateway.vocabulary import Reason, RequestClass
-from gateway.windows import Calendar, zone_named
+from gateway.windows import Calendar, Windows, zone_named
 from tests.conftest import Gateway, StartGateway, StartSim
 from tests.processes import free_port, until_answers
 from tests.redis_server import RedisServer, redis_server  # noqa: F401 (fixture)
@@ -222,7 +223,35 @@ class TestDays:
         ]
 
 
+class _Watched(SqliteUsage):
+    """The SQLite store, noting what a ledger says of bob at the moment each write begins
+    (the store's answer is what a stalled Redis or a locked file holds back)."""
+
+    ledger: Ledger | None = None
+    seen: list[int]
+
+    async def add(self, batch: Batch, windows: Windows) -> dict[str, Tally]:
+        assert self.ledger is not None
+        self.seen.append(self.ledger.used("bob").requests)
+        return await super().add(batch, windows)
+
+
 class TestOutages:
+    async def test_what_a_write_carries_counts_until_the_store_has_it(self, tmp_path: Path) -> None:
+        """While the store takes its time with a write, the requests it carries still count
+        for budgets: they are neither in the store's totals yet nor counted since."""
+        store = _Watched(tmp_path / "u.db")
+        store.seen = []
+        ledger = store.ledger = Ledger(store, Calendar(PARIS), 60.0)
+        await ledger.start()
+        for _ in range(3):
+            ledger.observe(served("bob"))
+        await ledger.flush()
+        ledger.observe(served("bob"))
+        await ledger.flush()
+        await ledger.close()
+        assert store.seen == [3, 4]  # at each write's moment: all of bob's so far
+
     async def test_counts_wait_in_memory_while_redis_is_away_and_are_written_when_it_returns(
         self,
         redis_server: RedisServer,  # noqa: F811
