@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from gateway.ambiguity import canonical_keys
 from gateway.load_options import num_ctx_of
 from gateway.policy import Policy
 from gateway.vocabulary import RequestClass
@@ -97,6 +98,8 @@ def _messages_size(messages: object) -> tuple[int, int]:
     characters, images = 0, 0
     for message in messages:
         if isinstance(message, dict):
+            # Its keys as Go's decoder reads them into a message (a "Content" is content).
+            message = canonical_keys(message) or message
             content = message.get("content")
             if isinstance(content, str):
                 characters += len(content)

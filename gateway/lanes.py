@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from gateway.ambiguity import canonical_keys
 from gateway.durations import Duration
 from gateway.policy_base import SlotShare, Strict, model_key, slots_on
 from gateway.vocabulary import Lane
@@ -164,7 +165,8 @@ def _last_prompt(fields: dict[str, Any]) -> str | None:
     """The text a task would start with: the last message's, or the prompt."""
     messages = fields.get("messages")
     if isinstance(messages, list) and messages and isinstance(messages[-1], dict):
-        content = messages[-1].get("content")
+        last = canonical_keys(messages[-1]) or messages[-1]  # as Go reads it: see classify
+        content = last.get("content")
         return content if isinstance(content, str) else None
     prompt = fields.get("prompt")
     return prompt if isinstance(prompt, str) else None

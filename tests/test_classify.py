@@ -79,3 +79,23 @@ class TestPromptParts:
         record = await classified(gateway, generate(template=template))
         assert record.request_class is RequestClass.HEAVY
         assert record.input_estimate == 3000
+
+
+async def test_a_message_whose_keys_are_spelt_in_capitals_is_estimated_as_ollama_reads_it(
+    start_sim: StartSim, start_gateway: StartGateway
+) -> None:
+    """Go's decoder reads "Content" (or "CONTENT") into a message's content: a chat spelt so
+    counts its prompt as one spelt "content" does, and is heavy the same."""
+    _, url = await start_sim(models=[MODEL])
+    gateway = await start_gateway(one_backend(url, slots=2))
+    records = []
+    for key in ("content", "Content", "CONTENT"):
+        finished = Finished(gateway)
+        chat = {"model": MODEL, "stream": False, "messages": [{"role": "user", key: "x" * 12_000}]}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(gateway.url + "/api/chat", json=chat) as reply,
+        ):
+            assert reply.status == 200, await reply.text()
+        records.append(await finished.first(("/api/chat",)))
+    assert {(r.request_class, r.input_estimate) for r in records} == {(RequestClass.HEAVY, 3000)}
