@@ -17,7 +17,9 @@ TALLY_WINDOW = 16 * 1024
 """Bytes at the end of a reply that hold its tallies: Ollama's final line or fields,
 OpenAI's ``usage``, llama.cpp's last event (its ``generation_settings`` run to a few KiB)."""
 
-_VALUE = re.compile(rb"\s*:\s*(\d+)")
+# A count of more digits is no count: no model reads or writes 10^15 tokens, nor loads for
+# 10^15 ns, and a number past 64 bits would fail every write of usage after it.
+_VALUE = re.compile(rb"\s*:\s*(\d{1,15})(?![\d.eE])")
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,11 @@ import contextlib
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Generic, TypeVar
 
+import structlog
+
 __all__ = ["Background", "KeyedTasks", "repeat"]
+
+log = structlog.get_logger("fairgate.tasks")
 
 Config = TypeVar("Config")
 
@@ -19,12 +23,17 @@ async def repeat(
     every: float | Callable[[], float], step: Callable[[], Awaitable[None] | None]
 ) -> None:
     """Run ``step`` every ``every`` seconds (a callable: read anew each time, so a reload
-    can change it), for ever (until cancelled)."""
+    can change it), for ever (until cancelled). A step that fails is logged and the next
+    one runs: a loop that died with it would stop its work (writing usage, probing
+    backends) without a word."""
     while True:
         await asyncio.sleep(every() if callable(every) else every)
-        outcome = step()
-        if outcome is not None:
-            await outcome
+        try:
+            outcome = step()
+            if outcome is not None:
+                await outcome
+        except Exception:
+            log.exception("background_step_failed", step=getattr(step, "__qualname__", step))
 
 
 class Background:

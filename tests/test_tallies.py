@@ -70,3 +70,12 @@ def test_real_llama_server_replies() -> None:
     assert final_counts((SAMPLES / "chat-stream.txt").read_bytes()) == FinalCounts(36, 6)
     completion = (SAMPLES / "completion-stream.txt").read_bytes()
     assert final_counts(completion) == FinalCounts(5, 3)
+
+
+def test_a_count_no_backend_could_report_is_no_count() -> None:
+    """A tally of 10^30 tokens (a broken or hostile backend) is read as none, not written
+    into usage where it would overflow the store's 64-bit counts; nor is a fraction."""
+    tail = _ndjson({"done": True, "prompt_eval_count": 10**30, "eval_count": 1.5})
+    assert final_counts(tail) == FinalCounts(None, None, None)
+    tail = _ndjson({"done": True, "prompt_eval_count": 10**14, "eval_count": 7})
+    assert final_counts(tail) == FinalCounts(10**14, 7, None)
