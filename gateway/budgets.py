@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from gateway.budget_policy import Budget
 from gateway.refusals import Refusal
 from gateway.usage.base import Tally
+from gateway.user_policy import PERSON_SEPARATOR
 from gateway.vocabulary import Reason
 from gateway.windows import Calendar, Windows
 
@@ -89,8 +90,12 @@ def over_budget(user: str, states: list[BudgetState], calendar: Calendar) -> Ref
         return None
     state = max(spent, key=lambda s: s.renews_at)
     words = _WORDS[state.name]
+    # A person a front end names (a header's value) is not repeated back: error bodies echo
+    # nothing the client sent. The policy's own user names are the admin's words.
+    front_end, separator, _ = user.partition(PERSON_SEPARATOR)
+    who = f"this person on {front_end}" if separator else user
     message = (
-        f"{user} has used the budget of {_amount(state.limit)} {words} "
+        f"{who} has used the budget of {_amount(state.limit)} {words} "
         f"({_amount(state.used)} so far); it renews at {calendar.clock_time(state.renews_at)}"
     )
     retry_after = max(0.0, state.renews_at - calendar.clock())

@@ -110,7 +110,10 @@ def since_hour(text: str, calendar: Calendar) -> tuple[str, int]:
     span = _SPAN.fullmatch(text.strip())
     if span is not None:
         back = int(span[1]) * _UNIT_SECONDS[span[2]]
-        windows = calendar.at(calendar.clock() - back)
+        try:
+            windows = calendar.at(calendar.clock() - back)
+        except (OverflowError, ValueError, OSError):  # before any date there is
+            raise ValueError(f"{text.strip()} goes back before any date") from None
         return windows.day, windows.hour
     try:
         return date.fromisoformat(text.strip()).isoformat(), 0

@@ -236,13 +236,16 @@ class TestRequestsInFlight:
 
 
 async def as_person(gateway: Gateway, header: str, person: str, model: str = MODEL) -> int:
-    """The status of a generation sent by the front end owui (key owui-key) for ``person``."""
+    """The status of a generation sent by the front end owui (key owui-key) for ``person``;
+    its body never repeats the header's value (error bodies echo nothing the client sent)."""
     body = {"model": model, "prompt": "hi", "stream": False}
     headers = {"Authorization": "Bearer owui-key", header: person}
     async with (
         aiohttp.ClientSession() as session,
         session.post(gateway.url + "/api/generate", json=body, headers=headers) as reply,
     ):
+        if reply.status >= 400:
+            assert person not in await reply.text()
         return reply.status
 
 

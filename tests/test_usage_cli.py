@@ -150,3 +150,5 @@ async def test_a_since_that_is_not_a_span_or_a_day_says_what_it_should_be() -> N
     status, _, err = await usage("--since", "last tuesday")
     assert status == 2
     assert "expected a span such as 7d, 12h or 90m, or a day such as 2025-03-01" in err
+    status, _, err = await usage("--since", "99999999999999999999d")  # before year 1
+    assert status == 2 and "goes back before any date" in err and "Traceback" not in err
