@@ -18,6 +18,7 @@ from gateway.hot_routes import HOT_PATHS
 from gateway.lanes import lane_of, possible_lanes
 from gateway.listings import model_forbidden, model_not_found, no_backend
 from gateway.load_options import apply_num_ctx_policy
+from gateway.openai_fields import several_completions
 from gateway.policy import Policy
 from gateway.relay import Relay, Target
 from gateway.services import Services
@@ -78,6 +79,8 @@ class Generation:
         record.model = model = _resolved(fields, view.policy)
         _check_model_allowed(view.policy, user, model)
         _check_model_served(view.pool, api, model)
+        if api is Api.OPENAI and (several := several_completions(fields.values)) is not None:
+            raise GatewayError(400, Reason.BAD_REQUEST, several)
         if api is Api.OLLAMA:
             _check_field_types(fields)
             policy = view.policy

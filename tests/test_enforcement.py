@@ -534,3 +534,36 @@ async def test_generated_headers_never_get_a_5xx_or_a_traceback(
                 failures.append((path, headers, body, status))
     assert not failures, [(*f[:2], f[3]) for f in failures[:5]]
     assert not [entry for entry in logs if entry["log_level"] in ("error", "critical")]
+
+
+class TestOneCompletionARequest:
+    @pytest.mark.parametrize(
+        ("path", "body"),
+        [
+            ("/v1/chat/completions", {**GENERATION["/v1/chat/completions"], "n": 2}),
+            ("/v1/completions", {"model": MODEL, "prompt": ["one", "two"]}),
+            ("/v1/completions", {"model": MODEL, "prompt": [[1, 2], [3, 4]]}),
+        ],
+        ids=["n over 1", "two prompts", "two prompts of token ids"],
+    )
+    async def test_a_request_for_several_completions_is_refused(
+        self, start_sim: StartSim, start_gateway: StartGateway, path: str, body: object
+    ) -> None:
+        """llama.cpp runs each completion on a slot of its own and counts one in its usage:
+        one request, one slot, or a 400 that says to send one request for each."""
+        sim, gateway = await start(start_sim, start_gateway)
+        status, text = await post(gateway, path, json.dumps(body).encode())
+        assert status == 400 and "one request for each" in text
+        assert sim.stats.prompts == []
+
+    @pytest.mark.parametrize(
+        "prompt", [[1, 2, 3], ["one"], "one"], ids=["token ids", "a list of one", "a string"]
+    )
+    async def test_one_prompt_in_any_of_its_shapes_is_taken(
+        self, start_sim: StartSim, start_gateway: StartGateway, prompt: object
+    ) -> None:
+        """A prompt of token ids, or a list that holds one prompt, is one completion."""
+        _, gateway = await start(start_sim, start_gateway)
+        body = {"model": MODEL, "prompt": prompt, "n": 1, "max_tokens": 2}
+        status, text = await post(gateway, "/v1/completions", json.dumps(body).encode())
+        assert status == 200, text
