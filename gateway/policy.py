@@ -224,6 +224,11 @@ def load_policy(path: Path) -> Policy:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise PolicyError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raw = path.read_bytes()
+        line = raw[: exc.start].count(b"\n") + 1
+        byte = raw[exc.start]
+        raise PolicyError(f"{path}:{line}: not UTF-8 (byte {byte:#04x}): save it as UTF-8") from exc
     return parse_policy(text, source=str(path))
 
 

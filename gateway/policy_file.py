@@ -16,7 +16,7 @@ import re
 import types
 from collections.abc import Iterator, Sequence
 from ipaddress import IPv4Network, IPv6Network, ip_network
-from typing import Annotated, Any, Union, get_args, get_origin
+from typing import Annotated, Any, Union, cast, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -36,7 +36,10 @@ class PolicyError(Exception):
 
 def read_yaml(text: str, source: str) -> tuple[Any, yaml.Node | None]:
     """The document in ``text`` and its node tree; PolicyError for bad YAML or a repeated key."""
-    loader = yaml.SafeLoader(text)
+    try:
+        loader = yaml.SafeLoader(text)
+    except yaml.reader.ReaderError as exc:
+        raise _unreadable(exc, text, source) from exc
     try:
         root = loader.get_single_node()
         repeats = [f"{_where(source, line, at)}{what}" for line, at, what in _repeated_keys(root)]
@@ -47,8 +50,18 @@ def read_yaml(text: str, source: str) -> tuple[Any, yaml.Node | None]:
         mark = exc.problem_mark or exc.context_mark
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
         raise PolicyError(f"{where}: invalid YAML: {exc.problem or exc.context}") from exc
+    except yaml.reader.ReaderError as exc:
+        raise _unreadable(exc, text, source) from exc
     finally:
         loader.dispose()
+
+
+def _unreadable(exc: yaml.reader.ReaderError, text: str, source: str) -> PolicyError:
+    """A character YAML does not allow (a NUL, an escape pasted from a terminal), at its
+    line: PyYAML's own error gives a position in the text and no mark."""
+    line = text.count("\n", 0, exc.position) + 1
+    what = chr(exc.character) if isinstance(exc.character, int) else repr(exc.character)
+    return PolicyError(f"{source}:{line}: invalid YAML: the character {what!r} is not allowed")
 
 
 def _repeated_keys(root: yaml.Node | None) -> list[tuple[int, Loc, str]]:
@@ -59,9 +72,12 @@ def _repeated_keys(root: yaml.Node | None) -> list[tuple[int, Loc, str]]:
             if not isinstance(key, yaml.ScalarNode):
                 continue
             line = key.start_mark.line + 1
-            # The tag too: 1 and "1" are different keys once built.
-            earlier = first.setdefault((key.tag, key.value), line)
-            if earlier != line:
+            # The tag too: 1 and "1" are different keys once built. Seen before is what
+            # counts, not another line: {slots: 2, slots: 6} repeats a key on one line.
+            earlier = first.get((key.tag, key.value))
+            if earlier is None:
+                first[(key.tag, key.value)] = line
+            else:
                 found.append((line, at, f"duplicate key {key.value!r} (first at line {earlier})"))
     return sorted(found)
 
@@ -117,7 +133,22 @@ def _problem(error: ErrorDetails, root: yaml.Node | None, model: type[Any]) -> t
         return at, _none_of(union, error["input"])
     if error["type"] == "extra_forbidden":
         return at, _unknown_field(str(at[-1]), _fields_of(model, at[:-1]))
+    if "keys" in at or (at[:1] == ("users",) and isinstance(error["input"], list | dict)):
+        # Keys are secrets: the error goes to the log and to /status, so their value is not
+        # repeated there, only what kind of value it is.
+        error = cast(ErrorDetails, {**error, "input": _Withheld(error["input"])})
     return at, _sentence(error)
+
+
+class _Withheld:
+    """A value an error does not repeat: it holds keys, or may."""
+
+    def __init__(self, value: object) -> None:
+        shapes: dict[Any, str] = {**_KINDS, list: "a list", dict: "a mapping"}
+        self._kind = shapes.get(type(value), "a value")
+
+    def __repr__(self) -> str:
+        return f"{self._kind} (not shown: it holds keys)"
 
 
 _TYPE_ERRORS = {
@@ -150,6 +181,8 @@ def _sentence(error: ErrorDetails) -> str:
         return f"{_shown(value)} is not {_TYPE_ERRORS[kind]}"
     if kind == "list_type":
         hint = f"; write [{value!r}]" if isinstance(value, str | int | float) else ""
+        if isinstance(value, _Withheld):
+            hint = "; write it in brackets, as a list"
         return f"{_shown(value)} is not a list{hint}"
     if kind == "literal_error":
         return _not_one_of(value, context["expected"])

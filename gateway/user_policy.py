@@ -59,6 +59,10 @@ _SHA256_KEY = re.compile(r"sha256:[0-9a-f]{64}")
 def _configured_key(key: str, info: ValidationInfo) -> str:
     if not key:
         raise ValueError("an empty key would let anyone in")
+    # Any case of the prefix: "SHA256:<digest>" taken as a key of its own would let in
+    # whoever reads the file, and not the key whose digest it is.
+    if key[:7].lower() == "sha256:" and not key.startswith("sha256:"):
+        raise ValueError("write the sha256: prefix in lower case")
     if key.startswith("sha256:") and not _SHA256_KEY.fullmatch(key):
         raise ValueError("sha256: keys need 64 lowercase hex digits (sha256sum of the key)")
     if key.startswith("env:"):
