@@ -23,6 +23,7 @@ from gateway.metrics import Metrics
 from gateway.policy import Policy
 from gateway.proxy import Generation
 from gateway.refusals import Refusal
+from gateway.reload import OPEN_GATEWAY
 from gateway.services import Services
 from gateway.settings import Settings
 from gateway.status import Status
@@ -189,9 +190,7 @@ def _log_serving(
         event_loop=type(loop).__module__.partition(".")[0],
     )
     if not policy.users:
-        log.warning(
-            "open_gateway", hint="no users in the policy: anyone who can reach it may use it"
-        )
+        log.warning("open_gateway", hint=OPEN_GATEWAY)
 
 
 def notify_systemd(state: str) -> None:

@@ -22,6 +22,7 @@ from gateway.openai_fields import several_completions
 from gateway.policy import Policy
 from gateway.relay import Relay, Target
 from gateway.services import Services
+from gateway.turn_away import REVOKED
 from gateway.vocabulary import Api, Reason, api_of
 from gateway.warmth import apply_keep_alive_policy, kept_alive
 
@@ -106,6 +107,11 @@ class Generation:
         # Again, right before joining the room: no await between the two, so the requests
         # that passed this check all count as in flight for the next one.
         _check_budget(services, view.policy, user)
+        # A reload while the body arrived revoked waiting requests it could see; this one
+        # was not waiting yet: ask the policy in force now, as the reload asked the others.
+        now = services.policy.current
+        if now is not view and not now.directory.admits(user, caller.credential):
+            raise GatewayError(401, Reason.KEY_REVOKED, REVOKED.message)
         outcome = admission.at_once(ticket) or await admission.acquire(ticket)
         if isinstance(outcome, Refusal):
             retry_after = outcome.retry_after if outcome.status == 503 else None

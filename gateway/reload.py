@@ -18,9 +18,11 @@ from gateway.identity import Directory
 from gateway.policy import Policy, PolicyError, load_policy
 from gateway.tasks import repeat
 
-__all__ = ["LivePolicy", "PolicyView", "ReloadSnapshot", "policy_changes"]
+__all__ = ["OPEN_GATEWAY", "LivePolicy", "PolicyView", "ReloadSnapshot", "policy_changes"]
 
 log = structlog.get_logger("fairgate.policy")
+
+OPEN_GATEWAY = "no users in the policy: anyone who can reach it may use it"
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +59,7 @@ class LivePolicy:
         self.reloads_failed = 0
         self.last_error: str | None = None
         self._seen = _fingerprint(path)
+        self._settling: tuple[int, int, int] | None = None  # a change seen, not yet read
 
     def reload(self) -> bool:
         """Re-read the file; keep the old policy (and say why) when the new one is invalid."""
@@ -81,6 +84,8 @@ class LivePolicy:
         # A file touched, or only its comments edited, still reloads: say that nothing changed.
         fields: dict[str, object] = {**changes} or {"unchanged": True}
         log.info("policy_reloaded", path=str(self.path), users=len(policy.users), **fields)
+        if not policy.users:
+            log.warning("open_gateway", hint=OPEN_GATEWAY)
         return True
 
     def snapshot(self) -> ReloadSnapshot:
@@ -92,7 +97,17 @@ class LivePolicy:
         await repeat(interval, self._reload_if_changed)
 
     def _reload_if_changed(self) -> None:
-        if self.path is not None and _fingerprint(self.path) != self._seen:
+        if self.path is None:
+            return
+        now = _fingerprint(self.path)
+        if now == self._seen:
+            self._settling = None
+        elif now != self._settling:
+            # Read once it has stood still for an interval: a file written in two steps (a
+            # script, a slow copy) read between them could drop every user, opening the
+            # gateway until the next look. SIGHUP (reload) reads at once.
+            self._settling = now
+        else:
             self.reload()
 
 

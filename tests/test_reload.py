@@ -111,6 +111,32 @@ class TestLiveReload:
         assert await generate_status(gateway, "alice-new-key") == 200
         assert await generate_status(gateway, "alice-key") == 401
 
+    async def test_a_key_revoked_while_its_body_arrives_is_refused_before_it_runs(
+        self, start_sim: StartSim, start_gateway: StartGateway, tmp_path: Path
+    ) -> None:
+        """A request whose key is removed from the file while its body is still coming
+        gets 401 key_revoked, as one waiting for a turn then would: not a reply."""
+        sim, sim_url = await start_sim()
+        path = tmp_path / "fairgate.yaml"
+        path.write_text(policy_text(sim_url))
+        gateway = await start_gateway(path, reload_interval=3600)
+        host, _, port = gateway.url.removeprefix("http://").rpartition(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        body = b'{"model": "llama3.2:3b", "prompt": "hi", "stream": false}'
+        writer.write(
+            b"POST /api/generate HTTP/1.1\r\nHost: localhost\r\n"
+            b"Authorization: Bearer alice-key\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\nExpect: 100-continue\r\n\r\n" % len(body)
+        )
+        assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
+        path.write_text(policy_text(sim_url, "{keys: [alice-new-key]}"))
+        assert gateway.services.policy.reload() is True  # what SIGHUP does
+        writer.write(body)
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
+        writer.close()
+        assert head.startswith(b"HTTP/1.1 401")
+        assert sim.stats.prompts == []
+
 
 HOUSE = (
     "users:\n"
@@ -168,6 +194,19 @@ class TestReloadLog:
         [event] = self.reload_events(tmp_path / "fairgate.yaml", HOUSE, after)
         assert event["users_changed"] == ["bob"]
         assert not {"users_added", "users_removed", "backends_changed"} & event.keys()
+
+    def test_a_reload_that_leaves_no_users_warns_that_the_gateway_is_open(
+        self, tmp_path: Path
+    ) -> None:
+        """A file without its users (half written, or cut by mistake) opens the gateway to
+        anyone: the reload says so as the start does, with a warning."""
+        path = tmp_path / "fairgate.yaml"
+        path.write_text(HOUSE)
+        live = LivePolicy(load_policy(path), BackendStates(), path)
+        path.write_text("backends:" + HOUSE.split("backends:")[1])  # its users gone
+        with capture_logs() as logs:
+            assert live.reload() is True
+        assert [e["log_level"] for e in logs if e["event"] == "open_gateway"] == ["warning"]
 
     def test_a_reload_that_changes_nothing_says_so(self, tmp_path: Path) -> None:
         """Editing only a comment still reloads, and the log line says nothing changed."""
