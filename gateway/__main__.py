@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import structlog
 from dotenv import dotenv_values
 from pydantic import ValidationError
 
@@ -19,11 +20,13 @@ from gateway.first_run import listen_problem, warn_about_example_keys
 from gateway.keys_cli import add_keys_arguments
 from gateway.logs import configure_logging
 from gateway.policy import PolicyError, load_policy
-from gateway.settings import Settings, describe_settings, settings_errors
+from gateway.settings import Settings, describe_settings, settings_errors, unknown_variables
 from gateway.status_cli import add_status_arguments, run_status
 from gateway.usage_cli import add_usage_arguments, run_usage
 
 __all__ = ["main"]
+
+log = structlog.get_logger("fairgate.settings")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -132,6 +135,8 @@ def _serve(args: argparse.Namespace) -> int:
             print(line, file=sys.stderr)
         return 2
     configure_logging(settings.log_format, settings.log_level)
+    for sentence in unknown_variables({**_dotenv(), **os.environ}):
+        log.warning("unknown_setting", problem=sentence)
     try:
         policy = load_policy(settings.config)
     except PolicyError as exc:
@@ -155,6 +160,11 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dotenv() -> dict[str, str | None]:
+    """The .env file's variables, as the settings read them (none if there is no file)."""
+    return dotenv_values(".env") if Path(".env").is_file() else {}
+
+
 def _check_config(args: argparse.Namespace) -> int:
     if args.env_file is not None:
         # Under systemd the gateway gets these from EnvironmentFile=; a check run by hand
@@ -173,6 +183,8 @@ def _check_config(args: argparse.Namespace) -> int:
     except PolicyError as exc:
         print(exc, file=sys.stderr)
         return 1
+    for sentence in unknown_variables({**_dotenv(), **os.environ}):
+        print(f"warning: {sentence}", file=sys.stderr)
     print(f"{args.file}: ok ({len(policy.backends)} backend(s))")
     return 0
 

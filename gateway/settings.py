@@ -6,6 +6,7 @@ see ``policy.py``. What is here cannot change without a restart.
 
 from __future__ import annotations
 
+import difflib
 import textwrap
 from collections.abc import Mapping
 from pathlib import Path
@@ -213,3 +214,21 @@ def describe_settings() -> str:
             text += " One of: " + ", ".join(map(str, get_args(field.annotation))) + "."
         lines += textwrap.wrap(text, 88, initial_indent=" " * 6, subsequent_indent=" " * 6)
     return "\n".join(lines)
+
+
+# FAIRGATE_ variables that something other than the gateway's settings reads.
+_READ_ELSEWHERE = frozenset({"FAIRGATE_KEY"})  # fairgate status's admin key
+
+
+def unknown_variables(variables: Mapping[str, str | None]) -> list[str]:
+    """A sentence for each FAIRGATE_ variable that names no setting, with the one it most
+    likely meant: settings read only their own names, so a typo (FAIRGATE_LISTN) would
+    leave its setting at the default without a word."""
+    known = {f"FAIRGATE_{name.upper()}" for name in Settings.model_fields}
+    sentences = []
+    for name in sorted(variables):
+        if name.startswith("FAIRGATE_") and name not in known | _READ_ELSEWHERE:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            guess = f"; did you mean {close[0]}?" if close else ""
+            sentences.append(f"{name} names no setting{guess} (fine if an env: key reads it)")
+    return sentences

@@ -8,6 +8,7 @@ exactly what check-config refuses, with the same words, and keep the policy in f
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -279,6 +280,24 @@ class TestBrokenPolicies:
         """The issue asks for at least twenty broken policies; each gives a distinct message."""
         assert len(BROKEN) >= 20
         assert len({broken.message for broken in BROKEN}) == len(BROKEN)
+
+    def test_a_setting_whose_name_is_misspelt_is_named_with_the_one_it_meant(
+        self, workdir: Path
+    ) -> None:
+        """FAIRGATE_LISTN would leave the address at its default without a word:
+        check-config (a real process) warns, names the setting it meant, and still passes."""
+        (workdir / "fairgate.yaml").write_text(ALICE + GPU)
+        done = subprocess.run(
+            [sys.executable, "-m", "gateway", "check-config", "fairgate.yaml"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "FAIRGATE_LISTN": "0.0.0.0:9999"},
+        )
+        assert done.returncode == 0
+        assert (
+            "warning: FAIRGATE_LISTN names no setting; did you mean FAIRGATE_LISTEN? "
+            "(fine if an env: key reads it)"
+        ) in done.stderr
 
     def test_the_installed_command_gives_the_same_message(self, workdir: Path) -> None:
         """python -m gateway check-config, a real process, prints the message to stderr."""
