@@ -52,6 +52,15 @@ class BackendConfig(Strict):
         description="ollama: what its loaded models may take together (24GiB), as /api/ps "
         "counts them (weights and KV cache); the gateway plans swaps to stay within it.",
     )
+
+    @field_validator("memory")
+    @classmethod
+    def _memory_with_a_unit(cls, memory: int | None) -> int | None:
+        # A bare number is bytes: "memory: 24" meant 24GiB, and would evict at every swap.
+        if memory is not None and memory < 1024 * 1024:
+            raise ValueError("a number alone is bytes, too few for a GPU: give a unit (24GiB)")
+        return memory
+
     resident: list[str] = Field(
         default_factory=list,
         description="ollama: models the gateway never unloads to make room for another "

@@ -39,6 +39,12 @@ class Broken:
 
 BROKEN = [
     Broken(
+        "a backend's memory without a unit",
+        "backends:\n  - {name: gpu, url: http://127.0.0.1:11434, slots: 2, memory: 24}\n",
+        "fairgate.yaml:2: backends[0].memory: a number alone is bytes, too few for a GPU: "
+        "give a unit (24GiB) (got 24)",
+    ),
+    Broken(
         "a key given twice on one line",
         "users:\n  alice: {keys: [k], max_concurrent: 1, max_concurrent: 8}\n" + GPU,
         "fairgate.yaml:2: users.alice: duplicate key 'max_concurrent' (first at line 2)",
