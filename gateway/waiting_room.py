@@ -23,7 +23,7 @@ import asyncio
 import itertools
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from gateway.backends.pool import Backend, BackendPool, model_key
 from gateway.policy import Policy
@@ -111,8 +111,8 @@ class WaitingRoom:
 
     def reconfigure(self, policy: Policy, pool: BackendPool) -> None:
         """New admissions follow the new policy at once; running requests stay counted."""
-        if (policy.scheduling, policy.costs) != (self.policy.scheduling, self.policy.costs):
-            self.ordering = ordering_for(policy)
+        if _ordered_by(policy) != _ordered_by(self.policy):
+            self.ordering = ordering_for(policy, self.ordering.counters())
         self.policy = self.lines.policy = policy
         self.pool = pool
 
@@ -292,8 +292,16 @@ class WaitingRoom:
             self.ordering.on_idle(user)
 
 
-def ordering_for(policy: Policy) -> Ordering:
-    """The ordering policy the YAML asks for."""
+def _ordered_by(policy: Policy) -> tuple[str, float, float]:
+    """What the ordering reads of a policy (not the costs of loads or images)."""
+    return policy.scheduling, policy.costs.input, policy.costs.output
+
+
+def ordering_for(policy: Policy, counters: Mapping[str, float] | None = None) -> Ordering:
+    """The ordering policy the YAML asks for; a fair one with ``counters`` (a reload's: who
+    has had how much, since a changed price is no fresh start for everyone)."""
     if policy.scheduling == "fifo":
         return Fifo()
-    return Fair(w_in=policy.costs.input, w_out=policy.costs.output)
+    fair = Fair(w_in=policy.costs.input, w_out=policy.costs.output)
+    fair.adopt(counters or {})
+    return fair

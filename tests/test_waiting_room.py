@@ -228,3 +228,17 @@ async def test_a_backend_marked_down_or_no_longer_listing_the_model_is_no_longer
     gpu.state.models = frozenset({"other"})
     assert room.free_backends(ticket) == []
     assert room.start_at_once(ticket, 0.0) is None
+
+
+async def test_a_reload_that_changes_a_cost_keeps_who_has_had_how_much() -> None:
+    """The fair counters outlive a reload that changes the costs, whether the scheduler
+    reads the changed one (input) or not (load): a new price is no fresh start for
+    everyone, which would hand the heaviest user's backlog the front of the line."""
+    room = Room()
+    room.end(room.join("ann", heavy=True))  # 3,000 prompt tokens charged to ann
+    before = dict(room.room.ordering.counters())
+    assert before["ann"] > 0
+    for costs in ("{load: 10}", "{input: 2.0}"):
+        policy = parse_policy(POLICY.format(wait=2.0) + f"costs: {costs}\n")
+        room.room.reconfigure(policy, room.room.pool)
+        assert dict(room.room.ordering.counters()) == before
