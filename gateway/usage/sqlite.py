@@ -112,13 +112,15 @@ class SqliteUsage:
         db = self._connection()
         served = [(*key, c.requests, c.prompt_tokens, c.completion_tokens, c.slot_seconds)
                   for key, c in batch.served.items()]  # fmt: skip
-        with db:  # one transaction: all of the batch or none of it
+        # One transaction: all of the batch or none of it, and the totals read in it. Read
+        # after the commit, a failure there put back a batch already written (twice counted).
+        with db:
             db.executemany(_ADD_USAGE, served)
             db.executemany(_ADD_REFUSALS, [(*key, n) for key, n in batch.refused.items()])
             db.executemany(_ADD_MINUTES, [(*key, n) for key, n in batch.minutes.items()])
             # Only the current minute is ever read back.
             db.execute("DELETE FROM minutes WHERE minute < ?", (windows.minute,))
-        return _totals(db, windows)
+            return _totals(db, windows)
 
     def _rows(self, since: tuple[str, int]) -> tuple[list[UsageRow], list[RefusalRow]]:
         db = self._connection()
