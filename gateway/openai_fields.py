@@ -1,9 +1,10 @@
 """What the OpenAI routes take: one completion a request.
 
-A chat or completion that asks for several (``n`` over 1, or a list of prompts) is run by
-llama.cpp on a slot for each, and its usage counts one of them, where the gateway admits,
-and charges, one request for one slot. Ollama makes one completion whatever ``n`` says and
-refuses a list of prompts. So the gateway refuses both, with a message saying what to do.
+A chat or completion that asks for several (``n`` or llama.cpp's ``n_cmpl`` over 1, or a
+list of prompts) is run by llama.cpp on a slot for each, and its usage counts one of them,
+where the gateway admits, and charges, one request for one slot. Ollama makes one
+completion whatever ``n`` says and refuses a list of prompts. So the gateway refuses them,
+with a message saying what to do.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ __all__ = ["several_completions"]
 def several_completions(values: dict[str, object]) -> str | None:
     """Why the request asks for more than one completion, or None. A prompt of token ids is
     one prompt; a list holding one prompt is one too."""
-    n = values.get("n")
-    if isinstance(n, int) and not isinstance(n, bool) and n > 1:
-        return "n must be 1 here: send one request for each completion"
+    # llama.cpp reads n_cmpl too, of which n is its alias (server's params_from_json).
+    for name in ("n", "n_cmpl"):
+        count = values.get(name)
+        if isinstance(count, int) and not isinstance(count, bool) and count > 1:
+            return f"{name} must be 1 here: send one request for each completion"
     prompt = values.get("prompt")
     if isinstance(prompt, list) and len(prompt) > 1 and not _token_ids(prompt):
         return "prompt must be one prompt here: send one request for each"
