@@ -173,10 +173,8 @@ class Relay:
 
     @property
     def started(self) -> bool:
-        """Whether the reply's head has gone to the client."""
-        return self._started is not None or (
-            self._request is not None and self._request.writer.output_size > 0
-        )
+        """Whether the reply's head has gone to the client (its writer has written)."""
+        return self._request is not None and self._request.writer.output_size > 0
 
     def interrupt(self, reason: Reason, message: str) -> None:
         """End a started reply now, with an in-band error saying ``message``; a reply not
