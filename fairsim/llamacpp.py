@@ -139,6 +139,8 @@ class LlamaCppAPI:
         stream = body.get("stream") is True
         writer = _Writer(self, request, job, prompt, chat=chat, stream=stream)
         try:
+            if stream:  # llama-server's head goes out at once, before a slot or the prefill
+                await writer.response.prepare(request)
             result = await self.engine.generate(job, writer.token)
             return await writer.finish(result)
         except SimAbort:
@@ -163,7 +165,9 @@ class _Writer:
     ) -> None:
         self.api, self.request, self.job, self.prompt = api, request, job, prompt
         self.chat, self.stream = chat, stream
-        self.response = TapStream("text/event-stream", keep=api.engine.config.record_replies)
+        self.response = TapStream(
+            "text/event-stream", keep=api.engine.config.record_replies, head_first=True
+        )
         alphabet = string.ascii_letters + string.digits
         self.ident = "chatcmpl-" + "".join(random.choices(alphabet, k=32))
         self.created = int(time.time())

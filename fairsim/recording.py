@@ -15,14 +15,17 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 class TapStream(web.StreamResponse):
     """A streamed reply that keeps a copy of its body when the simulator records replies.
 
-    Its head goes out with its first bytes, in one send, as Ollama's does: Go's net/http
-    writes a reply's head on its first Write, and Ollama flushes each line after writing it.
+    By default its head goes out with its first bytes, in one send, as Ollama's does: Go's
+    net/http writes a reply's head on its first Write, and Ollama flushes each line after
+    writing it. ``head_first``: the head goes out alone, at once, as llama-server's does
+    (cpp-httplib writes it before the stream's content provider runs: measured on the
+    llama-server the tests build, the head 3 ms after the request, the first event after
+    its prefill).
     """
 
-    _send_headers_immediately = False
-
-    def __init__(self, content_type: str, *, keep: bool) -> None:
+    def __init__(self, content_type: str, *, keep: bool, head_first: bool = False) -> None:
         super().__init__(headers={"Content-Type": content_type})
+        self._send_headers_immediately = head_first
         self.keep = keep
         self.copy = bytearray()
 

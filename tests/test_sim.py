@@ -791,3 +791,23 @@ async def test_an_origin_ollama_does_not_list_gets_a_bare_403(
         assert allowed == (origin if status == 200 else None)
         if status == 403:  # gin's AbortWithStatus: no body at all
             assert await reply.read() == b""
+
+
+async def test_llamacpps_stream_head_goes_out_before_its_prefill_ends(start_sim: Start) -> None:
+    """As llama-server's does (cpp-httplib writes it before the stream's first event): the
+    head of a stream whose prefill takes 4 s is read well before, and alone."""
+    _, url = await start_sim(flavor="llamacpp", models=["smollm2"], prefill_tokens_per_s=10.0)
+    host, _, port = url.removeprefix("http://").rpartition(":")
+    body = json.dumps(
+        {"messages": [{"role": "user", "content": "word " * 40}], "stream": True}
+    ).encode()
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
+    )
+    try:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=2)
+        assert head.startswith(b"HTTP/1.1 200") and b"text/event-stream" in head
+    finally:
+        writer.close()
