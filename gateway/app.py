@@ -35,7 +35,8 @@ log = structlog.get_logger("fairgate")
 
 # After the drain, how long interrupted streams have to write their last line.
 _LAST_WORDS_SECONDS = 2.0
-SHUTTING_DOWN = Refusal(Reason.SHUTTING_DOWN, STOPPING_MESSAGE, STOPPING_RETRY_AFTER)
+# Closing the connection, as every other answer of a drain does.
+SHUTTING_DOWN = Refusal(Reason.SHUTTING_DOWN, STOPPING_MESSAGE, STOPPING_RETRY_AFTER, close=True)
 
 SERVICES = web.AppKey("services", Services)
 """The app's services, for tools and tests that hold only the app; the gateway's own code

@@ -71,7 +71,7 @@ class Generation:
         _check_budget(services, view.policy, user)
         unseen = admission.refuses_unseen(user, possible_lanes(lanes, request.headers))
         if unseen is not None:
-            raise GatewayError(503, unseen.reason, unseen.message, unseen.retry_after)
+            raise unseen.error()
         # A body waiting for the parser counts as arriving too: a user's burst of big
         # bodies cannot hold more of them in memory than the user could queue.
         with admission.arriving(user):
@@ -111,13 +111,10 @@ class Generation:
         # was not waiting yet: ask the policy in force now, as the reload asked the others.
         now = services.policy.current
         if now is not view and not now.directory.admits(user, caller.credential):
-            raise GatewayError(401, Reason.KEY_REVOKED, REVOKED.message)
+            raise REVOKED.error()
         outcome = admission.at_once(ticket) or await admission.acquire(ticket)
         if isinstance(outcome, Refusal):
-            retry_after = outcome.retry_after if outcome.status == 503 else None
-            # A stop's refusal closes the connection, as every other answer of a drain does.
-            close = outcome.reason is Reason.SHUTTING_DOWN
-            raise GatewayError(outcome.status, outcome.reason, outcome.message, retry_after, close)
+            raise outcome.error()
         async with outcome as permit:
             record.queue_wait, record.dispatched_at = permit.queue_wait, permit.granted_at
             record.queue_position = permit.queue_position
@@ -267,7 +264,7 @@ def _check_budget(services: Services, policy: Policy, user: str) -> None:
         return
     spent = services.usage.refusal(user, budget, services.admission.in_flight(user))
     if spent is not None:
-        raise GatewayError(429, spent.reason, spent.message, spent.retry_after)
+        raise spent.error()
 
 
 def _check_model_allowed(policy: Policy, user: str, model: str) -> None:

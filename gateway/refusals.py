@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from gateway.errors import retry_after_header
+from gateway.errors import GatewayError, retry_after_header
 from gateway.swap_outcomes import SwapWait
 from gateway.tickets import Ticket
 from gateway.vocabulary import Lane, Reason
@@ -31,6 +31,13 @@ class Refusal:
     message: str
     retry_after: float
     status: int = 503
+    close: bool = False  # the connection is closed after the answer (a stop's)
+
+    def error(self) -> GatewayError:
+        """The answer to the client: Retry-After with a 429 or a 503 (when to come back
+        means something then), not with a 401."""
+        retry_after = self.retry_after if self.status in (429, 503) else None
+        return GatewayError(self.status, self.reason, self.message, retry_after, self.close)
 
 
 class Refuse(Protocol):

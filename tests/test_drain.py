@@ -81,8 +81,10 @@ class TestDrainAnswers:
         try:
             writer.write(body)  # read after the drain has begun
             async with asyncio.timeout(10):  # not at the drain's deadline
-                status = await reader.readuntil(b"\r\n")
+                head = await reader.readuntil(b"\r\n\r\n")
+            status = head.partition(b"\r\n")[0] + b"\r\n"
             assert status == b"HTTP/1.1 503 Service Unavailable\r\n"
+            assert b"Connection: close" in head  # as every answer of a drain
             assert sim.stats.completed == 0 and sim.stats.running == 1
         finally:
             draining.cancel()
