@@ -58,8 +58,22 @@ class LivePolicy:
         self.reloads_ok = 0
         self.reloads_failed = 0
         self.last_error: str | None = None
-        self._seen = _fingerprint(path)
+        self._seen = self._version_holding(policy)
         self._settling: tuple[int, int, int] | None = None  # a change seen, not yet read
+
+    def _version_holding(self, policy: Policy) -> tuple[int, int, int] | None:
+        """The file's fingerprint if it still holds ``policy``; None if it was edited since
+        ``policy`` was read from it, which the watch then reads as a change. At start the
+        policy was read before the app was built, a second or more ago: an edit saved then
+        changed the fingerprint before it was first taken, and would never be applied."""
+        seen = _fingerprint(self.path)
+        if self.path is None or not self.path.is_file():
+            return seen  # a pipe (a policy decrypted on the fly) cannot be read twice
+        try:
+            unchanged = load_policy(self.path) == policy
+        except PolicyError:
+            unchanged = False  # the watch's reload says why, as it does for any bad edit
+        return seen if unchanged else None
 
     def reload(self) -> bool:
         """Re-read the file; keep the old policy (and say why) when the new one is invalid."""

@@ -228,6 +228,27 @@ def backends_text(*backends: tuple[str, str, int]) -> str:
     )
 
 
+class TestWatchFromTheStart:
+    async def test_an_edit_saved_between_the_start_read_and_the_watch_is_applied(
+        self, tmp_path: Path
+    ) -> None:
+        """The policy is read at start before the app is built; a key rotated in that gap
+        is read by the watch, not lost until the next edit."""
+        path = tmp_path / "fairgate.yaml"
+        path.write_text(HOUSE)
+        policy = load_policy(path)  # as `fairgate serve` reads it, before create_app
+        path.write_text(HOUSE.replace("bob-key", "bob-new-key"))
+        live = LivePolicy(policy, BackendStates(), path)
+        applied = asyncio.get_running_loop().create_future()
+        live.on_reload.append(lambda view: applied.done() or applied.set_result(view))
+        watch = asyncio.create_task(live.watch(0.01))
+        try:
+            view = await asyncio.wait_for(applied, timeout=5)
+        finally:
+            watch.cancel()
+        assert view.policy.users["bob"] != policy.users["bob"]
+
+
 class TestBackendsChangedUnderLoad:
     async def test_a_renamed_backend_keeps_counting_what_runs_on_it(
         self, start_sim: StartSim, start_gateway: StartGateway, tmp_path: Path
