@@ -6,8 +6,8 @@ a few dictionary additions; nothing on the request path waits for storage. Every
 ``FAIRGATE_USAGE_FLUSH_SECONDS`` a background loop hands what accumulated to the store
 (SQLite in a thread of its own, or Redis) as one batch and takes back each user's totals,
 which with Redis include every replica's. So a crash loses at most one interval, a failed
-write keeps its batch for the next try, and a budget sees the other replicas' use within
-one interval.
+write keeps its batch and sends that same batch again (Redis may have applied it: the store
+counts a batch's id once), and a budget sees the other replicas' use within one interval.
 
 Tokens are the backend's own counts. When a reply carries none (an OpenAI stream without
 ``stream_options.include_usage``), the prompt is the gateway's estimate and the reply's
@@ -37,8 +37,9 @@ __all__ = ["Ledger"]
 
 log = structlog.get_logger("fairgate.usage")
 
-# Rows waiting for a write, at most: what a long outage of the store may hold in memory. A
-# model name comes from the client; past this, new rows go under OTHER_MODEL.
+# Rows waiting for a write, at most, in each of the two batches an outage of the store
+# holds in memory (the one its write failed with, and the one filling behind it). A model
+# name comes from the client; past this, new rows go under OTHER_MODEL.
 MAX_PENDING_ROWS = 10_000
 OTHER_MODEL = "(other)"
 _MODEL_CHARS = 200
@@ -53,9 +54,11 @@ class Ledger:
         self.calendar = calendar
         self._every = flush_seconds
         self._batch = Batch()
-        self._since: dict[str, Tally] = {}  # by user: counted since the last write began
-        self._writing_now: dict[str, Tally] = {}  # by user: what the write under way carries
-        self._base: dict[str, Tally] = {}  # by user: the store's totals after that write
+        self._since: dict[str, Tally] = {}  # by user: what ``_batch`` holds
+        # The batch taken for a write, and by user what it carries, until the store has it:
+        # after a StoreError, the very same batch goes again (the store counts its id once).
+        self._unsent: tuple[Batch, dict[str, Tally]] | None = None
+        self._base: dict[str, Tally] = {}  # by user: the store's totals after the last write
         self._lock = asyncio.Lock()
         self._writing: asyncio.Task[None] | None = None
         self._loops = Background("usage")
@@ -139,7 +142,7 @@ class Ledger:
         figures = Tally()
         figures.roll(self.calendar.now())
         # What a write carries counts until the store's totals include it: a store that is
-        # slow to answer (a stalled Redis, a locked file) must not hide it from budgets.
+        # slow to answer or away (a stalled Redis, a locked file) must not hide it from budgets.
         for part in self._parts():
             tally = part.get(user)
             if tally is not None:
@@ -147,9 +150,9 @@ class Ledger:
         return figures
 
     def _parts(self) -> tuple[dict[str, Tally], ...]:
-        """The figures by user: the store's totals, what the write under way carries, and
-        what came since it began."""
-        return self._base, self._writing_now, self._since
+        """The figures by user: the store's totals, what the batch not yet written carries,
+        and what came since it was taken."""
+        return self._base, self._unsent[1] if self._unsent else {}, self._since
 
     def budgets(self, user: str, budget: Budget, in_flight: int) -> list[BudgetState]:
         """Each of ``budget``'s limits against what ``user`` has used (and has running or
@@ -173,25 +176,29 @@ class Ledger:
 
     async def _write(self) -> None:
         async with self._lock:  # one write at a time: the loop's, and the last one at close
-            if not self._batch and not self.store.shared:
+            if self._unsent is not None:  # the last write failed: first the same batch again
+                if not await self._send(self._unsent) or not self._batch:
+                    return  # what came since waits behind it (and still counts)
+            elif not self._batch and not self.store.shared:
                 return  # nothing new, and nobody else writes: the totals stand
-            batch, since = self._batch, self._since
-            self._batch, self._since, self._writing_now = Batch(), {}, since
-            try:
-                self._base = await self.store.add(batch, self.calendar.now())
-            except StoreError as exc:
-                batch.merge(self._batch)  # kept, with what came meanwhile, for the next try
-                self._batch = batch
-                for user, tally in since.items():
-                    tally.absorb(self._since.get(user) or Tally())
-                    self._since[user] = tally
-                self._failed(exc)
-                return
-            finally:
-                self._writing_now = {}
+            # Taken whole, never merged with another: a batch Redis may have applied is
+            # sent again only as itself, under its own id.
+            self._unsent = (self._batch, self._since)
+            self._batch, self._since = Batch(), {}
+            await self._send(self._unsent)
+
+    async def _send(self, unsent: tuple[Batch, dict[str, Tally]]) -> bool:
+        """Write ``unsent``; True once the store has it (and its totals replace the old)."""
+        try:
+            self._base = await self.store.add(unsent[0], self.calendar.now())
+        except StoreError as exc:
+            self._failed(exc)
+            return False
+        self._unsent = None  # with the new totals, in one step: counted once, never twice
         if self.failing:
             self.failing = False
             log.info("usage_store_restored")
+        return True
 
     async def close(self) -> None:
         """Stop the loop, then write what is left (a drained gateway loses nothing)."""
@@ -201,10 +208,14 @@ class Ledger:
                 await self._writing
         await self.flush()
         if self.failing:
-            log.error("usage_lost_at_close", rows=len(self._batch.served))
+            log.error("usage_lost_at_close", rows=self._pending_rows())
         await self.store.close()
 
     def _failed(self, exc: StoreError) -> None:
         if not self.failing:
-            log.error("usage_store_unavailable", error=str(exc), kept=len(self._batch.served))
+            log.error("usage_store_unavailable", error=str(exc), kept=self._pending_rows())
         self.failing = True
+
+    def _pending_rows(self) -> int:
+        unsent = len(self._unsent[0].served) if self._unsent else 0
+        return unsent + len(self._batch.served)

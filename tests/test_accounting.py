@@ -31,6 +31,7 @@ from gateway.windows import Calendar, Windows, zone_named
 from tests.conftest import Gateway, StartGateway, StartSim
 from tests.processes import free_port, until_answers
 from tests.redis_server import RedisServer, redis_server  # noqa: F401 (fixture)
+from tests.tcp_relay import Relay
 from tests.test_admission import MODEL, held, idle, until
 
 USERS = """\
@@ -274,6 +275,29 @@ class TestOutages:
         rows, _ = await store.rows(("2000-01-01", 0))
         await store.close()
         assert sum(row.requests for row in rows) == 3
+
+    async def test_a_batch_kept_after_a_lost_reply_is_counted_once_when_written_again(
+        self,
+        redis_server: RedisServer,  # noqa: F811
+    ) -> None:
+        """Redis applied a write whose replies never came (a StoreError): the ledger's next
+        write sends that same batch again, which adds nothing twice, then what came since."""
+        async with Relay(redis_server.port) as relay:
+            ledger = Ledger(RedisUsage(relay.url), Calendar(PARIS), 60.0)
+            await ledger.start()
+            ledger.observe(served("bob"))
+            relay.hold_replies(2, marker=b"bob")  # the first send and the client's own retry
+            await ledger.flush()
+            assert ledger.failing and relay.held == 2
+            assert ledger.used("bob").requests == 1  # still counted for budgets, once
+            ledger.observe(served("bob"))
+            await ledger.flush()
+            assert not ledger.failing and ledger.used("bob").requests == 2
+            await ledger.close()
+        store = RedisUsage(redis_server.url)
+        rows, _ = await store.rows(("2000-01-01", 0))
+        await store.close()
+        assert sum(row.requests for row in rows) == 2
 
 
 def served(user: str, tokens: int = 10) -> RequestRecord:

@@ -6,10 +6,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import redis.asyncio as aioredis
 
 from gateway.usage import Batch, Counts, RedisUsage, SqliteUsage, StoreError, UsageStore
+from gateway.usage.redis import APPLIED_SECONDS
 from gateway.windows import Calendar, zone_named
 from tests.redis_server import RedisServer, redis_server, redis_url  # noqa: F401 (fixtures)
+from tests.tcp_relay import Relay
 
 UTC = Calendar(zone_named("UTC"))
 NOON = UTC.at(1741953600.0)  # 2025-03-14 12:00 UTC
@@ -52,6 +55,12 @@ class TestUsageStoreContract:
         assert alice.slot_seconds == pytest.approx(7.5)
         assert (alice.hour_requests, alice.minute_requests) == (5, 5)
         assert (alice.day, alice.hour, alice.minute) == ("2025-03-14", "2025-03-14T12", NOON.minute)
+
+    async def test_two_batches_alike_both_count(self, store: UsageStore) -> None:
+        """A batch counts once by its id, not by what it holds: the same use twice is twice."""
+        await store.add(batch(n=2), NOON)
+        totals = await store.add(batch(n=2), NOON)
+        assert (totals["alice"].requests, totals["alice"].minute_requests) == (4, 4)
 
     async def test_totals_count_only_the_windows_asked_for(self, store: UsageStore) -> None:
         """Use in an earlier hour counts for the day, not for this hour or minute."""
@@ -100,3 +109,26 @@ async def test_a_stopped_redis_is_a_store_error_and_a_restarted_one_serves_again
     await redis_server.start()
     assert (await store.add(batch(), NOON))["alice"].requests == 1
     await store.close()
+
+
+async def test_a_batch_whose_reply_was_lost_is_counted_once_when_the_client_sends_it_again(
+    redis_server: RedisServer,  # noqa: F811
+) -> None:
+    """Redis applies a batch but its reply never comes: the client's retry counts nothing twice."""
+    async with Relay(redis_server.port) as relay:
+        store = RedisUsage(relay.url)
+        await store.open(NOON)
+        relay.hold_replies(1, marker=b"alice")
+        totals = await store.add(batch(n=2), NOON)
+        await store.close()
+    assert relay.held == 1  # applied, and its reply lost
+    assert (totals["alice"].requests, totals["alice"].minute_requests) == (2, 2)
+    direct = RedisUsage(redis_server.url)
+    rows, _ = await direct.rows(("2025-03-14", 0))
+    await direct.close()
+    assert [(r.requests, r.prompt_tokens) for r in rows] == [(2, 20)]
+    client = aioredis.Redis.from_url(redis_server.url)
+    marks = [key async for key in client.scan_iter(match="fairgate:usage:applied:*")]
+    ttls = [await client.ttl(key) for key in marks]
+    await client.aclose()
+    assert len(marks) == 1 and 0 < ttls[0] <= APPLIED_SECONDS  # one batch, one mark, expiring

@@ -8,6 +8,7 @@ back (``Tally``) after every write, summed over every replica when it is shared.
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -43,12 +44,6 @@ class Counts:
     completion_tokens: int = 0
     slot_seconds: float = 0.0
 
-    def add(self, other: Counts) -> None:
-        self.requests += other.requests
-        self.prompt_tokens += other.prompt_tokens
-        self.completion_tokens += other.completion_tokens
-        self.slot_seconds += other.slot_seconds
-
     def count(self, prompt_tokens: int, completion_tokens: int, slot_seconds: float) -> None:
         """One more request (without a Counts made for it: this runs for each request)."""
         self.requests += 1
@@ -59,20 +54,19 @@ class Counts:
 
 @dataclass(slots=True)
 class Batch:
-    """Increments not yet written, keyed by the window each happened in."""
+    """Increments not yet written, keyed by the window each happened in.
+
+    ``id`` is the batch's for good: every send of it carries the same one, so a store that
+    may have applied a send whose answer was lost (Redis) applies each id once.
+    """
 
     served: dict[RowKey, Counts] = field(default_factory=dict)
     refused: Counter[RefusalKey] = field(default_factory=Counter)
     minutes: Counter[MinuteKey] = field(default_factory=Counter)  # requests, for budgets
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def __bool__(self) -> bool:
         return bool(self.served or self.refused or self.minutes)
-
-    def merge(self, other: Batch) -> None:
-        for key, counts in other.served.items():
-            self.served.setdefault(key, Counts()).add(counts)
-        self.refused.update(other.refused)
-        self.minutes.update(other.minutes)
 
 
 @dataclass(slots=True)
@@ -180,7 +174,8 @@ class UsageStore(Protocol):
         """Open (or create) the store; each user's totals in ``windows`` so far."""
 
     async def add(self, batch: Batch, windows: Windows) -> dict[str, Tally]:
-        """Add ``batch`` in one write; then each user's totals in ``windows``."""
+        """Add ``batch`` in one write; then each user's totals in ``windows``. After a
+        StoreError the caller sends the same batch again: it must count once in all."""
 
     async def rows(self, since: tuple[str, int]) -> tuple[list[UsageRow], list[RefusalRow]]:
         """Every stored hour from (day, hour) ``since`` on, for reports."""

@@ -5,6 +5,10 @@ WAL mode with ``synchronous=NORMAL``: a batch is one transaction, so a process k
 mid-write leaves the file as it was before that batch (https://sqlite.org/wal.html); only
 a power cut can lose the last batches, never corrupt the file. Readers (``fairgate
 usage``) do not block the writer. Rows are upserted, so a batch adds to what is there.
+
+A batch's id is not needed here: nothing sends a write twice (no client retry), and a
+StoreError means the batch left nothing, since a failed commit is rolled back
+(https://bugs.python.org/issue27334), so the ledger's retry of it counts once.
 """
 
 from __future__ import annotations
