@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import signal
 import sys
@@ -16,6 +15,7 @@ from dotenv import dotenv_values
 from pydantic import ValidationError
 
 from gateway import __version__
+from gateway.check_config_cli import add_check_arguments
 from gateway.first_run import listen_problem, warn_about_example_keys
 from gateway.keys_cli import add_keys_arguments
 from gateway.logs import configure_logging
@@ -57,16 +57,13 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--listen", metavar="HOST:PORT", help="where to listen (FAIRGATE_LISTEN)")
     serve.set_defaults(run=_serve)
 
-    check = commands.add_parser("check-config", help="validate a policy YAML file")
-    check.add_argument("file", type=Path, help="the YAML file to check")
-    check.add_argument(
-        "--env-file",
-        type=Path,
-        metavar="FILE",
-        help="variables for env:NAME keys, as systemd's EnvironmentFile= passes them "
-        "(the environment wins)",
+    check = commands.add_parser(
+        "check-config",
+        help="validate a policy YAML file and the settings",
+        description="Check what the service would read at start: the policy file and the "
+        "FAIRGATE_* settings, from the environment and .env, or from --env-file.",
     )
-    check.set_defaults(run=_check_config)
+    add_check_arguments(check)
 
     keys = commands.add_parser("keys", help="make a key for a user, or hash one for the policy")
     add_keys_arguments(keys)
@@ -163,30 +160,6 @@ def _serve(args: argparse.Namespace) -> int:
 def _dotenv() -> dict[str, str | None]:
     """The .env file's variables, as the settings read them (none if there is no file)."""
     return dotenv_values(".env") if Path(".env").is_file() else {}
-
-
-def _check_config(args: argparse.Namespace) -> int:
-    if args.env_file is not None:
-        # Under systemd the gateway gets these from EnvironmentFile=; a check run by hand
-        # must see them too, or every env: key reads as missing.
-        try:
-            text = args.env_file.read_text(encoding="utf-8")
-        except OSError as exc:
-            print(f"{args.env_file}: cannot read: {exc.strerror or exc}", file=sys.stderr)
-            return 1
-        values = dotenv_values(stream=io.StringIO(text))
-        os.environ.update(
-            {k: v for k, v in values.items() if v is not None and k not in os.environ}
-        )
-    try:
-        policy = load_policy(args.file)
-    except PolicyError as exc:
-        print(exc, file=sys.stderr)
-        return 1
-    for sentence in unknown_variables({**_dotenv(), **os.environ}):
-        print(f"warning: {sentence}", file=sys.stderr)
-    print(f"{args.file}: ok ({len(policy.backends)} backend(s))")
-    return 0
 
 
 def _sim(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ the checks across sections.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import cached_property
 from ipaddress import IPv4Network, IPv6Network
 from pathlib import Path
@@ -218,8 +219,9 @@ class Policy(Strict):
         return check_backends(backends)
 
 
-def load_policy(path: Path) -> Policy:
-    """Read and validate the policy file at ``path``."""
+def load_policy(path: Path, variables: Mapping[str, str] | None = None) -> Policy:
+    """Read and validate the policy file at ``path``; ``env:`` keys read ``variables``
+    (by default the environment over ``.env``, as the settings see them)."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -229,15 +231,18 @@ def load_policy(path: Path) -> Policy:
         line = raw[: exc.start].count(b"\n") + 1
         byte = raw[exc.start]
         raise PolicyError(f"{path}:{line}: not UTF-8 (byte {byte:#04x}): save it as UTF-8") from exc
-    return parse_policy(text, source=str(path))
+    return parse_policy(text, source=str(path), variables=variables)
 
 
-def parse_policy(text: str, source: str = "<policy>") -> Policy:
+def parse_policy(
+    text: str, source: str = "<policy>", variables: Mapping[str, str] | None = None
+) -> Policy:
     """Validate policy YAML ``text``; ``source`` names it in error messages."""
     data, root = read_yaml(text, source)
     if not isinstance(data, dict):
         raise PolicyError(f"{source}:1: the file must be a mapping (backends:, users:, ...)")
     try:
-        return Policy.model_validate(data, context={KEY_VARIABLES: environment()})
+        context = {KEY_VARIABLES: environment() if variables is None else variables}
+        return Policy.model_validate(data, context=context)
     except ValidationError as exc:
         raise PolicyError(describe(exc, root, source, Policy)) from exc

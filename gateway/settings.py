@@ -10,14 +10,21 @@ import difflib
 import textwrap
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal, get_args, get_origin
+from typing import Any, Literal, get_args, get_origin
 
 from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from gateway.windows import zone_named
 
-__all__ = ["IN_MEMORY", "Settings", "describe_settings", "parse_listen", "settings_errors"]
+__all__ = [
+    "IN_MEMORY",
+    "Settings",
+    "describe_settings",
+    "parse_listen",
+    "settings_errors",
+    "settings_from",
+]
 
 IN_MEMORY = Path(":memory:")
 """FAIRGATE_USAGE_DB for usage kept in memory only (tools, demos): forgotten at exit."""
@@ -185,20 +192,54 @@ def parse_listen(text: str) -> tuple[str, int]:
     return host or "127.0.0.1", port
 
 
-def settings_errors(exc: ValidationError, flags: Mapping[str, str] | None = None) -> list[str]:
-    """One line per invalid setting: its name (the flag, when one set it), the value, and
-    what it should be, instead of pydantic's multi-line report."""
+class _GivenSettings(Settings):
+    """Settings from their arguments only: neither ``os.environ`` nor ``.env`` is read."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings,)
+
+
+def settings_from(variables: Mapping[str, str]) -> Settings:
+    """Settings read from ``variables`` alone, as a process with exactly that environment
+    and no ``.env`` reads them (names in any case, as pydantic-settings matches them):
+    what ``check-config`` builds for the environment systemd will give the service."""
+    lowered = {name.lower(): value for name, value in variables.items()}
+    given: dict[str, Any] = {
+        name: lowered[variable]
+        for name in Settings.model_fields
+        if (variable := f"fairgate_{name}") in lowered
+    }
+    return _GivenSettings(**given)
+
+
+def settings_errors(
+    exc: ValidationError,
+    flags: Mapping[str, str] | None = None,
+    places: Mapping[str, str] | None = None,
+) -> list[str]:
+    """One line per invalid setting: where it was set (``places``: by field, e.g. the
+    env file's ``path:line``), its name (the flag, when one set it), the value, and what it
+    should be, instead of pydantic's multi-line report."""
     lines = []
     for error in exc.errors():
         field = str(error["loc"][0]) if error["loc"] else ""
         name = (flags or {}).get(field) or f"FAIRGATE_{field.upper()}"
+        place = (places or {}).get(field, "fairgate")
         if error["type"] == "value_error":
             problem = str(error["ctx"]["error"])
         elif error["type"] == "literal_error":
             problem = f"must be {error['ctx']['expected']}"
         else:
             problem = error["msg"][:1].lower() + error["msg"][1:]
-        lines.append(f"fairgate: {name}={error['input']!r}: {problem}")
+        lines.append(f"{place}: {name}={error['input']!r}: {problem}")
     return lines
 
 
