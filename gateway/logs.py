@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import sys
 from collections.abc import Callable, MutableMapping
 from contextvars import ContextVar
@@ -32,8 +31,6 @@ __all__ = ["REQUEST_ID", "configure_logging", "console_rendering", "info_writer"
 
 REQUEST_ID: ContextVar[str | None] = ContextVar("fairgate_request_id", default=None)
 """The id of the request being handled in this task, if any."""
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def configure_logging(log_format: str = "auto", level: str = "INFO") -> None:
@@ -102,8 +99,19 @@ def console_rendering() -> list[structlog.typing.Processor]:
 
 
 def printable(text: str) -> str:
-    """``text`` with every control character written as an escape (``\\x1b``)."""
-    return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
+    """``text`` with every character a terminal or a log viewer would act on or hide written
+    as an escape (``\\x1b``, ``\\u202e``): controls, and the format characters that reorder
+    what is shown (a right-to-left override), which ``str.isprintable`` also refuses."""
+    if text.isprintable():  # nearly every value: one scan in C
+        return text
+    return "".join(char if char.isprintable() else _escape(char) for char in text)
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
 def _add_request_id(

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from gateway.logs import printable
 from gateway.sizes import format_size
 
 __all__ = ["add_status_arguments", "duration_text", "render_text", "run_status", "table"]
@@ -208,7 +209,11 @@ def _refusals(refusals: list[dict[str, Any]]) -> str:
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Left-aligned columns three spaces apart, as ``ollama ps`` prints them."""
+    """Left-aligned columns three spaces apart, as ``ollama ps`` prints them. Every cell is
+    made printable: a refused request's path or model is a stranger's text, and a terminal
+    acts on the escapes in it (clears the screen, retitles the window, writes the
+    clipboard)."""
+    rows = [[printable(cell) for cell in row] for row in rows]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     return "\n".join(
         "   ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()

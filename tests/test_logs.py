@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import structlog
 
-from gateway.logs import REQUEST_ID, configure_logging, info_writer
+from gateway.logs import REQUEST_ID, configure_logging, info_writer, printable
 
 # A line's timestamp, the one part that differs between two lines written one after another.
 _TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
@@ -77,3 +77,12 @@ def test_info_writer_names_the_request_being_handled(monkeypatch: pytest.MonkeyP
     finally:
         REQUEST_ID.reset(named)
     assert '"request_id": "abc123"' in stderr.getvalue()
+
+
+def test_characters_that_reorder_or_hide_text_are_written_as_escapes() -> None:
+    """A right-to-left override, a zero-width space and a line separator would make a
+    terminal show other text than was sent: each is written as its escape; plain text,
+    accents and spaces stay as they are."""
+    assert printable("llama\u202e3\u200b\u2028x") == "llama\\u202e3\\u200b\\u2028x"
+    assert printable("Jos\u00e9's llama3.2:3b") == "Jos\u00e9's llama3.2:3b"
+    assert printable("\x1b[2J\U000e0041") == "\\x1b[2J\\U000e0041"

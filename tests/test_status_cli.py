@@ -7,6 +7,9 @@ import signal
 import sys
 from contextlib import AsyncExitStack
 
+import aiohttp
+import yarl
+
 from gateway.app import create_app
 from gateway.policy import parse_policy
 from gateway.settings import Settings
@@ -74,6 +77,29 @@ class TestStatusCommand:
             await process.communicate()
         assert process.returncode == 0
         assert b"0 of 2 slots busy, 0 waiting" in seen
+
+    async def test_a_strangers_escapes_reach_the_terminal_written_out(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """A keyless request whose path carries a terminal escape, and bob's chat naming a
+        model with a right-to-left override, are refused and listed: the table writes both
+        out as escapes instead of letting the terminal act on them."""
+        _, sim_url = await start_sim()
+        gateway = await start_gateway(house(sim_url))
+        async with aiohttp.ClientSession() as session:
+            hostile = gateway.url + "/api/%1b]0;pwned%07%1b[2J"
+            async with session.get(yarl.URL(hostile, encoded=True)) as reply:
+                assert reply.status == 404  # no such route, and no key: a stranger's
+            chat = {"model": "llama\u202e3", "messages": []}
+            bob = {"Authorization": "Bearer bob-key"}
+            async with session.post(gateway.url + "/api/chat", json=chat, headers=bob) as reply:
+                assert reply.status == 404
+
+        code, out, err = await fairgate_status("--url", gateway.url)
+        assert (code, err) == (0, "")
+        assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out
+        assert "/api/\\x1b]0;pwned\\x07\\x1b[2J" in out
+        assert "llama\\u202e3" in out
 
     async def test_a_key_is_needed_from_another_machine_and_must_be_an_admins(
         self, start_sim: StartSim, servers: AsyncExitStack
