@@ -24,6 +24,11 @@ __all__ = ["History", "HistorySnapshot", "MinuteFigures", "RecentRefusal"]
 
 MINUTES = 60
 RECENT_REFUSALS = 20
+# Refusals of callers the gateway did not recognise (a wrong key, no key) on its APIs: kept
+# apart and fewer, so that a stranger's stream of 401s cannot push the household's out.
+RECENT_STRANGERS = 5
+# Of a refused request's path: enough to tell the route, not a stranger's 8 KiB of it.
+_PATH_CHARS = 200
 # 5 ms to about 9 minutes, each bound a quarter above the one before.
 TTFT_BOUNDS = tuple(0.005 * 1.25**k for k in range(53))
 
@@ -69,22 +74,26 @@ class History:
         self._clock = clock
         self._minutes: deque[_Minute] = deque(maxlen=MINUTES)
         self._refusals: deque[RecentRefusal] = deque(maxlen=RECENT_REFUSALS)
+        self._strangers: deque[RecentRefusal] = deque(maxlen=RECENT_STRANGERS)
 
     def observe(self, record: RequestRecord) -> None:
         """Take in one finished request (a listener of the access log)."""
         refused = record.reason in REFUSALS
         # Only a generation request is classified: listings, metrics scrapes and the house
-        # page's own polls are not the household's requests.
+        # page's own polls are not the household's requests, nor are their refusals (a
+        # page's 401 before its key is typed, a scanner's /wp-login.php).
         if not refused and record.request_class is None:
+            return
+        if not record.path.startswith(_API_PATHS):
             return
         now = self._clock()
         minute = self._minute(now)
         if refused:
             assert record.reason is not None
             minute.refusals += 1
-            self._refusals.appendleft(
-                RecentRefusal(now, record.user, record.reason, record.path, record.model)
-            )
+            path = record.path[:_PATH_CHARS]
+            refusal = RecentRefusal(now, record.user, record.reason, path, record.model)
+            (self._refusals if record.user is not None else self._strangers).appendleft(refusal)
             return
         minute.requests += 1
         if record.first_byte_at is not None:
@@ -97,7 +106,8 @@ class History:
         figures = tuple(
             _figures(index, by_index.get(index)) for index in range(last - MINUTES + 1, last + 1)
         )
-        return HistorySnapshot(minutes=figures, refusals=tuple(self._refusals))
+        refusals = sorted((*self._refusals, *self._strangers), key=_at, reverse=True)
+        return HistorySnapshot(minutes=figures, refusals=tuple(refusals))
 
     def _minute(self, now: float) -> _Minute:
         index = int(now // 60)
@@ -129,3 +139,10 @@ def _quantile(counts: list[int], q: float) -> float | None:
         if seen >= q * total:
             return TTFT_BOUNDS[min(index, len(TTFT_BOUNDS) - 1)]
     return TTFT_BOUNDS[-1]
+
+
+_API_PATHS = ("/api/", "/v1/")  # Ollama's and OpenAI's routes: what a household's apps call
+
+
+def _at(refusal: RecentRefusal) -> float:
+    return refusal.at

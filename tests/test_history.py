@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from gateway.access import RequestRecord
-from gateway.history import MINUTES, RECENT_REFUSALS, History
+from gateway.history import MINUTES, RECENT_REFUSALS, RECENT_STRANGERS, History
 from gateway.vocabulary import Reason, RequestClass
 
 NOON = datetime(2025, 3, 14, 12, 0, 30).timestamp()
@@ -91,3 +91,35 @@ class TestRefusals:
         first, second = history.snapshot().refusals
         assert (first.user, first.reason, first.at) == (None, Reason.UNAUTHORIZED, NOON + 1)
         assert (second.user, second.reason) == ("bob", Reason.USER_QUEUE_FULL)
+
+    def test_a_strangers_stream_of_401s_leaves_the_households_refusals_listed(self) -> None:
+        """Callers the gateway did not recognise keep a few places of their own: fifty
+        wrong keys in a row still leave bob's refusal on the page."""
+        clock = Clock()
+        history = History(clock)
+        history.observe(refused("bob", Reason.USER_QUEUE_FULL))
+        for _ in range(50):
+            clock.now += 0.1
+            history.observe(refused(None, Reason.UNAUTHORIZED))
+        refusals = history.snapshot().refusals
+        assert [r.user for r in refusals] == [None] * RECENT_STRANGERS + ["bob"]
+
+    def test_refusals_off_the_apis_are_not_the_households(self) -> None:
+        """A scanner's 404 and a page's 401 before its key is typed are neither listed nor
+        counted: the refusal rate is the household's."""
+        history = History(Clock())
+        for path in ("/wp-login.php", "/status", "/ui/me.json"):
+            record = RequestRecord("r", "GET", path)
+            record.status, record.reason = 401, Reason.UNAUTHORIZED
+            history.observe(record)
+        snapshot = history.snapshot()
+        assert snapshot.refusals == () and sum(m.refusals for m in snapshot.minutes) == 0
+
+    def test_a_refused_path_is_kept_short(self) -> None:
+        """A path of 8 KiB is kept as its first 200 characters."""
+        history = History(Clock())
+        record = RequestRecord("r", "GET", "/v1/models/" + "x" * 8000, user="bob")
+        record.status, record.reason = 404, Reason.MODEL_NOT_FOUND
+        history.observe(record)
+        [refusal] = history.snapshot().refusals
+        assert len(refusal.path) == 200
