@@ -31,7 +31,14 @@ from gateway.relay import Relay, Target
 from gateway.services import Services
 from gateway.vocabulary import Api, Reason
 
-__all__ = ["Reads", "model_forbidden", "model_not_found", "no_backend"]
+__all__ = [
+    "MAX_MODEL_NAME",
+    "Reads",
+    "checked_name",
+    "model_forbidden",
+    "model_not_found",
+    "no_backend",
+]
 
 log = structlog.get_logger("fairgate.listings")
 
@@ -70,7 +77,7 @@ class Reads:
     async def model(self, request: web.Request) -> web.Response:
         """One entry of the caller's /v1/models (an alias too), as OpenAI's retrieve answers."""
         user = self._services.caller(request, self._services.policy.current).user
-        wanted = request.match_info["model"]
+        wanted = checked_name(request.match_info["model"])
         request[RECORD].model = wanted
         if not self._services.policy.current.policy.may_use(user, wanted):
             raise model_forbidden(user, wanted)
@@ -160,6 +167,7 @@ class Reads:
         model = fields.values.get(named) or ""
         if not isinstance(model, str):
             raise GatewayError(400, Reason.BAD_REQUEST, "model must be a string")
+        checked_name(model)
         if model and not view.policy.may_use(user, model):
             raise model_forbidden(user, model)
         if model and view.policy.resolve(model) != model:  # the backend shows what it runs
@@ -216,6 +224,20 @@ async def _entries(
 
 def model_forbidden(user: str, model: str) -> GatewayError:
     return GatewayError(403, Reason.MODEL_FORBIDDEN, f"user {user} may not use model {model!r}")
+
+
+# Ollama's longest valid name is under 700 characters (a host of 350, a namespace, model and
+# tag of 80 each: types/model/name.go). Past this no backend has the model, and a name the
+# client sent would be carried whole into the access log, the house page and the errors.
+MAX_MODEL_NAME = 1000
+
+
+def checked_name(model: str) -> str:
+    """``model``, or a 400 if no backend can have a model of so long a name."""
+    if len(model) > MAX_MODEL_NAME:
+        message = f"no model has a name of over {MAX_MODEL_NAME:,} characters"
+        raise GatewayError(400, Reason.BAD_REQUEST, message)
+    return model
 
 
 def model_not_found(model: str) -> GatewayError:

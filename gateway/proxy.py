@@ -16,7 +16,7 @@ from gateway.classify import classify
 from gateway.errors import BackendFailure, GatewayError
 from gateway.hot_routes import HOT_PATHS
 from gateway.lanes import lane_of, possible_lanes
-from gateway.listings import model_forbidden, model_not_found, no_backend
+from gateway.listings import checked_name, model_forbidden, model_not_found, no_backend
 from gateway.load_options import apply_num_ctx_policy
 from gateway.openai_fields import several_completions
 from gateway.policy import Policy
@@ -241,7 +241,7 @@ def _resolved(fields: Fields, policy: Policy) -> str:
     model = fields.values.get("model")
     if not isinstance(model, str) or not model:
         raise GatewayError(400, Reason.BAD_REQUEST, "model is required")
-    resolved = policy.resolve(model)
+    resolved = policy.resolve(checked_name(model))
     if resolved != model:
         fields.values["model"] = resolved
         fields.changed()

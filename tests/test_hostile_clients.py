@@ -491,6 +491,30 @@ async def test_control_characters_from_a_client_are_escaped_in_the_console_log(
     assert "\x1b" not in str(line) and "model=x\\x1b[2Jy" in str(line)
 
 
+async def test_a_model_name_no_backend_could_have_is_refused_and_kept_out_of_every_record(
+    start_sim: StartSim, start_gateway: StartGateway
+) -> None:
+    """A chat, a /api/show and a /v1/models lookup naming a model of 8,000 characters get a
+    short 400: the name is not echoed, logged or kept for the house page."""
+    _, url = await start_sim()
+    gateway = await start_gateway(POLICY + one_backend(url, slots=2))
+    long_name = "m" * 8000
+    bob = {"Authorization": "Bearer bob-key"}
+    with structlog.testing.capture_logs() as logs:
+        async with aiohttp.ClientSession(headers=bob) as session:
+            for method, path, body in (
+                ("POST", "/api/chat", {"model": long_name, "messages": []}),
+                ("POST", "/api/show", {"model": long_name}),
+                ("GET", f"/v1/models/{long_name}", None),
+            ):
+                async with session.request(method, gateway.url + path, json=body) as reply:
+                    assert reply.status == 400, path
+                    assert len(await reply.read()) < 300
+    lines = [entry for entry in logs if entry["event"] == "request"]
+    assert len(lines) == 3 and all(line["model"] is None for line in lines)
+    assert all(len(r.model or "") < 1000 for r in gateway.services.history.snapshot().refusals)
+
+
 class TestIdleConnections:
     async def test_a_head_sent_byte_by_byte_is_cut_at_the_idle_timeout(
         self, start_sim: StartSim, start_gateway: StartGateway
