@@ -24,6 +24,7 @@ from gateway.environment_file import EnvironmentFileError, read_environment_file
 from gateway.policy import PolicyError, load_policy
 from gateway.policy_file import environment
 from gateway.settings import settings_errors, settings_from, unknown_variables
+from gateway.user_policy import KeyVariables
 
 __all__ = ["add_check_arguments"]
 
@@ -41,22 +42,16 @@ def add_check_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _check_config(args: argparse.Namespace) -> int:
-    places: dict[str, str] = {}
-    if args.env_file is None:
-        variables = environment()
-    else:
-        try:
-            read = read_environment_file(args.env_file)
-        except EnvironmentFileError as exc:
-            print(f"{args.env_file}: {exc}", file=sys.stderr)
-            return 1
-        for line, sentence in read.warnings:
-            print(f"warning: {args.env_file}:{line}: {sentence}", file=sys.stderr)
-        variables = dict(os.environ) | read.variables
-        places = {name: f"{args.env_file}:{line}" for name, line in read.lines.items()}
-    for sentence in unknown_variables(variables):
+    try:
+        variables, places = _service_variables(args.env_file)
+    except EnvironmentFileError as exc:
+        print(f"{args.env_file}: {exc}", file=sys.stderr)
+        return 1
+    for sentence in unknown_variables(variables.values):
         print(f"warning: {sentence}", file=sys.stderr)
-    problems = _settings_problems(variables, places)
+    if other := _other_policy(args.file, variables.values, under_systemd=bool(args.env_file)):
+        print(f"warning: {other}", file=sys.stderr)
+    problems = _settings_problems(variables.values, places)
     try:
         backends = len(load_policy(args.file, variables).backends)
     except PolicyError as exc:
@@ -66,6 +61,29 @@ def _check_config(args: argparse.Namespace) -> int:
         return 1
     print(f"{args.file}: ok ({backends} backend(s))")
     return 0
+
+
+def _service_variables(env_file: Path | None) -> tuple[KeyVariables, dict[str, str]]:
+    """The variables the service would get, and the env file's ``path:line`` of each set
+    there; the lines systemd would ignore are warned about on the way."""
+    if env_file is None:
+        return KeyVariables(environment()), {}
+    read = read_environment_file(env_file)
+    for line, sentence in read.warnings:
+        print(f"warning: {env_file}:{line}: {sentence}", file=sys.stderr)
+    places = {name: f"{env_file}:{line}" for name, line in read.lines.items()}
+    where = f"{env_file} nor in the environment"
+    return KeyVariables(dict(os.environ) | read.variables, where), places
+
+
+def _other_policy(file: Path, variables: Mapping[str, str], *, under_systemd: bool) -> str | None:
+    """A sentence when FAIRGATE_CONFIG sends the service to another policy file than the
+    one checked (relative to ``/`` under systemd, where the unit runs)."""
+    named = next((v for k, v in variables.items() if k.lower() == "fairgate_config"), None)
+    base = Path("/") if under_systemd else Path.cwd()
+    if named is None or (base / named).resolve() == file.resolve():
+        return None
+    return f"the service would read FAIRGATE_CONFIG={named}, not {file}"
 
 
 def _settings_problems(variables: Mapping[str, str], places: Mapping[str, str]) -> list[str]:

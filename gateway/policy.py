@@ -10,7 +10,6 @@ the checks across sections.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from functools import cached_property
 from ipaddress import IPv4Network, IPv6Network
 from pathlib import Path
@@ -29,7 +28,14 @@ from gateway.policy_base import Strict, model_key
 from gateway.policy_file import PolicyError, describe, environment, problem_at, read_yaml
 from gateway.scheduling_policy import Classes, Costs, QueueConfig
 from gateway.tuning_policy import KeepAlivePolicy, Monitoring, RedisPolicy, Timeouts, Warmth
-from gateway.user_policy import KEY_VARIABLES, PERSON_SEPARATOR, Limits, UserConfig, check_users
+from gateway.user_policy import (
+    KEY_VARIABLES,
+    PERSON_SEPARATOR,
+    KeyVariables,
+    Limits,
+    UserConfig,
+    check_users,
+)
 from gateway.vocabulary import Lane
 
 # BackendConfig, KeepAlivePolicy, Timeouts, Warmth re-exported: proxy, pump, relay, warmth use them.
@@ -219,7 +225,7 @@ class Policy(Strict):
         return check_backends(backends)
 
 
-def load_policy(path: Path, variables: Mapping[str, str] | None = None) -> Policy:
+def load_policy(path: Path, variables: KeyVariables | None = None) -> Policy:
     """Read and validate the policy file at ``path``; ``env:`` keys read ``variables``
     (by default the environment over ``.env``, as the settings see them)."""
     try:
@@ -235,14 +241,14 @@ def load_policy(path: Path, variables: Mapping[str, str] | None = None) -> Polic
 
 
 def parse_policy(
-    text: str, source: str = "<policy>", variables: Mapping[str, str] | None = None
+    text: str, source: str = "<policy>", variables: KeyVariables | None = None
 ) -> Policy:
     """Validate policy YAML ``text``; ``source`` names it in error messages."""
     data, root = read_yaml(text, source)
     if not isinstance(data, dict):
         raise PolicyError(f"{source}:1: the file must be a mapping (backends:, users:, ...)")
     try:
-        context = {KEY_VARIABLES: environment() if variables is None else variables}
+        context = {KEY_VARIABLES: variables or KeyVariables(environment())}
         return Policy.model_validate(data, context=context)
     except ValidationError as exc:
         raise PolicyError(describe(exc, root, source, Policy)) from exc

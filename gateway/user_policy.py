@@ -12,6 +12,7 @@ import hashlib
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from ipaddress import IPv4Network, IPv6Network
 from typing import Annotated
 
@@ -26,6 +27,7 @@ __all__ = [
     "KEY_VARIABLES",
     "PERSON_SEPARATOR",
     "UNKNOWN",
+    "KeyVariables",
     "Limits",
     "OnBehalf",
     "UserConfig",
@@ -41,7 +43,16 @@ UNKNOWN = "unknown"
 """What metrics call a request no user could be found for (an unknown key): not a name for
 a user, so that those refusals are never counted as someone's."""
 KEY_VARIABLES = "environment"
-"""The validation context's variables for ``env:`` keys (``parse_policy`` adds ``.env``)."""
+"""The validation context's KeyVariables for ``env:`` keys (``parse_policy`` adds ``.env``)."""
+
+
+@dataclass(frozen=True)
+class KeyVariables:
+    """What ``env:`` keys read, and where they were looked for: the message for a missing
+    one sends the admin to the right file (``check-config --env-file`` reads no ``.env``)."""
+
+    values: Mapping[str, str]
+    where: str = "the environment nor in .env"
 
 
 class Limits(Strict):
@@ -67,10 +78,10 @@ def _configured_key(key: str, info: ValidationInfo) -> str:
         raise ValueError("sha256: keys need 64 lowercase hex digits (sha256sum of the key)")
     if key.startswith("env:"):
         context = info.context if isinstance(info.context, Mapping) else {}
-        variables: Mapping[str, str] = context.get(KEY_VARIABLES, os.environ)
-        value = variables.get(key[4:])
+        variables: KeyVariables = context.get(KEY_VARIABLES) or KeyVariables(os.environ)
+        value = variables.values.get(key[4:])
         if value is None:
-            raise ValueError(f"{key!r} needs {key[4:]}, set neither in the environment nor in .env")
+            raise ValueError(f"{key!r} needs {key[4:]}, set neither in {variables.where}")
         if not value:
             raise ValueError(f"{key!r} needs {key[4:]}, which is empty")
         # Held as its digest: identity then needs no access to the variables, and no

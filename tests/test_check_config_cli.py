@@ -88,7 +88,10 @@ class TestEnvironmentFile:
             "ignores this line (write it without 'export')",
             "warning: fairgate.env:3: no '=' on this line: systemd ignores it",
         ]
-        assert "'env:ALICE_KEY' needs ALICE_KEY" in done.stderr
+        assert done.stderr.splitlines()[2:] == [
+            "fairgate.yaml:3: users.alice.keys[0]: 'env:ALICE_KEY' needs ALICE_KEY, set "
+            "neither in fairgate.env nor in the environment"
+        ]
 
     def test_the_files_values_win_over_the_environments_as_over_environment_lines(
         self, workdir: Path
@@ -110,7 +113,24 @@ class TestEnvironmentFile:
         (workdir / "fairgate.env").write_text("# nothing yet\n", encoding="utf-8")
         assert check().returncode == 0
         done = check("--env-file", "fairgate.env")
-        assert done.returncode == 1 and "'env:ALICE_KEY' needs ALICE_KEY" in done.stderr
+        assert done.returncode == 1
+        assert "needs ALICE_KEY, set neither in fairgate.env nor in the environment" in done.stderr
+
+    def test_a_policy_file_the_service_would_not_read_is_warned_about(self, workdir: Path) -> None:
+        """FAIRGATE_CONFIG in the env file sends the service elsewhere: checking
+        fairgate.yaml then proves nothing, and the check says so (still passing)."""
+        (workdir / "fairgate.env").write_text(
+            "FAIRGATE_CONFIG=/etc/fairgate/other.yaml\n", encoding="utf-8"
+        )
+        done = check("--env-file", "fairgate.env")
+        assert (done.returncode, done.stderr) == (
+            0,
+            "warning: the service would read FAIRGATE_CONFIG=/etc/fairgate/other.yaml, "
+            "not fairgate.yaml\n",
+        )
+        here = workdir / "fairgate.yaml"
+        (workdir / "fairgate.env").write_text(f"FAIRGATE_CONFIG={here}\n", encoding="utf-8")
+        assert check("--env-file", "fairgate.env").stderr == ""
 
     def test_a_file_systemd_would_not_read_at_all_fails_the_check(self, workdir: Path) -> None:
         """Latin-1 in a value makes systemd skip the whole file: an error, not a warning."""
