@@ -20,6 +20,14 @@ from gateway.sizes import Size
 __all__ = ["BackendConfig", "check_backends"]
 
 BackendKind = Literal["ollama", "llamacpp", "openai"]
+_OLLAMA_ONLY = (
+    "keep_warm",
+    "keep_alive",
+    "max_loaded_models",
+    "memory",
+    "resident",
+    "default_num_ctx",
+)
 
 
 class BackendConfig(Strict):
@@ -86,8 +94,13 @@ class BackendConfig(Strict):
         if self.kind == "ollama" and self.slots is None:
             raise ValueError("an ollama backend needs slots (its OLLAMA_NUM_PARALLEL)")
         if self.kind != "ollama":
-            given = [name for name in ("max_loaded_models", "memory") if getattr(self, name)]
-            given += ["resident"] if self.resident else []
+            # Read for Ollama only (its swaps, its pings, its context): given for another
+            # kind, each would do nothing without a word.
+            given = [
+                name
+                for name in _OLLAMA_ONLY
+                if name in self.model_fields_set and getattr(self, name) not in (None, [])
+            ]
             if given:
                 raise ValueError(f"{', '.join(given)}: only for an ollama backend")
         return self

@@ -17,16 +17,19 @@ rule), else interactive.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from functools import cached_property
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from gateway.ambiguity import canonical_keys
 from gateway.durations import Duration
 from gateway.policy_base import SlotShare, Strict, model_key, slots_on
-from gateway.vocabulary import Lane
+from gateway.policy_file import problem_at
+from gateway.user_policy import PERSON_SEPARATOR
+from gateway.vocabulary import GENERATION_PATHS, Lane
 
 __all__ = [
     "BackgroundLane",
@@ -55,7 +58,7 @@ class LaneRule(Strict):
 
     def matches(self, user: str, model: str, path: str, prompt: str | None) -> bool:
         return (
-            (self.users is None or user in self.users)
+            (self.users is None or _names_user(self.users, user))
             and (self.models is None or _names_model(self.models, model))
             and (self.paths is None or path in self.paths)
             and (
@@ -63,6 +66,30 @@ class LaneRule(Strict):
                 or (prompt is not None and prompt.startswith(self.prompt_prefix))
             )
         )
+
+    @field_validator("paths")
+    @classmethod
+    def _generation_paths(cls, paths: list[str] | None) -> list[str] | None:
+        # A request's path is compared as it is routed, exactly: "/api/embed/" or "api/chat"
+        # would match no request, and the rule would do nothing without a word.
+        for position, path in enumerate(paths or ()):
+            if path not in GENERATION_PATHS:
+                close = difflib.get_close_matches(path, GENERATION_PATHS, n=1)
+                guess = f"did you mean {close[0]!r}? " if close else ""
+                listed = ", ".join(GENERATION_PATHS)
+                message = f"{path!r} is no model's route: {guess}the routes are {listed}"
+                raise problem_at((position,), message)
+        return paths
+
+
+def _names_user(users: list[str], user: str) -> bool:
+    """Whether ``users`` names ``user``, or the front end that names this person
+    (``owui`` for ``owui/alice@example.com``): the people a front end names have its limits
+    and models, and its lane rules too. A name holding the separator is always such a
+    person: no configured user's name may hold it."""
+    return user in users or (
+        PERSON_SEPARATOR in user and user.partition(PERSON_SEPARATOR)[0] in users
+    )
 
 
 def _names_model(models: list[str], model: str) -> bool:

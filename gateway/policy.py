@@ -26,6 +26,7 @@ from gateway.load_options import ModelPolicy, NumCtxPolicy
 from gateway.origins import CorsPolicy
 from gateway.policy_base import Strict, model_key
 from gateway.policy_file import PolicyError, describe, environment, problem_at, read_yaml
+from gateway.policy_names import check_lane_users, check_model_names
 from gateway.scheduling_policy import Classes, Costs, QueueConfig
 from gateway.tuning_policy import KeepAlivePolicy, Monitoring, RedisPolicy, Timeouts, Warmth
 from gateway.user_policy import (
@@ -198,14 +199,9 @@ class Policy(Strict):
         return check_users(users)
 
     @model_validator(mode="after")
-    def _keep_warm_names_models(self) -> Policy:
-        # Pings go to the backend as written, and a backend knows no alias: say so here
-        # rather than log a failed ping every minute.
-        for index, backend in enumerate(self.backends):
-            for position, model in enumerate(backend.keep_warm):
-                if model in self.aliases:
-                    message = f"{model!r} is an alias: name the model, {self.aliases[model]!r}"
-                    raise problem_at(("backends", index, "keep_warm", position), message)
+    def _names_match(self) -> Policy:
+        check_model_names(self.aliases, self.models, self.backends, self.lanes.rules)
+        check_lane_users(self.lanes.rules, self.users)
         return self
 
     @field_validator("aliases")

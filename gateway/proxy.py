@@ -23,22 +23,13 @@ from gateway.policy import Policy
 from gateway.relay import Relay, Target
 from gateway.services import Services
 from gateway.turn_away import REVOKED
-from gateway.vocabulary import Api, Reason, api_of
+from gateway.vocabulary import GENERATION_PATHS, Api, Reason, api_of
 from gateway.warmth import apply_keep_alive_policy, kept_alive
 
-__all__ = ["GENERATION_PATHS", "Generation"]
+__all__ = ["Generation"]
 
 log = structlog.get_logger("fairgate.proxy")
 
-GENERATION_PATHS = (
-    "/api/chat",
-    "/api/generate",
-    "/api/embed",
-    "/api/embeddings",
-    "/v1/chat/completions",
-    "/v1/completions",
-    "/v1/embeddings",
-)
 # Model management changes what every user of the box gets; not through a shared gateway.
 MANAGEMENT_PATHS = ("/api/pull", "/api/push", "/api/create", "/api/copy", "/api/delete")
 

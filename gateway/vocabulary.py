@@ -7,7 +7,16 @@ from __future__ import annotations
 
 from enum import Enum, StrEnum
 
-__all__ = ["BACKGROUND", "REFUSALS", "Api", "Lane", "Reason", "RequestClass", "api_of"]
+__all__ = [
+    "BACKGROUND",
+    "GENERATION_PATHS",
+    "REFUSALS",
+    "Api",
+    "Lane",
+    "Reason",
+    "RequestClass",
+    "api_of",
+]
 
 
 class Api(Enum):
@@ -15,6 +24,19 @@ class Api(Enum):
 
     OLLAMA = "ollama"
     OPENAI = "openai"
+
+
+GENERATION_PATHS = (
+    "/api/chat",
+    "/api/generate",
+    "/api/embed",
+    "/api/embeddings",
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+)
+"""The routes that run a model: the ones admitted, queued and relayed, and the paths a lane
+rule may name."""
 
 
 def api_of(path: str) -> Api:

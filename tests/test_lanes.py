@@ -271,6 +271,19 @@ class TestOnBehalf:
         async with running(gateway, "bob-key", "hold", posing):
             assert gateway.services.admission.snapshot().users == {"bob": (1, 0)}
 
+    async def test_a_lane_rule_for_the_front_end_holds_for_each_person_it_names(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """rules: [{lane: background, users: [owui]}] puts alice's request, which the front
+        end names, in the background: the rule is not lost on the people behind the key."""
+        _, url = await start_sim(parallel=8)
+        rules = "lanes:\n  rules:\n    - {lane: background, users: [owui]}\n"
+        gateway = await start_gateway(FRONT_END + rules + one_backend(url, slots=4))
+        alice = {"X-OpenWebUI-User-Email": "alice@example.com"}
+        async with running(gateway, "owui-key", "summarise", alice):
+            assert lanes_in(gateway) == {"owui/alice@example.com": (1, 0)}
+            assert gateway.services.admission.snapshot().users == {}
+
 
 def test_a_rule_naming_a_model_matches_every_spelling_ollama_runs_as_it() -> None:
     """A rule for nomic-embed-text holds for NOMIC-EMBED-TEXT:latest too: Ollama runs
@@ -279,3 +292,16 @@ def test_a_rule_naming_a_model_matches_every_spelling_ollama_runs_as_it() -> Non
     for spelling in ("nomic-embed-text", "NOMIC-EMBED-TEXT:latest", "library/nomic-embed-text"):
         assert rule.matches("alice", spelling, "/api/embed", None)
     assert not rule.matches("alice", "nomic-embed-text:v1.5", "/api/embed", None)
+
+
+def test_a_rule_naming_a_front_end_holds_for_the_people_it_names() -> None:
+    """A rule for owui holds for owui/alice@example.com, whose limits and models are owui's
+    too; a rule for one person holds for that person only."""
+    front_end = LaneRule(lane=Lane.BACKGROUND, users=["owui"])
+    assert front_end.matches("owui", MODEL, "/api/chat", None)
+    assert front_end.matches("owui/alice@example.com", MODEL, "/api/chat", None)
+    assert not front_end.matches("owuix", MODEL, "/api/chat", None)
+    person = LaneRule(lane=Lane.BACKGROUND, users=["owui/alice@example.com"])
+    assert person.matches("owui/alice@example.com", MODEL, "/api/chat", None)
+    assert not person.matches("owui/carol@example.com", MODEL, "/api/chat", None)
+    assert not person.matches("owui", MODEL, "/api/chat", None)

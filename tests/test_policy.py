@@ -107,6 +107,19 @@ class TestParsePolicy:
         """A list or a scalar at the top level is not a policy."""
         assert "must be a mapping" in _error_of("- just\n- a list\n")
 
+    def test_a_lane_rule_may_name_anyone_a_request_can_be(self) -> None:
+        """A person a front end names, the front end itself, and anonymous in an open
+        gateway can each be a request's user: a rule naming them loads."""
+        front_end = (
+            "users:\n  owui: {keys: [k], on_behalf: {header: X-OpenWebUI-User-Email}}\n"
+            "lanes:\n  rules:\n"
+            "    - {lane: background, users: [owui, owui/alice@example.com]}\n"
+        )
+        rules = parse_policy(front_end + GOOD).lanes.rules
+        assert rules[0].users == ["owui", "owui/alice@example.com"]
+        open_gateway = "lanes:\n  rules:\n    - {lane: background, users: [anonymous]}\n"
+        assert parse_policy(open_gateway + GOOD).lanes.rules[0].users == ["anonymous"]
+
 
 class TestCheckConfigCommand:
     def test_the_shipped_example_passes(self, capsys: pytest.CaptureFixture[str]) -> None:

@@ -228,6 +228,69 @@ BROKEN = [
         "fairgate.yaml:1: backends: required, but not given",
     ),
     Broken(
+        "a model's rules under its alias",
+        "aliases: {family: llama3.2:3b}\nmodels:\n  family: {num_ctx: {override: 8192}}\n" + GPU,
+        "fairgate.yaml:3: models.family: 'family' is an alias: name the model, 'llama3.2:3b'",
+    ),
+    Broken(
+        "a resident model named by its alias",
+        "aliases: {family: llama3.2:3b}\nbackends:\n"
+        "  - {name: gpu, url: http://127.0.0.1:11434, slots: 2, resident: [family]}\n",
+        "fairgate.yaml:3: backends[0].resident[0]: 'family' is an alias: name the model, "
+        "'llama3.2:3b'",
+    ),
+    Broken(
+        "a lane rule's model named by its alias",
+        "aliases: {embedder: nomic-embed-text}\nlanes:\n  rules:\n"
+        "    - lane: background\n      models: [embedder]\n" + GPU,
+        "fairgate.yaml:5: lanes.rules[0].models[0]: 'embedder' is an alias: name the model, "
+        "'nomic-embed-text'",
+    ),
+    Broken(
+        "two sets of rules for one model",
+        "models:\n  llama3.2: {num_ctx: {max: 8192}}\n  llama3.2:latest: {num_ctx: {max: 4096}}\n"
+        + GPU,
+        "fairgate.yaml:3: models.llama3.2:latest: names the same model as 'llama3.2': give its "
+        "rules once (first at line 2)",
+    ),
+    Broken(
+        "a lane rule for a user who does not exist",
+        ALICE + "lanes:\n  rules:\n    - {lane: background, users: [alise]}\n" + GPU,
+        "fairgate.yaml:6: lanes.rules[0].users[0]: no user is named 'alise'; did you mean 'alice'?",
+    ),
+    Broken(
+        "a lane rule for a user when there are no users",
+        "lanes:\n  rules:\n    - {lane: background, users: [agent]}\n" + GPU,
+        "fairgate.yaml:3: lanes.rules[0].users[0]: no user is named 'agent': there are no "
+        "users, so every request is 'anonymous'",
+    ),
+    Broken(
+        "a lane rule for a person of a user who names nobody",
+        ALICE + "lanes:\n  rules:\n    - {lane: background, users: [alice/kid]}\n" + GPU,
+        "fairgate.yaml:6: lanes.rules[0].users[0]: 'alice' names no people: only a user with "
+        "on_behalf does",
+    ),
+    Broken(
+        "a lane rule's path with a slash at the end",
+        "lanes:\n  rules:\n    - lane: background\n      paths: [/api/chat, /api/embed/]\n" + GPU,
+        "fairgate.yaml:4: lanes.rules[0].paths[1]: '/api/embed/' is no model's route: did you "
+        "mean '/api/embed'? the routes are /api/chat, /api/generate, /api/embed, "
+        "/api/embeddings, /v1/chat/completions, /v1/completions, /v1/embeddings",
+    ),
+    Broken(
+        "a lane rule's path without its first slash",
+        "lanes:\n  rules:\n    - {lane: background, paths: [api/chat]}\n" + GPU,
+        "fairgate.yaml:3: lanes.rules[0].paths[0]: 'api/chat' is no model's route: did you "
+        "mean '/api/chat'? the routes are /api/chat, /api/generate, /api/embed, "
+        "/api/embeddings, /v1/chat/completions, /v1/completions, /v1/embeddings",
+    ),
+    Broken(
+        "an ollama-only setting on a llama.cpp backend",
+        "backends:\n  - {name: gpu, url: http://127.0.0.1:8081, kind: llamacpp, "
+        "keep_warm: [qwen]}\n",
+        "fairgate.yaml:2: backends[0]: keep_warm: only for an ollama backend",
+    ),
+    Broken(
         "broken YAML",
         "backends:\n  - name: gpu\n    url: [unclosed\n",
         "fairgate.yaml:4:1: invalid YAML: expected ',' or ']', but got '<stream end>'",
