@@ -11,7 +11,6 @@ the checks across sections.
 from __future__ import annotations
 
 from functools import cached_property
-from ipaddress import IPv4Network, IPv6Network
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -24,9 +23,10 @@ from gateway.host_names import HostName
 from gateway.lanes import Lanes
 from gateway.load_options import ModelPolicy, NumCtxPolicy
 from gateway.origins import CorsPolicy
-from gateway.policy_base import Strict, model_key
-from gateway.policy_file import PolicyError, describe, environment, problem_at, read_yaml
+from gateway.policy_base import AddressRange, Strict, model_key
+from gateway.policy_file import describe, environment, problem_at
 from gateway.policy_names import check_lane_users, check_model_names
+from gateway.policy_yaml import PolicyError, read_yaml
 from gateway.scheduling_policy import Classes, Costs, QueueConfig
 from gateway.tuning_policy import KeepAlivePolicy, Monitoring, RedisPolicy, Timeouts, Warmth
 from gateway.user_policy import (
@@ -96,7 +96,7 @@ class Policy(Strict):
         ".internal): the name a TLS proxy passes on (gpu.example.com, *.example.com; * for "
         "any). Another name could be a site's that rebinds it to the gateway (DNS rebinding).",
     )
-    trusted_proxies: list[IPv4Network | IPv6Network] = Field(
+    trusted_proxies: list[AddressRange] = Field(
         default_factory=list,
         description="Reverse proxies in front of the gateway (TLS: Caddy, nginx): only from "
         "these addresses is forwarded_header believed, for the client's address.",

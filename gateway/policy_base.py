@@ -7,18 +7,57 @@ can declare its models beside its logic without importing the whole policy.
 from __future__ import annotations
 
 import re
-from functools import lru_cache
-from typing import Annotated
+import types
+from functools import cache, lru_cache
+from ipaddress import IPv4Network, IPv6Network
+from typing import Annotated, Any, Union, get_args, get_origin
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-__all__ = ["SlotShare", "Strict", "Weight", "model_key", "slots_on"]
+from gateway.policy_file import yes_no_for_a_number
+
+__all__ = ["AddressRange", "SlotShare", "Strict", "Weight", "model_key", "slots_on"]
 
 
 class Strict(BaseModel):
-    """Unknown fields are errors (a typo must not be ignored); a loaded policy is frozen."""
+    """Unknown fields are errors (a typo must not be ignored); a loaded policy is frozen; a
+    yes/no is not a number."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_yes_no_for_a_number(cls, data: Any) -> Any:
+        # YAML reads off, no, yes and on as booleans, and pydantic's lax mode takes a boolean
+        # for 0 or 1: "max_queued: off" let nobody queue, "weight: yes" gave 1. Every
+        # section's numbers pass here, whatever their type (a count, a Duration, a Size, a
+        # SlotShare), so that no new field can forget it.
+        if isinstance(data, dict):
+            for name in _number_fields(cls):
+                value = data.get(name)
+                if isinstance(value, bool):
+                    raise yes_no_for_a_number((name,), value)
+        return data
+
+
+@cache
+def _number_fields(model: type[BaseModel]) -> tuple[str, ...]:
+    """The fields of ``model`` that take a number and not a yes/no."""
+    return tuple(
+        name
+        for name, field in model.model_fields.items()
+        if (kinds := _kinds(field.annotation)) & {int, float} and bool not in kinds
+    )
+
+
+def _kinds(annotation: Any) -> set[Any]:
+    """The types ``annotation`` admits, through Annotated, Optional and unions."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _kinds(get_args(annotation)[0])
+    if origin in (Union, types.UnionType):
+        return set().union(*map(_kinds, get_args(annotation)))
+    return {annotation}
 
 
 def _count_or_share(value: object) -> object:
@@ -30,6 +69,17 @@ def _count_or_share(value: object) -> object:
         return value
     raise ValueError("must be a count of slots such as 2, or a share such as 50%")
 
+
+def _range_in_text(value: object) -> object:
+    # ipaddress takes a number for an address (10 is 0.0.0.10/32, YAML's off is 0.0.0.0/32):
+    # a client or proxy given so would match nobody, without a word.
+    if isinstance(value, str | IPv4Network | IPv6Network):
+        return value
+    raise ValueError("write an address or CIDR range, such as 192.168.1.50 or 192.168.1.0/24")
+
+
+AddressRange = Annotated[IPv4Network | IPv6Network, BeforeValidator(_range_in_text)]
+"""An address or CIDR range, written as text (``192.168.1.0/24``)."""
 
 SlotShare = Annotated[int | str, BeforeValidator(_count_or_share)]
 """Some of a backend's slots: a count (``2``) or a share (``50%``)."""

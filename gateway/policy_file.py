@@ -1,11 +1,10 @@
-"""Reading the admin's policy file: YAML without silent surprises, problems as sentences.
+"""The admin's policy file's problems as sentences, each at the line of its field.
 
-PyYAML keeps the last of two equal mapping keys without a word, so a second ``users:`` block
-appended to the file would quietly replace the first; repeated keys are looked for on the
-composed node tree, before anything is built from it. pydantic's errors name parts of its
-schema (union branches, validator reprs) that mean nothing to the person editing the file; each
-is rewritten here as one sentence at the line of the field. Nothing here knows the policy's
-fields: the model is an argument, so ``policy.py`` imports this module and not the reverse.
+pydantic's errors name parts of its schema (union branches, validator reprs) that mean nothing
+to the person editing the file; each is rewritten here as one sentence at the line of the
+field, showing a value as the file spells it. Reading the YAML itself is ``policy_yaml.py``.
+Nothing here knows the policy's fields: the model is an argument, so ``policy.py`` imports
+this module and not the reverse.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ import difflib
 import os
 import re
 import types
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from ipaddress import IPv4Network, IPv6Network, ip_network
 from typing import Annotated, Any, Union, cast, get_args, get_origin
 
@@ -23,77 +22,11 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails, PydanticCustomError
 from pydantic_settings import DotEnvSettingsSource
 
+from gateway.policy_yaml import Loc, PolicyError, line_of, where, written_at
 from gateway.settings import Settings
 
-__all__ = ["Loc", "PolicyError", "describe", "environment", "problem_at", "read_yaml"]
-
-Loc = tuple[int | str, ...]
-
-
-class PolicyError(Exception):
-    """The policy file cannot be used; the message names the file, line and field."""
-
-
-def read_yaml(text: str, source: str) -> tuple[Any, yaml.Node | None]:
-    """The document in ``text`` and its node tree; PolicyError for bad YAML or a repeated key."""
-    try:
-        loader = yaml.SafeLoader(text)
-    except yaml.reader.ReaderError as exc:
-        raise _unreadable(exc, text, source) from exc
-    try:
-        root = loader.get_single_node()
-        repeats = [f"{_where(source, line, at)}{what}" for line, at, what in _repeated_keys(root)]
-        if repeats:
-            raise PolicyError("\n".join(repeats))
-        return (loader.construct_document(root) if root is not None else None), root
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
-        raise PolicyError(f"{where}: invalid YAML: {exc.problem or exc.context}") from exc
-    except yaml.reader.ReaderError as exc:
-        raise _unreadable(exc, text, source) from exc
-    finally:
-        loader.dispose()
-
-
-def _unreadable(exc: yaml.reader.ReaderError, text: str, source: str) -> PolicyError:
-    """A character YAML does not allow (a NUL, an escape pasted from a terminal), at its
-    line: PyYAML's own error gives a position in the text and no mark."""
-    line = text.count("\n", 0, exc.position) + 1
-    what = chr(exc.character) if isinstance(exc.character, int) else repr(exc.character)
-    return PolicyError(f"{source}:{line}: invalid YAML: the character {what!r} is not allowed")
-
-
-def _repeated_keys(root: yaml.Node | None) -> list[tuple[int, Loc, str]]:
-    found: list[tuple[int, Loc, str]] = []
-    for mapping, at in _mappings(root, (), set()):
-        first: dict[tuple[str, str], int] = {}
-        for key, _ in mapping.value:
-            if not isinstance(key, yaml.ScalarNode):
-                continue
-            line = key.start_mark.line + 1
-            # The tag too: 1 and "1" are different keys once built. Seen before is what
-            # counts, not another line: {slots: 2, slots: 6} repeats a key on one line.
-            earlier = first.get((key.tag, key.value))
-            if earlier is None:
-                first[(key.tag, key.value)] = line
-            else:
-                found.append((line, at, f"duplicate key {key.value!r} (first at line {earlier})"))
-    return sorted(found)
-
-
-def _mappings(node: yaml.Node | None, at: Loc, seen: set[int]) -> Iterator[tuple[Any, Loc]]:
-    """Every mapping node under ``node`` with its place; an alias is visited once."""
-    if node is None or id(node) in seen:
-        return
-    seen.add(id(node))
-    if isinstance(node, yaml.MappingNode):
-        yield node, at
-        for key, value in node.value:
-            yield from _mappings(value, (*at, str(key.value)), seen)
-    elif isinstance(node, yaml.SequenceNode):
-        for index, item in enumerate(node.value):
-            yield from _mappings(item, (*at, index), seen)
+# Loc and PolicyError re-exported: the section modules word their problems with them.
+__all__ = ["Loc", "PolicyError", "describe", "environment", "problem_at", "yes_no_for_a_number"]
 
 
 def environment() -> dict[str, str]:
@@ -112,13 +45,22 @@ def problem_at(at: Loc, message: str, first: Loc | None = None) -> PydanticCusto
     return PydanticCustomError("policy_problem", "{message}", context)
 
 
+def yes_no_for_a_number(at: Loc, value: bool) -> PydanticCustomError:
+    """A yes/no where a number is meant, at ``at`` below the validator that found it: YAML
+    reads ``off``, ``no``, ``yes`` and ``on`` as booleans, and pydantic would take them for
+    0 and 1 (``max_queued: off`` let nobody queue)."""
+    return PydanticCustomError(
+        "yes_no_number", "a number, not a yes/no", {"at": at, "value": value}
+    )
+
+
 def describe(exc: ValidationError, root: yaml.Node | None, source: str, model: type[Any]) -> str:
     """One line per problem: ``file:line: field: sentence``; union branches merged into one."""
     problems: dict[Loc, str] = {}
     for error in exc.errors(include_url=False):
         at, message = _problem(error, root, model)
         problems.setdefault(at, message)
-    return "\n".join(f"{_where(source, _line_of(root, at), at)}{m}" for at, m in problems.items())
+    return "\n".join(f"{where(source, line_of(root, at), at)}{m}" for at, m in problems.items())
 
 
 def _problem(error: ErrorDetails, root: yaml.Node | None, model: type[Any]) -> tuple[Loc, str]:
@@ -126,8 +68,11 @@ def _problem(error: ErrorDetails, root: yaml.Node | None, model: type[Any]) -> t
     if error["type"] == "policy_problem":
         at = (*error["loc"], *context["at"])
         first = context["first"]
-        line = f" (first at line {_line_of(root, (*error['loc'], *first))})" if first else ""
+        line = f" (first at line {line_of(root, (*error['loc'], *first))})" if first else ""
         return at, f"{context['message']}{line}"
+    if error["type"] == "yes_no_number":
+        at = (*error["loc"], *context["at"])
+        return at, f"{_shown(context['value'], written_at(root, at))} {_YES_NO}, not a number"
     at, union = _place_in_file(model, error["loc"])
     if union:
         return at, _none_of(union, error["input"])
@@ -137,7 +82,7 @@ def _problem(error: ErrorDetails, root: yaml.Node | None, model: type[Any]) -> t
         # Keys are secrets: the error goes to the log and to /status, so their value is not
         # repeated there, only what kind of value it is.
         error = cast(ErrorDetails, {**error, "input": _Withheld(error["input"])})
-    return at, _sentence(error)
+    return at, _sentence(error, written_at(root, at))
 
 
 class _Withheld:
@@ -168,15 +113,23 @@ _BOUNDS = {
     "greater_than": "must be more than {gt}",
     "less_than_equal": "must be at most {le}",
     "less_than": "must be less than {lt}",
+    "finite_number": "must be a finite number",
 }
 
 
-def _sentence(error: ErrorDetails) -> str:
+_YES_NO = "is a yes/no to YAML"  # off, no, yes, on: as true and false
+
+
+def _sentence(error: ErrorDetails, written: str | None) -> str:
+    """The sentence for one of pydantic's errors; ``written`` is the value as the file
+    spells it, where the error is about one scalar."""
     kind, value, context = error["type"], error["input"], error.get("ctx") or {}
     if kind == "missing":
         return "required, but not given"
     if value is None and kind in {*_TYPE_ERRORS, "list_type"}:
         return "is empty: give it a value or remove the line"
+    if isinstance(value, bool) and kind in _TYPE_ERRORS:
+        return f"{_shown(value, written)} {_YES_NO}, not {_TYPE_ERRORS[kind]}"
     if kind in _TYPE_ERRORS:
         return f"{_shown(value)} is not {_TYPE_ERRORS[kind]}"
     if kind == "list_type":
@@ -196,12 +149,15 @@ def _sentence(error: ErrorDetails) -> str:
     # since "0" could be found in any message.
     quoted = isinstance(value, str) and repr(value) in message
     shown = isinstance(value, str | int | float | bool) and not quoted
-    return f"{message} (got {_shown(value)})" if shown else message
+    return f"{message} (got {_shown(value, written)})" if shown else message
 
 
-def _shown(value: object) -> str:
-    """``value`` as YAML spells it where that differs from Python (true, not True)."""
-    return str(value).lower() if isinstance(value, bool) else repr(value)
+def _shown(value: object, written: str | None = None) -> str:
+    """``value`` as YAML spells it where that differs from Python: a yes/no as the file
+    wrote it (``off``) when known, else ``true`` or ``false``."""
+    if isinstance(value, bool):
+        return written or str(value).lower()
+    return repr(value)
 
 
 def _not_one_of(value: object, expected: str) -> str:
@@ -300,38 +256,3 @@ def _union_members(annotation: Any) -> tuple[Any, ...] | None:
 
 def _non_none(union: Any) -> tuple[Any, ...]:
     return tuple(member for member in get_args(union) if member is not type(None))
-
-
-def _where(source: str, line: int, at: Loc) -> str:
-    field = _dotted(at)
-    return f"{source}:{line}: {field}: " if field else f"{source}:{line}: "
-
-
-def _dotted(loc: Loc) -> str:
-    text = ""
-    for part in loc:
-        text += f"[{part}]" if isinstance(part, int) else f".{part}" if text else str(part)
-    return text
-
-
-def _line_of(node: yaml.Node | None, loc: Loc) -> int:
-    """The 1-based line of the deepest YAML node that ``loc`` reaches."""
-    line = node.start_mark.line + 1 if node is not None else 1
-    for part in loc:
-        child = _child(node, part)
-        if child is None:
-            break
-        key_node, node = child
-        line = key_node.start_mark.line + 1
-    return line
-
-
-def _child(node: yaml.Node | None, part: int | str) -> tuple[yaml.Node, yaml.Node] | None:
-    if isinstance(node, yaml.MappingNode):
-        for key, value in node.value:
-            if key.value == str(part):
-                return key, value
-    if isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
-        item: Any = node.value[part]
-        return item, item
-    return None

@@ -7,7 +7,7 @@ same decisions (``max_queued``, ``weight``) is in ``user_policy.py``.
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from gateway.durations import Duration
 from gateway.policy_base import SlotShare, Strict, Weight, slots_on
@@ -63,6 +63,10 @@ class Classes(Strict):
 
 class Costs(Strict):
     """What a request costs the fair scheduler, in weighted tokens."""
+
+    # A cost of .inf would put its user's every request after everyone's, and two of them
+    # (inf - inf) make the order undefined: a cost is a finite number.
+    model_config = ConfigDict(allow_inf_nan=False)
 
     input: float = Field(default=1.0, ge=0, description="Weight of one prompt token.")
     output: float = Field(default=2.0, ge=0, description="Weight of one generated token.")

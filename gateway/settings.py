@@ -35,8 +35,15 @@ _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 class Settings(BaseSettings):
     """Process settings; every field is read from ``FAIRGATE_<NAME>``."""
 
+    # Every number a finite one: FAIRGATE_BODY_TIMEOUT=inf would be a wait without a
+    # deadline, FAIRGATE_REDIS_LEASE_SECONDS=inf holds that outlive their replica. No
+    # setting is a yes/no, and a number's text means one number ("010" is 10, "2.0" is 2).
     model_config = SettingsConfigDict(
-        env_prefix="FAIRGATE_", env_file=".env", env_file_encoding="utf-8", extra="ignore"
+        env_prefix="FAIRGATE_",
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+        allow_inf_nan=False,
     )
 
     config: Path = Field(

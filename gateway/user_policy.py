@@ -13,13 +13,12 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from ipaddress import IPv4Network, IPv6Network
 from typing import Annotated
 
 from pydantic import AfterValidator, Field, ValidationInfo
 
 from gateway.budget_policy import BudgetConfig
-from gateway.policy_base import Strict, Weight
+from gateway.policy_base import AddressRange, Strict, Weight
 from gateway.policy_file import problem_at
 
 __all__ = [
@@ -119,7 +118,7 @@ class UserConfig(Strict):
         description="API keys: plain text, sha256:<hex of the key>, or env:VARIABLE (read "
         "when the file is loaded, from the environment or .env, and held as its sha256).",
     )
-    clients: list[IPv4Network | IPv6Network] = Field(
+    clients: list[AddressRange] = Field(
         default_factory=list,
         description="Addresses or CIDR ranges identified as this user without a key (a TV).",
     )

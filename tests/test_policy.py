@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, get_args
 
 import pytest
+from pydantic import BaseModel, ValidationError
 
 from gateway.__main__ import main
-from gateway.policy import PolicyError, load_policy, parse_policy
+from gateway.policy import Policy, PolicyError, load_policy, parse_policy
 from gateway.policy_base import _remembered_key, model_key
 
 REPO = Path(__file__).resolve().parent.parent
@@ -119,6 +122,62 @@ class TestParsePolicy:
         assert rules[0].users == ["owui", "owui/alice@example.com"]
         open_gateway = "lanes:\n  rules:\n    - {lane: background, users: [anonymous]}\n"
         assert parse_policy(open_gateway + GOOD).lanes.rules[0].users == ["anonymous"]
+
+
+class TestNumbersAsWritten:
+    def test_no_field_of_the_policy_takes_a_yes_no_for_anything_but_a_yes_no(self) -> None:
+        """off, no, yes and on are booleans to YAML: every field of every section refuses
+        one at its own place, unless it is a yes/no itself (admin)."""
+        refused_as_numbers = 0
+        for model in _sections(Policy, set()):
+            for name, field in model.model_fields.items():
+                try:
+                    model.model_validate({name: False}, context={"environment": {}})
+                    errors: list[Any] = []
+                except ValidationError as exc:
+                    errors = exc.errors()
+                about = [e for e in errors if _place(e)[:1] == (name,)]
+                assert about or field.annotation is bool, f"{model.__name__}.{name}"
+                refused_as_numbers += any(e["type"] == "yes_no_number" for e in about)
+        assert refused_as_numbers >= 30  # every count, share, duration, size and weight
+
+    def test_a_number_written_unambiguously_is_read_as_written(self) -> None:
+        """A quoted count, a whole number with .0, hexadecimal, underscores and a quoted
+        leading zero mean one number each, and are taken."""
+        text = (
+            "defaults: {max_concurrent: '2', max_queued: 3.0, weight: '1.5'}\n"
+            "queue: {max_depth: 0x10, max_wait: '010'}\n"
+            "costs: {image_tokens: 1_000}\n"
+        )
+        policy = parse_policy(text + GOOD)
+        assert (policy.defaults.max_concurrent, policy.defaults.max_queued) == (2, 3)
+        assert policy.defaults.weight == 1.5
+        assert (policy.queue.max_depth, policy.queue.max_wait) == (16, 10.0)
+        assert policy.costs.image_tokens == 1000
+
+
+def _sections(model: type[BaseModel], seen: set[type[BaseModel]]) -> Iterator[type[BaseModel]]:
+    """``model`` and every model its fields hold, through lists, mappings and unions."""
+    if model in seen:
+        return
+    seen.add(model)
+    yield model
+    for field in model.model_fields.values():
+        for inner in _types_in(field.annotation):
+            if isinstance(inner, type) and issubclass(inner, BaseModel):
+                yield from _sections(inner, seen)
+
+
+def _types_in(annotation: Any) -> Iterator[Any]:
+    yield annotation
+    for argument in get_args(annotation):
+        yield from _types_in(argument)
+
+
+def _place(error: Any) -> tuple[Any, ...]:
+    """Where an error is, below the model validated: its own place, or the one a
+    model-wide check names."""
+    return (*error["loc"], *(error.get("ctx") or {}).get("at", ()))
 
 
 class TestCheckConfigCommand:

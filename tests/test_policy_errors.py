@@ -291,6 +291,75 @@ BROKEN = [
         "fairgate.yaml:2: backends[0]: keep_warm: only for an ollama backend",
     ),
     Broken(
+        "off for a count",
+        "defaults:\n  max_queued: off\n" + GPU,
+        "fairgate.yaml:2: defaults.max_queued: off is a yes/no to YAML, not a number",
+    ),
+    Broken(
+        "yes for a weight",
+        ALICE + "    weight: yes\n" + GPU,
+        "fairgate.yaml:4: users.alice.weight: yes is a yes/no to YAML, not a number",
+    ),
+    Broken(
+        "no for a duration",
+        "queue:\n  max_wait: no\n" + GPU,
+        "fairgate.yaml:2: queue.max_wait: no is a yes/no to YAML, not a number",
+    ),
+    Broken(
+        "on for a share of slots",
+        "classes:\n  heavy:\n    max_slots: on\n" + GPU,
+        "fairgate.yaml:3: classes.heavy.max_slots: on is a yes/no to YAML, not a number",
+    ),
+    Broken(
+        "off for a size",
+        "backends:\n  - {name: gpu, url: http://127.0.0.1:11434, slots: 2, memory: Off}\n",
+        "fairgate.yaml:2: backends[0].memory: Off is a yes/no to YAML, not a number",
+    ),
+    Broken(
+        "yes for a num_ctx",
+        "num_ctx:\n  override: yes\n" + GPU,
+        "fairgate.yaml:2: num_ctx.override: yes is a yes/no to YAML, not a number",
+    ),
+    Broken(
+        "off for a budget",
+        "defaults:\n  budget: {tokens_per_day: off}\n" + GPU,
+        "fairgate.yaml:2: defaults.budget.tokens_per_day: must be a count such as 50, 500k or "
+        "2M, or unlimited (got off)",
+    ),
+    Broken(
+        "a yes/no where text is meant",
+        "lanes:\n  header: on\n" + GPU,
+        "fairgate.yaml:2: lanes.header: on is a yes/no to YAML, not text (put it in quotes)",
+    ),
+    Broken(
+        "a fraction for a count",
+        "defaults:\n  max_concurrent: 1.5\n" + GPU,
+        "fairgate.yaml:2: defaults.max_concurrent: 1.5 is not a whole number",
+    ),
+    Broken(
+        "a count with a leading zero",
+        "queue:\n  max_depth: 010\n" + GPU,
+        "fairgate.yaml:2: queue.max_depth: YAML reads 010 as 8 (octal, for its leading 0): "
+        "write 8 if that is meant",
+    ),
+    Broken(
+        "minutes and seconds joined by a colon",
+        GPU + "timeouts:\n  idle: 1:30\n",
+        "fairgate.yaml:4: timeouts.idle: YAML reads 1:30 as 90 (base 60, for its colons): "
+        "write 90 if that is meant",
+    ),
+    Broken(
+        "an endless cost",
+        "costs:\n  input: .inf\n" + GPU,
+        "fairgate.yaml:2: costs.input: must be a finite number, not inf",
+    ),
+    Broken(
+        "a number for a client's address",
+        "users:\n  tv:\n    clients: [10]\n" + GPU,
+        "fairgate.yaml:3: users.tv.clients[0]: write an address or CIDR range, such as "
+        "192.168.1.50 or 192.168.1.0/24 (got 10)",
+    ),
+    Broken(
         "broken YAML",
         "backends:\n  - name: gpu\n    url: [unclosed\n",
         "fairgate.yaml:4:1: invalid YAML: expected ',' or ']', but got '<stream end>'",

@@ -134,6 +134,13 @@ class TestListenSetting:
         expected = "must be 'DEBUG', 'INFO', 'WARNING' or 'ERROR'"
         assert (status, lines) == (2, [f"fairgate: FAIRGATE_LOG_LEVEL='verbose': {expected}"])
 
+    async def test_an_endless_timeout_is_refused_with_one_line(self, tmp_path: Path) -> None:
+        """FAIRGATE_BODY_TIMEOUT=inf would be a wait without a deadline: exit 2, one line."""
+        process = await fairgate("serve", cwd=tmp_path, env={"FAIRGATE_BODY_TIMEOUT": "inf"})
+        status, lines = await finished(process)
+        expected = "fairgate: FAIRGATE_BODY_TIMEOUT='inf': input should be a finite number"
+        assert (status, lines) == (2, [expected])
+
     async def test_a_bad_flag_value_is_named_as_the_flag(self, tmp_path: Path) -> None:
         """A value given with --listen is reported as --listen, not as the variable."""
         process = await fairgate("serve", "--listen", "localhost:70000", cwd=tmp_path)
