@@ -25,7 +25,7 @@ import structlog
 from gateway.access import RequestRecord
 from gateway.backends import model_key
 from gateway.budget_policy import Budget
-from gateway.budgets import BudgetState, budget_states, over_budget
+from gateway.budgets import BudgetState, budget_states, over_budget, requests_room
 from gateway.refusals import Refusal
 from gateway.tasks import Background, repeat
 from gateway.usage import Batch, Counts, StoreError, Tally, UsageStore
@@ -158,6 +158,10 @@ class Ledger:
         """Each of ``budget``'s limits against what ``user`` has used (and has running or
         waiting, ``in_flight``: those will count when they end)."""
         return budget_states(budget, self.used(user), in_flight, self.calendar.now())
+
+    def requests_room(self, user: str, budget: Budget) -> int | None:
+        """How many of ``user``'s requests may be in flight now (None: no requests limit)."""
+        return requests_room(budget, self.used(user))
 
     def refusal(self, user: str, budget: Budget, in_flight: int) -> Refusal | None:
         """The 429 for a request of ``user`` now, or None while every budget has room."""

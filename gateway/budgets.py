@@ -6,7 +6,8 @@ The check comes before a request waits, never during one: a stream already runni
 never cut, so a long reply may take a user past a budget, and the next request is refused.
 
 Requests count when they end; those running or waiting count already (``in_flight``), so
-a user cannot pass a requests budget by sending many at once. Tokens and slot time are
+a user cannot pass a requests budget by sending many at once (with replicas, counted across
+them: ``in_flight.py``). Tokens and slot time are
 known only when a reply ends, and count then.
 """
 
@@ -21,7 +22,7 @@ from gateway.user_policy import PERSON_SEPARATOR
 from gateway.vocabulary import Reason
 from gateway.windows import Calendar, Windows
 
-__all__ = ["BudgetState", "budget_states", "over_budget"]
+__all__ = ["BudgetState", "budget_states", "over_budget", "requests_room"]
 
 _WORDS = {
     "tokens_per_day": "tokens per day",
@@ -80,6 +81,17 @@ def budget_states(
             )
         )
     return states
+
+
+def requests_room(budget: Budget, used: Tally) -> int | None:
+    """How many of the user's requests may be in flight (running or waiting) now under
+    ``budget``'s requests limits; None when it sets none."""
+    rooms = []
+    if budget.requests_per_minute is not None:
+        rooms.append(budget.requests_per_minute - used.minute_requests)
+    if budget.requests_per_hour is not None:
+        rooms.append(budget.requests_per_hour - used.hour_requests)
+    return min(rooms) if rooms else None
 
 
 def over_budget(user: str, states: list[BudgetState], calendar: Calendar) -> Refusal | None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 
 import structlog
@@ -15,6 +17,7 @@ from gateway.bodies import Fields, defer_continue, parsed, read_body
 from gateway.classify import classify
 from gateway.errors import BackendFailure, GatewayError
 from gateway.hot_routes import HOT_PATHS
+from gateway.in_flight import InFlight
 from gateway.lanes import lane_of, possible_lanes
 from gateway.listings import checked_name, model_forbidden, model_not_found, no_backend
 from gateway.load_options import apply_num_ctx_policy
@@ -95,39 +98,39 @@ class Generation:
             lane,
             estimate.num_ctx if api is Api.OLLAMA else None,
         )
-        # Again, right before joining the room: no await between the two, so the requests
-        # that passed this check all count as in flight for the next one.
-        _check_budget(services, view.policy, user)
-        # A reload while the body arrived revoked waiting requests it could see; this one
-        # was not waiting yet: ask the policy in force now, as the reload asked the others.
-        now = services.policy.current
-        if now is not view and not now.directory.admits(user, caller.credential):
-            raise REVOKED.error()
-        outcome = admission.at_once(ticket) or await admission.acquire(ticket)
-        if isinstance(outcome, Refusal):
-            raise outcome.error()
-        async with outcome as permit:
-            record.queue_wait, record.dispatched_at = permit.queue_wait, permit.granted_at
-            record.queue_position = permit.queue_position
-            try:
-                response = await self._relay_with_failover(
-                    request, permit, fields.body, view.policy
-                )
-            except asyncio.CancelledError:
-                if record.first_byte_at is not None:
-                    # The client left a reply under way: the backend took the request, and
-                    # loaded its model, all the same.
+        # Again, right before joining the room, and counted as in flight until the request
+        # ends: with replicas, in the shared store, so that together they keep the budget.
+        async with _in_flight(services, view.policy, user):
+            # A reload while the body arrived revoked waiting requests it could see; this one
+            # was not waiting yet: ask the policy in force now, as the reload asked the others.
+            now = services.policy.current
+            if now is not view and not now.directory.admits(user, caller.credential):
+                raise REVOKED.error()
+            outcome = admission.at_once(ticket) or await admission.acquire(ticket)
+            if isinstance(outcome, Refusal):
+                raise outcome.error()
+            async with outcome as permit:
+                record.queue_wait, record.dispatched_at = permit.queue_wait, permit.granted_at
+                record.queue_position = permit.queue_position
+                try:
+                    response = await self._relay_with_failover(
+                        request, permit, fields.body, view.policy
+                    )
+                except asyncio.CancelledError:
+                    if record.first_byte_at is not None:
+                        # The client left a reply under way: the backend took the request, and
+                        # loaded its model, all the same.
+                        permit.answered()
+                    raise
+                finally:  # a reply cut short still spent what it streamed
+                    record.streamed_tokens = int(permit.output_charged)
+                permit.settle(record.prompt_tokens, record.completion_tokens)
+                permit.loaded(record.load_seconds)
+                if response.status >= 400 and record.load_seconds is None:
+                    permit.refused_by_backend()
+                else:
                     permit.answered()
-                raise
-            finally:  # a reply cut short still spent what it streamed
-                record.streamed_tokens = int(permit.output_charged)
-            permit.settle(record.prompt_tokens, record.completion_tokens)
-            permit.loaded(record.load_seconds)
-            if response.status >= 400 and record.load_seconds is None:
-                permit.refused_by_backend()
-            else:
-                permit.answered()
-        services.warmth.note_load(permit.backend.name, model, record.load_seconds)
+            services.warmth.note_load(permit.backend.name, model, record.load_seconds)
         return response
 
     async def _relay_with_failover(
@@ -245,6 +248,16 @@ def _check_model_served(pool: BackendPool, api: Api, model: str) -> None:
     if pool.known_nowhere(api, model):
         raise model_not_found(model)
     raise no_backend(pool, api, model)
+
+
+def _in_flight(services: Services, policy: Policy, user: str) -> AbstractAsyncContextManager[None]:
+    budget = policy.budget_of(user) if policy.budgeted else None
+    if not budget:
+        return _UNCOUNTED
+    return InFlight(services.usage, services.admission, budget, user)
+
+
+_UNCOUNTED = contextlib.nullcontext()
 
 
 def _check_budget(services: Services, policy: Policy, user: str) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+import redis.asyncio as aioredis
 
 from gateway.admission import Admission, Permit, Ticket
 from gateway.backends import BackendStates
@@ -147,6 +148,62 @@ async def test_redis_going_away_is_handled_as_configured_and_sharing_resumes(
     while await state.usage() != ({}, {}):
         assert time.monotonic() < deadline, "the hold was never given back"
         await state.released(within=0.1)
+
+
+async def budgeted(
+    start_sim: StartSim, start_gateway: StartGateway, url: str, count: int, cap: int = 4
+) -> list[Gateway]:
+    """``count`` replicas on one Redis, where each user may make two requests an hour."""
+    _, sim_url = await start_sim(parallel=8)
+    budget = "max_queued: 8, budget: {requests_per_hour: 2}}"
+    text = policy(sim_url, slots=8, cap=cap).replace("max_queued: 8}", budget)
+    return [await start_gateway(text, redis_url=url) for _ in range(count)]
+
+
+async def test_a_requests_budget_holds_across_replicas(
+    start_sim: StartSim,
+    start_gateway: StartGateway,
+    redis_url: str,  # noqa: F811
+) -> None:
+    """Two requests an hour: one running on A and one on B, a third on either is refused."""
+    a, b = await budgeted(start_sim, start_gateway, redis_url, 2)
+    async with held(a, "alice-key", "on A"), held(b, "alice-key", "on B"):
+        assert await generate_status(a, "alice-key", "third on A") == 429
+        assert await generate_status(b, "alice-key", "third on B") == 429
+        assert await generate_status(b, "bob-key", "bob's own budget") == 200
+
+
+async def test_a_request_waiting_for_another_replicas_hold_counts_against_the_budget(
+    start_sim: StartSim,
+    start_gateway: StartGateway,
+    redis_url: str,  # noqa: F811
+) -> None:
+    """Alice (cap 1, two requests an hour) runs on A and waits on B: a third on B is 429."""
+    a, b = await budgeted(start_sim, start_gateway, redis_url, 2, cap=1)
+    redis = aioredis.Redis.from_url(redis_url)
+    try:
+        async with held(a, "alice-key", "running on A"):
+            waiting = asyncio.create_task(generate_status(b, "alice-key", "waits on B"))
+            async with asyncio.timeout(5):  # counted, then in B's room (a change) to wait
+                while await redis.zcard("fairgate:in_flight:alice") < 2:
+                    await b.services.admission.changed()
+            assert await generate_status(b, "alice-key", "third on B") == 429
+        assert await waiting == 200
+    finally:
+        await redis.aclose()
+
+
+async def test_while_redis_is_away_a_budget_counts_this_replicas_requests(
+    start_sim: StartSim,
+    start_gateway: StartGateway,
+    redis_server: RedisServer,  # noqa: F811
+) -> None:
+    """No 5xx from the budget while Redis is away: its own requests count, as alone."""
+    (gateway,) = await budgeted(start_sim, start_gateway, redis_server.url, 1)
+    await redis_server.stop()
+    async with held(gateway, "alice-key", "while away"):
+        assert await generate_status(gateway, "alice-key", "second") == 200
+        assert await generate_status(gateway, "alice-key", "third") == 429
 
 
 async def test_fair_share_counters_and_queue_depths_travel_between_replicas(

@@ -74,6 +74,22 @@ class TestContract:
         assert await state.take(hold(1, user_cap=1))
         assert (await state.usage())[0] == {"alice": 1}
 
+    async def test_requests_in_flight_are_counted_up_to_the_room_left_once_each(
+        self, state: HoldStore
+    ) -> None:
+        """A user's third request is not counted with room for two; a repeat counts once;
+        another user's has room of its own; an ended one makes room again."""
+        assert await state.count_in_flight("alice", "r1", 2)
+        assert await state.count_in_flight("alice", "r1", 2)  # the same request: still one
+        assert await state.count_in_flight("alice", "r2", 2)
+        assert not await state.count_in_flight("alice", "r3", 2)
+        assert await state.count_in_flight("bob", "r4", 2)
+        state.uncount_in_flight("alice", "r1")
+        deadline = time.monotonic() + 5  # Redis forgets it in the background
+        while not await state.count_in_flight("alice", "r3", 2):
+            assert time.monotonic() < deadline, "an ended request was never uncounted"
+            await state.released(within=0.05)
+
     async def test_giving_back_everything_leaves_nothing(self, state: HoldStore) -> None:
         """After every hold is released, usage is empty."""
         holds = [hold(n, user=f"u{n}") for n in range(3)]
@@ -100,15 +116,20 @@ class TestRedisLeases:
         # 2 s was not once, with two suites sharing the machine's two cores).
         crashed = RedisHolds(redis_url, lease_seconds=4.0)
         crashed.start()
+        assert await crashed.count_in_flight("alice", "r1", 1)
         assert await crashed.take(hold(1, user_cap=1))
         await crashed.close()  # renewal stops and nothing is given back, as after SIGKILL
         survivor = RedisHolds(redis_url, lease_seconds=5.0)
         survivor.start()
         try:
             assert not await survivor.take(hold(2, user_cap=1))
+            assert not await survivor.count_in_flight("alice", "r2", 1)
             deadline = time.monotonic() + 10
             while not await survivor.take(hold(2, user_cap=1)):
                 assert time.monotonic() < deadline, "the dead replica's lease never expired"
+                await survivor.released(within=0.1)
+            while not await survivor.count_in_flight("alice", "r2", 1):  # counted before it
+                assert time.monotonic() < deadline, "the dead replica's count never expired"
                 await survivor.released(within=0.1)
         finally:
             await survivor.close()
@@ -121,8 +142,10 @@ class TestRedisLeases:
         live.start()
         try:
             assert await live.take(hold(1, user_cap=1))
+            assert await live.count_in_flight("alice", "r1", 1)
             await asyncio.sleep(2.0)  # time passing is the test: over three lease periods
             assert (await live.usage())[0] == {"alice": 1}
+            assert not await live.count_in_flight("alice", "r2", 1)  # r1 still counted
         finally:
             await live.close()
 

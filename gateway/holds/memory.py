@@ -28,6 +28,7 @@ class MemoryHolds:
         self._backends: Counter[str] = Counter()
         self._heavy: Counter[str] = Counter()
         self._release = asyncio.Event()
+        self._in_flight: dict[str, set[str]] = {}  # by user: requests counted
 
     def start(self) -> None:
         return None
@@ -59,6 +60,20 @@ class MemoryHolds:
                 del self._heavy[hold.backend]
         self._release.set()
         self._release = asyncio.Event()
+
+    async def count_in_flight(self, user: str, request: str, room: int) -> bool:
+        counted = self._in_flight.setdefault(user, set())
+        if request not in counted and len(counted) >= room:
+            return False
+        counted.add(request)
+        return True
+
+    def uncount_in_flight(self, user: str, request: str) -> None:
+        counted = self._in_flight.get(user)
+        if counted is not None:
+            counted.discard(request)
+            if not counted:
+                del self._in_flight[user]
 
     async def usage(self) -> tuple[dict[str, int], dict[str, int]]:
         return dict(self._users), dict(self._backends)

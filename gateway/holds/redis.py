@@ -5,6 +5,8 @@ heavy set), scored by its expiry on Redis's own clock. Taking a hold is one Lua 
 (check every limit, then add), so two replicas cannot both take the last slot. A replica
 renews its leases every third of their lifetime; one killed with SIGKILL stops renewing
 and its holds expire within ``lease_seconds``. Scripts use EVALSHA, which Redis 6 has too.
+A user's requests in flight, for requests budgets (``in_flight.py``), are leases of the
+same kind in one sorted set per user, counted and added by one script.
 
 When Redis cannot be reached the state says so (``StoreUnavailable``) and admission applies
 the policy's ``redis.on_failure``; a background check restores sharing when Redis returns.
@@ -16,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
+from collections.abc import Coroutine
 from typing import Any
 
 import structlog
@@ -66,11 +69,35 @@ end
 return 1
 """
 )
+# A user's requests in flight for budgets: one sorted set per user, scored by expiry.
+_COUNT_IN = (
+    _NOW_MS
+    + """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 1 end
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[3]))
+return 1
+"""
+)
+_RENEW_IN_FLIGHT = (
+    _NOW_MS
+    + """
+redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
+return 1
+"""
+)
 _RELEASE = """
 for i = 1, 3 do redis.call('ZREM', KEYS[i], ARGV[1]) end
 redis.call('PUBLISH', ARGV[2], ARGV[1])
 return 1
 """
+
+
+def _in_flight_key(user: str) -> str:
+    return f"{PREFIX}:in_flight:{user}"
 
 
 def _keys(hold: Hold) -> list[str]:
@@ -91,7 +118,10 @@ class RedisHolds:
         self._take = self._redis.register_script(_TAKE)
         self._renew = self._redis.register_script(_RENEW)
         self._release = self._redis.register_script(_RELEASE)
+        self._count_in = self._redis.register_script(_COUNT_IN)
+        self._renew_in_flight = self._redis.register_script(_RENEW_IN_FLIGHT)
         self._mine: dict[str, Hold] = {}  # holds this replica has in Redis
+        self._in_flight: dict[str, str] = {}  # requests this replica counts there: their users
         self._released = asyncio.Event()
         self._releases: set[asyncio.Task[Any]] = set()
         self._loops = Background("holds")
@@ -123,7 +153,11 @@ class RedisHolds:
     def give_back(self, hold: Hold) -> None:
         if self._mine.pop(hold.id, None) is None:
             return  # never in Redis (taken while it was away): nothing to undo there
-        task = asyncio.create_task(self._give_back(hold))
+        self._background(self._give_back(hold))
+
+    def _background(self, release: Coroutine[Any, Any, None]) -> None:
+        """A release sent without the caller waiting (``close`` waits for the last ones)."""
+        task = asyncio.create_task(release)
         self._releases.add(task)
         task.add_done_callback(self._releases.discard)
 
@@ -133,6 +167,31 @@ class RedisHolds:
         except (RedisError, OSError) as exc:
             # The lease expires by itself within lease_seconds.
             log.warning("state_release_failed", hold=hold.id, error=repr(exc))
+
+    async def count_in_flight(self, user: str, request: str, room: int) -> bool:
+        if not self.shared:
+            raise StoreUnavailable("Redis is unreachable")
+        try:
+            counted = await self._count_in(
+                keys=[_in_flight_key(user)], args=[request, room, self._lease_ms]
+            )
+        except (RedisError, OSError) as exc:
+            self._lost(exc)
+            raise StoreUnavailable(str(exc)) from exc
+        if counted:
+            self._in_flight[request] = user
+        return bool(counted)
+
+    def uncount_in_flight(self, user: str, request: str) -> None:
+        if self._in_flight.pop(request, None) is None:
+            return  # never counted in Redis (it was away): nothing to undo there
+        self._background(self._uncount(user, request))
+
+    async def _uncount(self, user: str, request: str) -> None:
+        try:
+            await self._redis.zrem(_in_flight_key(user), request)
+        except (RedisError, OSError) as exc:
+            log.warning("state_release_failed", request=request, error=repr(exc))
 
     async def usage(self) -> tuple[dict[str, int], dict[str, int]]:
         try:
@@ -207,6 +266,10 @@ class RedisHolds:
                 self._wake()
             for hold in list(self._mine.values()):
                 await self._renew(keys=_keys(hold), args=[hold.id, self._lease_ms, int(hold.heavy)])
+            for request, user in list(self._in_flight.items()):
+                await self._renew_in_flight(
+                    keys=[_in_flight_key(user)], args=[request, self._lease_ms]
+                )
         except (RedisError, OSError) as exc:
             self._lost(exc)
 
