@@ -26,7 +26,7 @@ from pydantic import Field, field_validator
 
 from gateway.ambiguity import canonical_keys
 from gateway.durations import Duration
-from gateway.policy_base import SlotShare, Strict, model_key, slots_on
+from gateway.policy_base import HeaderName, SlotShare, Strict, model_key, slots_on
 from gateway.policy_file import problem_at
 from gateway.user_policy import PERSON_SEPARATOR
 from gateway.vocabulary import GENERATION_PATHS, Lane
@@ -66,6 +66,15 @@ class LaneRule(Strict):
                 or (prompt is not None and prompt.startswith(self.prompt_prefix))
             )
         )
+
+    @field_validator("users", "models", "paths")
+    @classmethod
+    def _not_empty(cls, names: list[str] | None) -> list[str] | None:
+        # Every field given must match, and nothing is in an empty list: the rule would
+        # match no request.
+        if names == []:
+            raise ValueError("an empty list matches no request: leave it out to match any")
+        return names
 
     @field_validator("paths")
     @classmethod
@@ -121,7 +130,7 @@ class BackgroundLane(Strict):
 
 
 class Lanes(Strict):
-    header: str | None = Field(
+    header: HeaderName | None = Field(
         default=None,
         description="A request header naming the lane (e.g. X-OWUI-Task set to {{TASK}} in "
         "Open WebUI): 'interactive', 'background', or any other non-empty value: background.",

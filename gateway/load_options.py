@@ -58,6 +58,13 @@ class ModelPolicy(Strict):
         default=None, description="Replaces the top-level num_ctx rules for this model."
     )
 
+    @model_validator(mode="after")
+    def _some_rule(self) -> Self:
+        # {} would read as "this model has rules" and change nothing.
+        if self.num_ctx is None:
+            raise ValueError("gives no rules: give num_ctx, or remove the entry")
+        return self
+
 
 def num_ctx_of(fields: dict[str, Any]) -> int | None:
     """The ``num_ctx`` Ollama would load the model with for this body, or None for its

@@ -12,11 +12,19 @@ from functools import cache, lru_cache
 from ipaddress import IPv4Network, IPv6Network
 from typing import Annotated, Any, Union, get_args, get_origin
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from gateway.policy_file import yes_no_for_a_number
 
-__all__ = ["AddressRange", "SlotShare", "Strict", "Weight", "model_key", "slots_on"]
+__all__ = [
+    "AddressRange",
+    "HeaderName",
+    "SlotShare",
+    "Strict",
+    "Weight",
+    "model_key",
+    "slots_on",
+]
 
 
 class Strict(BaseModel):
@@ -80,6 +88,24 @@ def _range_in_text(value: object) -> object:
 
 AddressRange = Annotated[IPv4Network | IPv6Network, BeforeValidator(_range_in_text)]
 """An address or CIDR range, written as text (``192.168.1.0/24``)."""
+
+_FIELD_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110's token
+_CARRY_KEYS = frozenset({"authorization", "proxy-authorization", "x-api-key", "cookie"})
+
+
+def _header_name(name: str) -> str:
+    # A name no request can carry ("X Task", "X-Task:") would match nothing. One that
+    # carries the key is on every request with a key: every one would be background, or
+    # a front end's person would be named by its key (in /status, the logs, usage).
+    if not _FIELD_NAME.fullmatch(name):
+        raise ValueError(f"{name!r} is not a header name: letters, digits and -, no space or :")
+    if name.lower() in _CARRY_KEYS:
+        raise ValueError(f"{name!r} carries the key: name a header of its own")
+    return name
+
+
+HeaderName = Annotated[str, AfterValidator(_header_name)]
+"""A request header the admin names, for the gateway to read."""
 
 SlotShare = Annotated[int | str, BeforeValidator(_count_or_share)]
 """Some of a backend's slots: a count (``2``) or a share (``50%``)."""

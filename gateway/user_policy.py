@@ -18,7 +18,7 @@ from typing import Annotated
 from pydantic import AfterValidator, Field, ValidationInfo
 
 from gateway.budget_policy import BudgetConfig
-from gateway.policy_base import AddressRange, Strict, Weight
+from gateway.policy_base import AddressRange, HeaderName, Strict, Weight
 from gateway.policy_file import problem_at
 
 __all__ = [
@@ -104,7 +104,7 @@ ConfiguredKey = Annotated[str, AfterValidator(_configured_key)]
 class OnBehalf(Strict):
     """A front end that serves many people with one key, and names each in a header."""
 
-    header: str = Field(
+    header: HeaderName = Field(
         description="The header naming the person (Open WebUI: X-OpenWebUI-User-Email, with "
         "ENABLE_FORWARD_USER_INFO_HEADERS=True). Trusted only with this user's keys."
     )

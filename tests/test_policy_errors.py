@@ -291,6 +291,29 @@ BROKEN = [
         "fairgate.yaml:2: backends[0]: keep_warm: only for an ollama backend",
     ),
     Broken(
+        "a lane rule for an empty list of users",
+        "lanes:\n  rules:\n    - {lane: background, users: []}\n" + GPU,
+        "fairgate.yaml:3: lanes.rules[0].users: an empty list matches no request: leave it "
+        "out to match any",
+    ),
+    Broken(
+        "a lane header with spaces",
+        "lanes:\n  header: X OWUI Task\n" + GPU,
+        "fairgate.yaml:2: lanes.header: 'X OWUI Task' is not a header name: letters, digits "
+        "and -, no space or :",
+    ),
+    Broken(
+        "a person named by the header that carries the key",
+        "users:\n  owui:\n    keys: [owui-key]\n    on_behalf: {header: Authorization}\n" + GPU,
+        "fairgate.yaml:4: users.owui.on_behalf.header: 'Authorization' carries the key: name a "
+        "header of its own",
+    ),
+    Broken(
+        "a model's entry with no rules",
+        "models:\n  llama3.2: {}\n" + GPU,
+        "fairgate.yaml:2: models.llama3.2: gives no rules: give num_ctx, or remove the entry",
+    ),
+    Broken(
         "off for a count",
         "defaults:\n  max_queued: off\n" + GPU,
         "fairgate.yaml:2: defaults.max_queued: off is a yes/no to YAML, not a number",
