@@ -15,9 +15,11 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.headers import NO_STORE
 from gateway.services import Services
 from gateway.snapshot import GatewaySnapshot
 from gateway.status import render_budget, render_today
+from gateway.user_policy import ANONYMOUS, PERSON_SEPARATOR
 
 __all__ = ["House", "render_me"]
 
@@ -83,7 +85,7 @@ class House:
         user = services.caller(request, view).user
         body = render_me(services.snapshot(), user)
         body["admin"] = services.is_admin(request, view)
-        return web.json_response(body, headers={"Cache-Control": "no-store"})
+        return web.json_response(body, headers=NO_STORE)
 
 
 def render_me(snapshot: GatewaySnapshot, user: str) -> dict[str, Any]:
@@ -125,7 +127,7 @@ def render_me(snapshot: GatewaySnapshot, user: str) -> dict[str, Any]:
         "house": {
             "busy": sum(backend.busy for backend in snapshot.backends),
             "slots": sum(backend.slots for backend in snapshot.backends),
-            "running_users": _running_users(snapshot),
+            "running_users": _running_users(snapshot, user),
             "waiting": room.queue_depth,
         },
     }
@@ -135,7 +137,7 @@ def summary(snapshot: GatewaySnapshot, user: str) -> str:
     """Why it is slow, in one line: "2 of 2 slots busy: bob, agent; 1 ahead of you"."""
     busy = sum(backend.busy for backend in snapshot.backends)
     slots = sum(backend.slots for backend in snapshot.backends)
-    names = _running_users(snapshot)
+    names = _running_users(snapshot, user)
     head = f"{busy} of {slots} slot{'' if slots == 1 else 's'} busy"
     if names:
         head += ": " + ", ".join(names)
@@ -151,7 +153,12 @@ def summary(snapshot: GatewaySnapshot, user: str) -> str:
     return f"{head}; {tail}"
 
 
-def _running_users(snapshot: GatewaySnapshot) -> list[str]:
-    """Who holds the busy slots, longest running first; "bob (2)" for two of bob's."""
-    counts = Counter(run.user for run in snapshot.room.running)
+def _running_users(snapshot: GatewaySnapshot, viewer: str) -> list[str]:
+    """Who holds the busy slots, longest running first; "bob (2)" for two of bob's. Told
+    to the household's own users only: ``anonymous`` is anyone who can reach the gateway.
+    A person a front end names (``owui/alice@example.com``) shows as the front end: their
+    address is theirs to give, as in the metrics."""
+    if viewer == ANONYMOUS:
+        return []
+    counts = Counter(run.user.partition(PERSON_SEPARATOR)[0] for run in snapshot.room.running)
     return [name if count == 1 else f"{name} ({count})" for name, count in counts.items()]

@@ -44,19 +44,21 @@ class Stream:
     like any client), stalled after its first token so that it holds its slot, and ended
     on demand."""
 
-    def __init__(self, gateway: Gateway, key: str) -> None:
+    def __init__(self, gateway: Gateway, key: str, person: str | None = None) -> None:
         self.user = key.removesuffix("-key")
         self.started = asyncio.Event()
         self._end = asyncio.Event()
-        self._task = asyncio.create_task(self._run(gateway.url, key))
+        self._task = asyncio.create_task(self._run(gateway.url, key, person))
 
-    async def _run(self, url: str, key: str) -> None:
+    async def _run(self, url: str, key: str, person: str | None) -> None:
         body = {
             "model": MODEL,
             "messages": [{"role": "user", "content": PROMPT}],
             "options": {"sim_stall_after": 1},
         }
         headers = {"Authorization": f"Bearer {key}"}
+        if person is not None:  # a front end's user, named in its on_behalf header
+            headers["X-Person"] = person
         async with (
             aiohttp.ClientSession() as session,
             session.post(url + "/api/chat", json=body, headers=headers) as reply,
@@ -101,6 +103,34 @@ def running_users(gateway: Gateway) -> list[str]:
 
 
 class TestWhereAmI:
+    async def test_who_runs_is_told_to_the_household_and_a_persons_address_to_nobody(
+        self, start_sim: StartSim, start_gateway: StartGateway, streams: list[Stream]
+    ) -> None:
+        """A front end's person and bob run: bob reads "owui, bob", not the person's
+        address; a caller with no key (anonymous) reads how busy the house is, not who."""
+        _, sim_url = await start_sim(parallel=4)
+        gateway = await start_gateway(
+            "users:\n"
+            "  bob: {keys: [bob-key]}\n"
+            "  owui: {keys: [owui-key], on_behalf: {header: X-Person}}\n"
+            "  anonymous: {max_concurrent: 1}\n"
+            f"backends:\n  - {{name: gpu, url: {sim_url}, kind: ollama, slots: 2}}\n"
+        )
+        person = Stream(gateway, "owui-key", person="alice.private@example.com")
+        streams.append(person)
+        await person.started.wait()
+        await (await open_stream(streams, gateway, "bob-key")).started.wait()
+
+        status, me = await get_json(gateway.url + "/ui/me.json", "bob-key")
+        assert status == 200
+        assert me["house"]["running_users"] == ["owui", "bob"]
+        assert me["summary"] == "2 of 2 slots busy: owui, bob; yours is running"
+        status, me = await get_json(gateway.url + "/ui/me.json")
+        assert (status, me["user"]) == (200, "anonymous")
+        assert me["house"]["running_users"] == []
+        assert me["summary"] == "2 of 2 slots busy; nobody waiting"
+        assert "example.com" not in str(me)
+
     @pytest.mark.parametrize(
         ("scheduling", "order"),
         # fair: lifted level with bob, carol (weight 2) is charged half as much for the same
