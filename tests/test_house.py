@@ -270,6 +270,26 @@ async def from_another_machine(request: web.Request, handler: Handler) -> web.St
 
 
 class TestHousePage:
+    async def test_a_model_loaded_since_the_last_probe_shows_in_memory_as_the_cli_says(
+        self,
+        start_sim: StartSim,
+        start_gateway: StartGateway,
+        streams: list[Stream],
+        browser: Browser,
+        tmp_path: Path,
+    ) -> None:
+        """Bob's chat loads the model a minute before the next probe: the page says it is in
+        memory at once, as `fairgate status` does (both read the gateway's own record)."""
+        _, sim_url = await start_sim(parallel=4)
+        gateway = await start_gateway("monitoring: {interval: 60s}\n" + house(sim_url))
+        await (await open_stream(streams, gateway, "bob-key")).started.wait()
+
+        async with opened(browser, tmp_path, "in-memory") as watched:
+            page = watched.page
+            await page.goto(gateway.url + "/ui")
+            meta = page.locator(".backend .meta")
+            await expect(meta).to_contain_text(f"in memory: {MODEL}", timeout=3000)
+
     async def test_the_page_shows_busy_slots_and_the_waiter_then_follows_a_stream_ending(
         self,
         start_sim: StartSim,

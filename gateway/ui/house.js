@@ -46,7 +46,9 @@ function backend(name, b, running) {
   const cells = [];
   for (let i = 0; i < b.slots; i++) cells.push(i < runs.length ? busySlot(runs[i]) : freeSlot());
   const state = b.healthy ? (b.sleeping ? "sleeping" : "up") : "down";
-  const models = Object.keys(b.loaded);
+  // An Ollama backend's models as the gateway holds them (its probes and its own dispatches
+  // since), as `fairgate status` reads them; other kinds list what their probe saw.
+  const models = Object.keys(b.models ?? b.loaded);
   return el(
     "article", "backend",
     el("h3", null, name, " ", el("span", `badge ${state}`, state), " ", el("small", null, b.kind)),
