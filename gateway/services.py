@@ -175,8 +175,14 @@ class Services:
 
     def is_admin(self, request: web.Request, view: PolicyView) -> bool:
         """Clients on this machine and admin keys may read the gateway's state."""
-        # Loopback is no key: under a name a site could own, only a key says who asks.
-        if request[RECORD].client.is_local and names_gateway(request.headers, view.policy.hosts):
+        # Loopback is no key: under a name a site could own, only a key says who asks; and a
+        # fetch that says its Origin (the house page's own GETs do not) is some page's, a
+        # chat app's the policy lists perhaps, run in a browser here: not the admin.
+        if (
+            request[RECORD].client.is_local
+            and "Origin" not in request.headers
+            and names_gateway(request.headers, view.policy.hosts)
+        ):
             return True
         return self.caller(request, view).user in view.directory.admins
 

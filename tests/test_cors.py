@@ -240,6 +240,18 @@ class TestPagesWithoutAKey:
         status, _, _ = await send(gateway, "POST", "/api/chat", {"Origin": origin}, CHAT)
         assert status == 200
 
+    async def test_a_listed_origins_page_on_the_gateways_machine_is_not_its_admin(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """A chat app's page may chat from the gateway's own machine, but its fetch of
+        /status (which loopback alone may read) is refused: its Origin says whose it is."""
+        _, sim_url = await start_sim()
+        gateway = await start_gateway(policy(sim_url))
+        status, _, _ = await send(gateway, "GET", "/status", {})
+        assert status == 200  # the house page's own GET says no Origin
+        status, _, body = await send(gateway, "GET", "/status", {"Origin": APP})
+        assert status == 401 and b"backends" not in body
+
 
 def by_address(sim_url: str, origins: str) -> str:
     users = "users:\n  house: {clients: [127.0.0.1/32]}\n"
