@@ -13,7 +13,11 @@ from functools import lru_cache
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
-__all__ = ["decoded", "forwarded_headers", "returned_pairs"]
+__all__ = ["NO_STORE", "decoded", "forwarded_headers", "returned_pairs"]
+
+# On a reply that is one caller's (their page, the models they may use) or the admin's (the
+# gateway's state): no cache between the gateway and the browser keeps it, nor the browser.
+NO_STORE = {"Cache-Control": "no-store"}
 
 _NOT_FORWARDED = frozenset(
     {

@@ -27,6 +27,7 @@ from gateway.backends.failures import unavailable
 from gateway.backends.probes import entries_of
 from gateway.bodies import defer_continue, parsed, read_body
 from gateway.errors import GatewayError
+from gateway.headers import NO_STORE
 from gateway.relay import Relay, Target
 from gateway.services import Services
 from gateway.vocabulary import Api, Reason
@@ -85,7 +86,7 @@ class Reads:
             entries = await self._entries(user, "/v1/models")
         if wanted not in entries:
             raise model_not_found(wanted)
-        return web.json_response(entries[wanted])
+        return web.json_response(entries[wanted], headers=NO_STORE)
 
     async def show(self, request: web.Request) -> web.StreamResponse:
         """Model details from a backend that has the model."""
@@ -117,7 +118,7 @@ class Reads:
         body: dict[str, Any] = {key: list(entries.values())}
         if api is Api.OPENAI:
             body = {"object": "list", **body}
-        return web.json_response(body)
+        return web.json_response(body, headers=NO_STORE)  # the models this user may use
 
     async def _entries(self, user: str, path: str) -> dict[str, dict[str, Any]]:
         """The union of the healthy backends' lists at ``path`` (each model once, by name)

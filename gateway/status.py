@@ -13,6 +13,7 @@ from aiohttp import web
 
 from gateway.backends import Backend
 from gateway.errors import GatewayError
+from gateway.headers import NO_STORE
 from gateway.history import MinuteFigures, RecentRefusal
 from gateway.room_snapshot import RunningRequest, WaitingRequest
 from gateway.services import Services
@@ -53,7 +54,7 @@ class Status:
             raise GatewayError(
                 403, Reason.ADMIN_ONLY, "/status needs an admin key or a loopback client"
             )
-        return web.json_response(render(services.snapshot()))
+        return web.json_response(render(services.snapshot()), headers=NO_STORE)
 
 
 def answering(backends: Iterable[Backend]) -> Iterable[Backend]:

@@ -73,6 +73,19 @@ class TestViews:
         kids = sorted([MODEL, "family"])
         assert await listed(gateway, "kids-key") == {"tags": kids, "ps": [MODEL], "v1": kids}
 
+    async def test_a_users_listing_and_the_admins_status_are_never_cached(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """Each user's listings are their own and /status is the admin's: every reply says
+        no-store, so no cache on the way hands kids' list to alice or /status to anyone."""
+        _, sim_url = await start_sim()
+        gateway = await start_gateway(household(sim_url))
+        headers = {"Authorization": "Bearer kids-key"}
+        async with aiohttp.ClientSession(headers=headers) as session:
+            for path in ("/api/tags", "/api/ps", "/v1/models", "/v1/models/family", "/status"):
+                async with session.get(gateway.url + path) as reply:
+                    assert reply.headers.get("Cache-Control") == "no-store", path
+
     async def test_an_alias_entry_is_its_models_entry_under_the_alias(
         self, start_sim: StartSim, start_gateway: StartGateway
     ) -> None:
