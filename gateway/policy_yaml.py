@@ -40,7 +40,7 @@ def read_yaml(text: str, source: str) -> tuple[Any, yaml.Node | None]:
         raise _unreadable(exc, text, source) from exc
     try:
         root = loader.get_single_node()
-        found = sorted([*_repeated_keys(root), *_surprising_numbers(root)])
+        found = sorted([*_repeated_keys(root), *_keys_not_text(root), *_surprising_numbers(root)])
         if found:
             raise PolicyError(
                 "\n".join(f"{where(source, line, at)}{what}" for line, at, what in found)
@@ -85,6 +85,32 @@ def _repeated_keys(root: yaml.Node | None) -> list[tuple[int, Loc, str]]:
 
 
 _INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+_KINDS_OF_KEY = {
+    "tag:yaml.org,2002:bool": "a yes/no",
+    _INT: "a number",
+    _FLOAT: "a number",
+    "tag:yaml.org,2002:null": "empty (null)",
+}
+
+
+def _keys_not_text(root: yaml.Node | None) -> list[tuple[int, Loc, str]]:
+    """Mapping keys YAML reads as other than text: every key in a policy is a name (a
+    field, a user, a model), and a user called ``no`` would be ``false``, reported at no
+    line the admin could find."""
+    found = []
+    for mapping, at in _nodes(root, (), set()):
+        if not isinstance(mapping, yaml.MappingNode):
+            continue
+        for key, _ in mapping.value:
+            kind = _KINDS_OF_KEY.get(key.tag) if isinstance(key, yaml.ScalarNode) else None
+            if kind is not None and key.style is None:
+                message = (
+                    f"the key {key.value} is {kind} to YAML: write it in quotes, '{key.value}'"
+                )
+                found.append((key.start_mark.line + 1, at, message))
+    return found
+
+
 _OCTAL = re.compile(r"[-+]?0[0-7_]+")  # PyYAML's octal: a leading 0, then digits
 
 

@@ -314,6 +314,11 @@ BROKEN = [
         "fairgate.yaml:2: models.llama3.2: gives no rules: give num_ctx, or remove the entry",
     ),
     Broken(
+        "a user named no",
+        ALICE + "  no:\n    keys: [norah-key]\n" + GPU,
+        "fairgate.yaml:4: users: the key no is a yes/no to YAML: write it in quotes, 'no'",
+    ),
+    Broken(
         "off for a count",
         "defaults:\n  max_queued: off\n" + GPU,
         "fairgate.yaml:2: defaults.max_queued: off is a yes/no to YAML, not a number",
