@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
 from .catalog import MODIFIED_AT_NS
 from .config import GenJob, GenResult, LoadOptions, QueueFull, SimAbort, faults_from
+from .engine import Emit, Engine
 from .ollama import OllamaAPI
 from .ollama_common import (
     JSON_UTF8,
@@ -56,6 +58,33 @@ async def read_v1_body(request: web.Request, go_struct: str) -> dict[str, Any]:
         if exc.message == "missing request body":
             exc.message = "EOF"
         raise
+
+
+async def generated(
+    engine: Engine,
+    request: web.Request,
+    job: GenJob,
+    stream: TapStream,
+    emit: Emit | None,
+    parts: list[str],
+    refused: Callable[[RequestError], web.Response],
+) -> GenResult | web.StreamResponse:
+    """The job run, its tokens to ``emit`` (a stream's, writing to ``stream``) or, for a
+    whole reply (None), collected into ``parts``; or the reply that ends the request: the
+    queue full (503, ``refused`` in the route's shape), or cut as the job's faults say."""
+
+    async def collect(text: str) -> None:
+        parts.append(text)
+
+    try:
+        return await engine.generate(job, emit or collect)
+    except QueueFull:
+        return refused(RequestError(503, MAX_QUEUE_MESSAGE))
+    except SimAbort:
+        await cut_connection(request, stream if emit is not None else None)
+        return stream
+    except ConnectionError:
+        return stream
 
 
 def encoded(value: Any, status: int = 200) -> web.Response:
@@ -135,23 +164,13 @@ class OpenAICompatAPI:
         keep = self.engine.config.record_replies
         sse = SSE(request, ident, name, chat=chat, include_usage=usage_wanted, keep=keep)
         streaming = body.get("stream") is True
-        try:
-            if streaming:
-                result = await self.engine.generate(job, sse.token)
-                await sse.finish(result, job.prompt_tokens)
-                return sse.response
-            parts: list[str] = []
-
-            async def collect(text: str) -> None:
-                parts.append(text)
-
-            result = await self.engine.generate(job, collect)
-        except QueueFull:
-            return openai_error(RequestError(503, MAX_QUEUE_MESSAGE))
-        except SimAbort:
-            await cut_connection(request, sse.response if streaming else None)
-            return sse.response
-        except ConnectionError:
+        parts: list[str] = []
+        emit = sse.token if streaming else None
+        result = await generated(self.engine, request, job, sse.response, emit, parts, openai_error)
+        if not isinstance(result, GenResult):
+            return result  # refused, or cut
+        if streaming:
+            await sse.finish(result, job.prompt_tokens)
             return sse.response
         usage = usage_of(job.prompt_tokens, result)
         created = int(time.time())

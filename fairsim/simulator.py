@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import time
 from collections.abc import Callable
 
@@ -15,6 +16,7 @@ from .config import SimConfig, SimStats
 from .engine import Engine
 from .llamacpp import LlamaCppAPI
 from .ollama import OllamaAPI
+from .ollama_anthropic import messages
 from .ollama_v1 import OpenAICompatAPI
 from .recording import Recorder
 
@@ -83,6 +85,7 @@ class Simulator:
             native = OllamaAPI(self.engine)
             native.add_routes(app)
             OpenAICompatAPI(native).add_routes(app)
+            app.router.add_post("/v1/messages", functools.partial(messages, native))
         app.router.add_get("/sim/stats", self._stats)
         app.on_startup.append(self._on_startup)
         app.on_shutdown.append(self._on_shutdown)

@@ -176,10 +176,14 @@ _PLAIN_KEY = re.compile(r"[A-Za-z_$][A-Za-z0-9_$-]*")
 # matches keys exactly (``Options.FromMap``, a ``json.RawMessage`` schema, ``map[string]any``
 # tool arguments and schema properties), so keys differing in case are different keys for
 # Ollama as for Python, and a schema may rightly have both "ID" and "id".
+# Anthropic's MessagesRequest (Ollama's anthropic package) holds ``system`` and a tool
+# result's ``content`` as ``any``, a tool's ``input_schema`` as raw JSON and a tool call's
+# ``input`` as a map: exact keys there too (Claude Code's schemas are the client's own).
 _EXACT_KEYS = re.compile(
     r"options|format|response_format\.json_schema\.schema"
     r"|messages\[\d+\]\.tool_calls\[\d+\]\.function\.arguments"
     r"|tools\[\d+\]\.function\.parameters\.properties"
+    r"|system|tools\[\d+\]\.input_schema|messages\[\d+\]\.content\[\d+\]\.(?:input|content)"
 )
 
 

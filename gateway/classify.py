@@ -142,4 +142,15 @@ def _content_size(content: object) -> tuple[int, int]:
                 images += 1
             text = part.get("text")
             characters += len(text) if isinstance(text, str) else 0
+            # An Anthropic tool result's own content (a string or text blocks): what an
+            # agent such as Claude Code sends most of, files and command output.
+            inner = part.get("content")
+            if isinstance(inner, str):
+                characters += len(inner)
+            elif isinstance(inner, list):
+                characters += sum(
+                    len(item["text"])
+                    for item in inner
+                    if isinstance(item, dict) and isinstance(item.get("text"), str)
+                )
     return characters, images

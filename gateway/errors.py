@@ -1,8 +1,10 @@
 """Errors in each API's own shape, decided in this one place.
 
 Ollama answers ``{"error": "..."}``; the OpenAI API answers
-``{"error": {"message", "type", "code"}}``. A client library only shows the user a helpful
-message when the error has the shape it expects.
+``{"error": {"message", "type", "code"}}``; Anthropic's Messages API answers
+``{"type": "error", "error": {"type", "message"}}``. A client library only shows the user a
+helpful message when the error has the shape it expects (the ``anthropic`` SDK raises its
+error class by the status, and shows the message).
 """
 
 from __future__ import annotations
@@ -61,6 +63,20 @@ _OPENAI_TYPES = {
 }
 
 
+# Anthropic's error types by status (docs.anthropic.com, "Errors"; Ollama's
+# anthropic.NewError says 503 as overloaded_error too).
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
+
+
 def shutting_down() -> GatewayError:
     """The answer to a request the gateway will not finish because it is stopping: 503,
     retry in a moment (another replica, or this one restarted), and the connection closed."""
@@ -72,6 +88,8 @@ def shutting_down() -> GatewayError:
 def error_body(api: Api, status: int, reason: Reason, message: str) -> bytes:
     if api is Api.OLLAMA:
         return json.dumps({"error": message}).encode()
+    if api is Api.ANTHROPIC:
+        return json.dumps(_anthropic_error(status, message)).encode()
     kind = _OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
     return json.dumps({"error": {"message": message, "type": kind, "code": reason}}).encode()
 
@@ -81,9 +99,19 @@ def retry_after_header(seconds: float) -> str:
     return str(max(1, int(-(-seconds // 1))))
 
 
-def inband_error(content_type: str, message: str, reason: Reason) -> bytes:
+def _anthropic_error(status: int, message: str) -> dict[str, object]:
+    kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def inband_error(api: Api, content_type: str, message: str, reason: Reason) -> bytes:
     """The error to write once a stream has started: Ollama's NDJSON line or an SSE event,
-    whose ``code`` says why, as a refusal's does."""
+    whose ``code`` says why, as a refusal's does. On Anthropic's stream, its ``error``
+    event (which its SDK raises): overloaded when the gateway stops, else an API error."""
+    if api is Api.ANTHROPIC and content_type.startswith("text/event-stream"):
+        status = 503 if reason is Reason.SHUTTING_DOWN else 500
+        event = json.dumps(_anthropic_error(status, message)).encode()
+        return b"event: error\ndata: " + event + b"\n\n"
     if content_type.startswith("text/event-stream"):
         payload = {"error": {"message": message, "type": "server_error", "code": reason}}
         return b"data: " + json.dumps(payload).encode() + b"\n\n"

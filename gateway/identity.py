@@ -176,16 +176,31 @@ def _digest_of_configured(key: str) -> bytes:
 
 
 def _presented_key(headers: Mapping[str, str]) -> tuple[str | None, str | None]:
-    """The key a request carries, and the user name that came with it (basic auth), if any."""
+    """The key a request carries, and the user name that came with it (basic auth), if any.
+
+    A key in ``Authorization`` and another in ``X-API-Key`` (Anthropic's SDK sends that one,
+    Claude Code the bearer) is a 401: whichever were checked, something on the way (a
+    proxy, a backend) could act on the other."""
+    api_key = headers.get("X-API-Key")
     authorization = headers.get("Authorization")
     if authorization is not None:
         scheme, _, value = authorization.partition(" ")
         scheme, value = scheme.lower(), value.strip()
+        found: tuple[str | None, str | None] = (None, None)
         if scheme == "bearer" and value:
-            return value, None
-        if scheme == "basic" and value:
-            return _basic_credentials(value)
-    api_key = headers.get("X-API-Key", "").strip()
+            found = value, None
+        elif scheme == "basic" and value:
+            found = _basic_credentials(value)
+        if found[0] is not None:
+            if api_key is not None and api_key.strip() not in ("", found[0]):
+                raise GatewayError(
+                    401,
+                    Reason.UNAUTHORIZED,
+                    "the request carries two different keys (Authorization and X-API-Key): "
+                    "send one",
+                )
+            return found
+    api_key = (api_key or "").strip()
     return api_key or None, None
 
 

@@ -203,6 +203,22 @@ def _last_prompt(fields: dict[str, Any]) -> str | None:
     if isinstance(messages, list) and messages and isinstance(messages[-1], dict):
         last = canonical_keys(messages[-1]) or messages[-1]  # as Go reads it: see classify
         content = last.get("content")
-        return content if isinstance(content, str) else None
+        return content if isinstance(content, str) else _text_blocks(content)
     prompt = fields.get("prompt")
     return prompt if isinstance(prompt, str) else None
+
+
+def _text_blocks(content: object) -> str | None:
+    """A message's text given as content blocks (Anthropic's, as Claude Code sends every
+    message; OpenAI's parts): its text blocks joined, as Ollama's anthropic.convertMessage
+    joins them, each block's keys as Go reads them."""
+    if not isinstance(content, list):
+        return None
+    texts = []
+    for block in content:
+        if isinstance(block, dict):
+            block = canonical_keys(block) or block
+            text = block.get("text")
+            if block.get("type") == "text" and isinstance(text, str):
+                texts.append(text)
+    return "".join(texts) if texts else None

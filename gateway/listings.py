@@ -246,6 +246,17 @@ def model_not_found(model: str) -> GatewayError:
     return GatewayError(404, Reason.MODEL_NOT_FOUND, f"model '{model}' not found")
 
 
+# Why no backend of this gateway can serve an API, whatever the wait.
+_NOT_SPOKEN = {
+    Api.OLLAMA: "no backend of this gateway speaks Ollama's API (its backends are llama.cpp "
+    "servers): use the OpenAI-compatible routes under /v1",
+    Api.ANTHROPIC: "no backend of this gateway serves Anthropic's Messages API (Ollama and "
+    "llama.cpp do; its backends are other OpenAI-compatible servers): use "
+    "/v1/chat/completions",
+    Api.OPENAI: "no backend of this gateway is configured",
+}
+
+
 def no_backend(pool: BackendPool, api: Api, model: str) -> GatewayError:
     """503 when no healthy backend can answer: it names each backend that could have (for
     ``model``, if one is asked for) and its last error, since at a first run without Ollama
@@ -253,13 +264,8 @@ def no_backend(pool: BackendPool, api: Api, model: str) -> GatewayError:
     gives the probes time to see the backend back; none is offered when no backend speaks
     the API at all."""
     if not any(b.speaks(api) for b in pool.backends):
-        # Only llama.cpp servers, asked in Ollama's API: no wait will change that.
-        return GatewayError(
-            503,
-            Reason.NO_BACKEND,
-            "no backend of this gateway speaks Ollama's API (its backends are llama.cpp "
-            "servers): use the OpenAI-compatible routes under /v1",
-        )
+        # No backend of the kinds that serve the API: no wait will change that.
+        return GatewayError(503, Reason.NO_BACKEND, _NOT_SPOKEN[api])
     could = [b for b in pool.backends if b.speaks(api) and (not model or b.serves(model))]
     down = f" ({unavailable(could)})" if could else ""
     wanted = f"serves {model!r}" if model else "can answer this request"

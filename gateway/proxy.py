@@ -12,6 +12,7 @@ from aiohttp import web
 
 from gateway.access import RECORD
 from gateway.admission import Permit, Refusal, Ticket
+from gateway.anthropic_fields import server_tools
 from gateway.backends import Backend, BackendPool
 from gateway.bodies import Fields, defer_continue, parsed, read_body
 from gateway.classify import classify
@@ -25,6 +26,7 @@ from gateway.openai_fields import several_completions
 from gateway.policy import Policy
 from gateway.relay import Relay, Target
 from gateway.services import Services
+from gateway.tallies import token_events
 from gateway.turn_away import REVOKED
 from gateway.vocabulary import GENERATION_PATHS, Api, Reason, api_of
 from gateway.warmth import apply_keep_alive_policy, kept_alive
@@ -74,8 +76,8 @@ class Generation:
         record.model = model = _resolved(fields, view.policy)
         _check_model_allowed(view.policy, user, model)
         _check_model_served(view.pool, api, model)
-        if api is Api.OPENAI and (several := several_completions(fields.values)) is not None:
-            raise GatewayError(400, Reason.BAD_REQUEST, several)
+        if api is not Api.OLLAMA and (refused := _REFUSED[api](fields.values)) is not None:
+            raise GatewayError(400, Reason.BAD_REQUEST, refused)
         if api is Api.OLLAMA:
             _check_field_types(fields)
             policy = view.policy
@@ -198,7 +200,7 @@ class _Targets:
             return _target(request, backend, policy, fail_fast)
         if policy is not self._policy:  # a reload: the old policy's are forgotten
             self._policy, self._made = policy, {}
-        # The route's path (one of seven), and the backend's all that its Target reads.
+        # The route's path (a generation path), and the backend's all that its Target reads.
         key = (backend.url, backend.kind, path, fail_fast)
         target = self._made.get(key)
         if target is None:
@@ -213,6 +215,7 @@ def _target(request: web.Request, backend: Backend, policy: Policy, fail_fast: b
         fail_fast=fail_fast,
         close_connection=backend.kind == "llamacpp",
         keep_origin=not policy.cors.origins,
+        events=token_events(request.path),
     )
 
 
@@ -275,6 +278,9 @@ def _check_model_allowed(policy: Policy, user: str, model: str) -> None:
     if not policy.may_use(user, model):
         raise model_forbidden(user, model)
 
+
+# What each API's requests may not ask of a shared box, and why (None: nothing).
+_REFUSED = {Api.OPENAI: several_completions, Api.ANTHROPIC: server_tools}
 
 # Ollama's structs for its native routes (api/types.go), by path.
 _STRUCTS = {

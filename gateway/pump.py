@@ -29,7 +29,7 @@ from aiohttp.http_writer import StreamWriter
 
 from gateway.backend_reply import Reply
 from gateway.policy import Timeouts
-from gateway.tallies import TALLY_WINDOW, FinalCounts, final_counts
+from gateway.tallies import TALLY_WINDOW, FinalCounts, TokenEvents, final_counts
 from gateway.vocabulary import Reason
 
 __all__ = ["Progress", "pump"]
@@ -64,17 +64,19 @@ async def pump(
     progress: Progress,
     timeouts: Timeouts,
     meter: Callable[[int], None] | None,
+    events: TokenEvents | None = None,
 ) -> None:
     """The rest of the body and its end to ``response``, whose head and ``first`` bytes
-    have gone out (relayed_reply.py), the tallies into ``progress``. Raises what failed the
-    reply (ConnectionResetError: the client has gone)."""
+    have gone out (relayed_reply.py), the tallies into ``progress``; ``events``: how a
+    stream of named events says its tokens. Raises what failed the reply
+    (ConnectionResetError: the client has gone)."""
     # The watches and tallies are set up once the first bytes are out, off their path; a
     # client that is not reading them is waited for below, under the watch.
     writer = cast(StreamWriter, request.writer)  # aiohttp's server makes only these
     loop = upstream.loop
     now = loop.time()
     watch = _Watch(request, upstream, timeouts, progress, loop, now)
-    passing = _Passing(request, writer, upstream, progress, meter, watch, loop)
+    passing = _Passing(request, writer, upstream, progress, meter, watch, loop, events)
     try:
         passing.count(first)
         watch.unread_since = now
@@ -103,10 +105,10 @@ async def pump(
                 watch.unread_since = None
                 passing.count(chunk)
         counts = passing.tail.counts()
-        progress.prompt_tokens, progress.completion_tokens = (
-            counts.prompt_tokens,
-            counts.completion_tokens,
-        )
+        prompt = counts.prompt_tokens
+        if prompt is None and events is not None and events.prompt_at_start:
+            prompt = final_counts(first[:TALLY_WINDOW]).prompt_tokens
+        progress.prompt_tokens, progress.completion_tokens = prompt, counts.completion_tokens
         progress.load_seconds = counts.load_seconds
         watch.unread_since = loop.time()
         await response.write_eof()
@@ -141,6 +143,7 @@ class _Passing:
         charge: Callable[[int], None] | None,
         watch: _Watch,
         loop: asyncio.AbstractEventLoop,
+        events: TokenEvents | None,
     ) -> None:
         # Closed, not None, once the client has gone (aiohttp's request drops it then).
         self._transport = request.transport
@@ -156,8 +159,11 @@ class _Passing:
         first = progress.first_byte_at
         self._last = monotonic() if first is None else first
         self.tail = _Tail()
-        content_type = upstream.headers.get("Content-Type", "")
-        self.meter = _Meter(charge, content_type) if charge is not None else None
+        self.meter: _Meter | _EventMeter | None = None
+        if charge is not None and events is not None:
+            self.meter = _EventMeter(charge, events.token)
+        elif charge is not None:
+            self.meter = _Meter(charge, upstream.headers.get("Content-Type", ""))
         self._watch = watch
 
     def __call__(self, data: bytes, last: bool) -> None:
@@ -235,6 +241,32 @@ class _Meter:
     def flush(self) -> None:
         if self._unmetered >= self._per_token:
             self._charge(self._unmetered // self._per_token)
+        self._unmetered = 0
+
+
+class _EventMeter:
+    """Counts tokens by the events that carry them (``token``, the line that starts one),
+    and charges them in batches; an event line cut between two reads is counted once."""
+
+    __slots__ = ("_carry", "_charge", "_token", "_unmetered")
+
+    def __init__(self, charge: Callable[[int], None], token: bytes) -> None:
+        self._charge = charge
+        self._token = token
+        self._carry = b""  # the end of the last read, shorter than one event line
+        self._unmetered = 0
+
+    def add(self, chunk: bytes) -> None:
+        joined = self._carry + chunk
+        self._unmetered += joined.count(self._token)
+        self._carry = joined[-(len(self._token) - 1) :]
+        if self._unmetered >= _METER_EVERY:
+            self._charge(self._unmetered)
+            self._unmetered = 0
+
+    def flush(self) -> None:
+        if self._unmetered:
+            self._charge(self._unmetered)
         self._unmetered = 0
 
 

@@ -27,6 +27,7 @@ from gateway.policy import Timeouts
 from gateway.pump import Progress, pump
 from gateway.relayed_reply import start
 from gateway.reply_headers import ReplyHeaders
+from gateway.tallies import TokenEvents
 from gateway.vocabulary import Reason, api_of
 
 __all__ = ["Interrupted", "Relay", "Target"]
@@ -50,6 +51,8 @@ class Target(NamedTuple):
     # False where the gateway answers for CORS (origins listed): the browser's Origin is
     # then the gateway's business, and Ollama would refuse one it does not list itself.
     keep_origin: bool = True
+    # How the route's stream says its tokens, when not a line or an SSE event each.
+    events: TokenEvents | None = None
 
 
 class Interrupted(Exception):
@@ -139,6 +142,7 @@ class Relay:
                 self.progress,
                 self._target.timeouts,
                 self._meter,
+                self._target.events,
             )
         except ConnectionResetError:
             self.progress.client_gone = True
@@ -310,7 +314,7 @@ async def _fail_inband(
             request.transport.close()
         return True
     try:
-        await response.write(inband_error(content_type, reason, failure))
+        await response.write(inband_error(api_of(request.path), content_type, reason, failure))
         await response.write_eof()
     except ConnectionResetError:
         return False

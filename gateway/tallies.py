@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import NamedTuple
 
-__all__ = ["TALLY_WINDOW", "FinalCounts", "final_counts"]
+__all__ = ["TALLY_WINDOW", "FinalCounts", "TokenEvents", "final_counts", "token_events"]
 
 TALLY_WINDOW = 16 * 1024
 """Bytes at the end of a reply that hold its tallies: Ollama's final line or fields,
@@ -42,7 +43,35 @@ def final_counts(tail: bytes) -> FinalCounts:
     prompt = _last(tail, b"tokens_evaluated")
     if prompt is not None:  # llama.cpp native /completion
         return FinalCounts(prompt, _last(tail, b"tokens_predicted"))
+    prompt, output = _last(tail, b"input_tokens"), _last(tail, b"output_tokens")
+    if prompt is not None or output is not None:  # Anthropic's Messages API
+        # Whose input_tokens leave out what the cache read (llama-server: 1 and 30 read).
+        read = _last(tail, b"cache_read_input_tokens")
+        if prompt is not None and read is not None:
+            prompt += read
+        return FinalCounts(prompt, output)
     return FinalCounts()
+
+
+class TokenEvents(NamedTuple):
+    """A stream of named SSE events (Anthropic's): the line that starts an event carrying
+    one token, and whether the prompt's count comes only in the stream's first event."""
+
+    token: bytes
+    prompt_at_start: bool
+
+
+# Ollama writes one content_block_delta a token (anthropic.StreamConverter); llama-server
+# too. Its message_start says the prompt's count, and llama-server's message_delta says
+# only the output's: in a long stream the start is long gone from the tail. The newline
+# before: inside an event's JSON a newline is escaped, so a text cannot count as a token.
+_ANTHROPIC = TokenEvents(b"\nevent: content_block_delta\n", prompt_at_start=True)
+_BY_PATH = {"/v1/messages": _ANTHROPIC}
+
+
+def token_events(path: str) -> TokenEvents | None:
+    """How a stream of ``path`` says its tokens, when not one line (or SSE event) each."""
+    return _BY_PATH.get(path)
 
 
 def _last(tail: bytes, name: bytes) -> int | None:

@@ -24,6 +24,7 @@ class Api(Enum):
 
     OLLAMA = "ollama"
     OPENAI = "openai"
+    ANTHROPIC = "anthropic"  # Anthropic's Messages API (/v1/messages), as Ollama serves it
 
 
 GENERATION_PATHS = (
@@ -34,13 +35,19 @@ GENERATION_PATHS = (
     "/v1/chat/completions",
     "/v1/completions",
     "/v1/embeddings",
+    "/v1/messages",
 )
 """The routes that run a model: the ones admitted, queued and relayed, and the paths a lane
 rule may name."""
 
 
 def api_of(path: str) -> Api:
-    return Api.OPENAI if path.startswith("/v1/") else Api.OLLAMA
+    if not path.startswith("/v1/"):
+        return Api.OLLAMA
+    # Not the path's prefix alone: /v1/messagesX is a /v1 route the gateway does not know.
+    if path == "/v1/messages" or path.startswith("/v1/messages/"):
+        return Api.ANTHROPIC
+    return Api.OPENAI
 
 
 class RequestClass(StrEnum):

@@ -168,3 +168,40 @@ async def test_a_tools_laden_chat_is_estimated_near_its_rendered_size(
     estimate = next(entry for entry in logs if entry["event"] == "request")["input_estimate"]
     assert abs(estimate - real) <= 0.25 * real, (estimate, real)
     assert real > 2048  # heavy by default: before, the estimate said ten tokens, light
+
+
+async def test_a_real_llama_servers_messages_stream_is_counted_through_the_gateway(
+    llama_server: str, start_gateway: StartGateway
+) -> None:
+    """llama-server's /v1/messages streams through to the anthropic SDK; each reply's
+    tokens are counted, the prompt's from its message_start even when a long stream has
+    left it far behind the tail (llama-server's message_delta says only the output's)."""
+    import anthropic  # the SDK, as a Claude Code user's tools speak it
+
+    from tests.conftest import Finished
+
+    gateway = await start_gateway(
+        f"backends:\n  - {{name: cpp, url: {llama_server}, kind: llamacpp}}\n"
+        "timeouts: {first_byte: 300s}\nqueue: {max_wait: 180s}\n"
+    )
+    finished = Finished(gateway)
+    async with anthropic.AsyncAnthropic(base_url=gateway.url, api_key="x", max_retries=0) as client:
+        for count, max_tokens in enumerate((8, 200), start=1):
+            deltas = 0
+            async with client.messages.stream(
+                model=MODEL_ALIAS,
+                max_tokens=max_tokens,
+                messages=[{"role": "user", "content": "Tell a story about a fox."}],
+                extra_body={"ignore_eos": True},
+            ) as stream:
+                async for event in stream:
+                    deltas += event.type == "content_block_delta"
+                final = await stream.get_final_message()
+            record = (await finished.at_least(count))[-1]
+            assert record.path == "/v1/messages" and record.status == 200
+            assert record.completion_tokens == final.usage.output_tokens == max_tokens
+            # llama-server leaves what its cache read out of input_tokens: the prompt is both.
+            read = final.usage.cache_read_input_tokens or 0
+            assert record.prompt_tokens == final.usage.input_tokens + read > 0
+            assert record.streamed_tokens == deltas
+    assert record.bytes_out > 16 * 1024  # the long one: its start is out of the tail

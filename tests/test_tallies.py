@@ -79,3 +79,20 @@ def test_a_count_no_backend_could_report_is_no_count() -> None:
     assert final_counts(tail) == FinalCounts(None, None, None)
     tail = _ndjson({"done": True, "prompt_eval_count": 10**14, "eval_count": 7})
     assert final_counts(tail) == FinalCounts(10**14, 7, None)
+
+
+def test_anthropic_usage_counts_what_the_cache_read_as_prompt_too() -> None:
+    """llama-server's whole Messages reply says 1 input token and 30 read from its cache:
+    the prompt is 31; Ollama's stream says its counts again in message_delta."""
+    whole = (
+        b'{"id":"chatcmpl-x","type":"message","content":[{"type":"text","text":"hi"}],'
+        b'"usage":{"cache_read_input_tokens":30,"input_tokens":1,"output_tokens":8}}'
+    )
+    assert final_counts(whole) == FinalCounts(31, 8)
+    stream = (
+        b'event: message_start\ndata: {"type":"message_start","message":{"usage":'
+        b'{"input_tokens":9,"output_tokens":0}}}\n\n'
+        b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":'
+        b'"end_turn"},"usage":{"input_tokens":12,"output_tokens":5}}\n\n'
+    )
+    assert final_counts(stream) == FinalCounts(12, 5)

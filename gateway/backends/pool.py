@@ -138,8 +138,13 @@ class Backend:
         return self.slots * (self.max_loaded_models or OLLAMA_AUTOMATIC_MAX_LOADED)
 
     def speaks(self, api: Api) -> bool:
-        """Ollama's native API is served only by Ollama; every kind speaks /v1."""
-        return api is Api.OPENAI or self.kind == "ollama"
+        """Ollama's native API is served only by Ollama; every kind speaks OpenAI's /v1;
+        Anthropic's /v1/messages, Ollama and llama-server (not any OpenAI-compatible one)."""
+        if api is Api.OPENAI:
+            return True
+        if api is Api.ANTHROPIC:
+            return self.kind != "openai"
+        return self.kind == "ollama"
 
     def serves(self, model: str) -> bool:
         """Whether a request for ``model`` may go here: listed, or the list not known yet."""

@@ -1,0 +1,323 @@
+"""Anthropic's Messages API (/v1/messages) through the gateway, spoken by the real
+``anthropic`` package: admitted, limited, counted and refused as the other APIs are, with
+its own error shapes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import aiohttp
+import anthropic
+import pytest
+
+from tests.conftest import Finished, Gateway, StartGateway, StartSim
+from tests.test_accounting import settled, stored
+from tests.test_admission import MODEL, held, queued, until
+
+USERS = """\
+defaults: {max_concurrent: 1, max_queued: 2}
+aliases: {family: llama3.2:3b}
+users:
+  alice: {keys: [alice-key]}
+  kids: {keys: [kids-key], models: [family]}
+"""
+
+
+def policy(sim_url: str, extra: str = "") -> str:
+    backends = f"backends:\n  - {{name: sim, url: {sim_url}, kind: ollama, slots: 4}}\n"
+    return USERS + extra + backends
+
+
+def client(gateway: Gateway, key: str = "alice-key") -> anthropic.AsyncAnthropic:
+    """The SDK as Claude Code's users set it: the gateway's URL and a key (``x-api-key``)."""
+    return anthropic.AsyncAnthropic(base_url=gateway.url, api_key=key, max_retries=0)
+
+
+async def post(gateway: Gateway, body: object, headers: dict[str, str]) -> tuple[int, dict]:  # type: ignore[type-arg]
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(gateway.url + "/v1/messages", json=body, headers=headers) as reply,
+    ):
+        return reply.status, await reply.json(content_type=None)
+
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+class TestReplies:
+    async def test_a_streamed_and_a_whole_reply_arrive_and_their_usage_is_recorded(
+        self, start_sim: StartSim, start_gateway: StartGateway, usage_db: Path
+    ) -> None:
+        """The SDK's stream and whole reply come through; the store has the usage they say."""
+        _, sim_url = await start_sim(default_output_tokens=6)
+        gateway = await start_gateway(policy(sim_url))
+        async with client(gateway) as sdk:
+            whole = await sdk.messages.create(model=MODEL, max_tokens=5, messages=HI)
+            async with sdk.messages.stream(
+                model=MODEL,
+                max_tokens=40,
+                system="be brief",
+                messages=[{"role": "user", "content": [{"type": "text", "text": "a story"}]}],
+            ) as stream:
+                text = await stream.get_final_text()
+                streamed = await stream.get_final_message()
+        assert whole.content[0].type == "text" and whole.stop_reason == "max_tokens"
+        assert whole.usage.output_tokens == 5
+        assert text and streamed.usage.output_tokens == 40
+        await settled(gateway)
+        alice = stored(usage_db, "alice")
+        assert alice["requests"] == 2
+        assert alice["prompt_tokens"] == whole.usage.input_tokens + streamed.usage.input_tokens
+        assert alice["completion_tokens"] == 45
+
+    async def test_a_stream_is_charged_a_token_for_each_content_block_delta(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """The meter counts the events that carry a token, not every event or line."""
+        _, sim_url = await start_sim()
+        gateway = await start_gateway(policy(sim_url))
+        finished = Finished(gateway)
+        deltas = 0
+        async with client(gateway) as sdk:
+            stream = await sdk.messages.create(model=MODEL, max_tokens=30, messages=HI, stream=True)
+            async for event in stream:
+                deltas += event.type == "content_block_delta"
+        record = await finished.first(("/v1/messages",))
+        assert deltas == 30
+        assert record.streamed_tokens == 30
+        assert (record.prompt_tokens, record.completion_tokens) == (1, 30)
+
+    async def test_an_alias_is_resolved_and_written_back_and_models_are_enforced(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """The backend runs the alias's model; a model the user may not use is a 403."""
+        simulator, sim_url = await start_sim()
+        gateway = await start_gateway(policy(sim_url))
+        async with client(gateway, "kids-key") as sdk:
+            reply = await sdk.messages.create(model="family", max_tokens=3, messages=HI)
+            with pytest.raises(anthropic.PermissionDeniedError) as refused:
+                await sdk.messages.create(model="qwen2.5:7b", max_tokens=3, messages=HI)
+        assert reply.model == MODEL
+        assert refused.value.body == {
+            "type": "error",
+            "error": {
+                "type": "permission_error",
+                "message": "user kids may not use model 'qwen2.5:7b'",
+            },
+        }
+        assert len(simulator.stats.prompts) == 1
+
+
+class TestRefusals:
+    async def test_a_wrong_x_api_key_is_a_401_in_anthropics_shape(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """An unknown key in x-api-key, as the SDK sends it, is refused before anything runs."""
+        simulator, sim_url = await start_sim()
+        gateway = await start_gateway(policy(sim_url))
+        async with client(gateway, "not-a-key") as sdk:
+            with pytest.raises(anthropic.AuthenticationError) as refused:
+                await sdk.messages.create(model=MODEL, max_tokens=3, messages=HI)
+        assert refused.value.body == {
+            "type": "error",
+            "error": {"type": "authentication_error", "message": "unknown API key"},
+        }
+        assert len(simulator.stats.prompts) == 0
+
+    async def test_a_bearer_token_as_claude_code_sends_it_is_a_key_too(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """ANTHROPIC_AUTH_TOKEN: the key as Authorization: Bearer, the user found by it."""
+        _, sim_url = await start_sim()
+        gateway = await start_gateway(policy(sim_url))
+        finished = Finished(gateway)
+        async with anthropic.AsyncAnthropic(
+            base_url=gateway.url, auth_token="alice-key", max_retries=0
+        ) as sdk:
+            await sdk.messages.create(model=MODEL, max_tokens=3, messages=HI)
+        assert (await finished.first(("/v1/messages",))).user == "alice"
+
+    async def test_two_different_keys_in_one_request_are_refused(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """A bearer key and another x-api-key: a 401, whichever of them is a user's."""
+        simulator, sim_url = await start_sim()
+        gateway = await start_gateway(policy(sim_url))
+        body = {"model": MODEL, "max_tokens": 3, "messages": HI}
+        for bearer, api_key in (("alice-key", "kids-key"), ("alice-key", "x"), ("x", "kids-key")):
+            headers = {"Authorization": f"Bearer {bearer}", "x-api-key": api_key}
+            status, error = await post(gateway, body, headers)
+            assert status == 401
+            assert "two different keys" in error["error"]["message"]
+        same = {"Authorization": "Bearer alice-key", "x-api-key": "alice-key"}
+        assert (await post(gateway, body, same))[0] == 200
+        assert len(simulator.stats.prompts) == 1
+
+    async def test_a_full_queue_is_a_503_with_retry_after(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """The user's place taken and their queue full: 503 at once, overloaded, Retry-After."""
+        _, sim_url = await start_sim(parallel=8)
+        gateway = await start_gateway(policy(sim_url, "queue: {max_wait: 30s}\n"))
+        admission = gateway.services.admission
+        async with held(gateway, "alice-key", "first"), client(gateway) as sdk:
+            waiting = [
+                sdk.messages.create(model=MODEL, max_tokens=3, messages=HI) for _ in range(2)
+            ]
+            tasks = [asyncio.ensure_future(w) for w in waiting]
+            await until(admission, queued("alice", 2))
+            started = time.monotonic()
+            with pytest.raises(anthropic.APIStatusError) as refused:
+                await sdk.messages.create(model=MODEL, max_tokens=3, messages=HI)
+            assert time.monotonic() - started < 1.0
+        for task in tasks:
+            task.cancel()
+        assert refused.value.status_code == 503
+        assert int(refused.value.response.headers["Retry-After"]) >= 1
+        error = refused.value.body
+        assert isinstance(error, dict) and error["type"] == "error"
+        assert error["error"]["type"] == "overloaded_error"
+        assert "1 running and 2 waiting" in error["error"]["message"]
+
+    async def test_a_body_go_and_python_read_apart_is_refused(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """Two spellings of max_tokens, or of a message's role: 400 ambiguous_field."""
+        simulator, sim_url = await start_sim()
+        gateway = await start_gateway(policy(sim_url))
+        headers = {"x-api-key": "kids-key"}
+        twice = '{"model": "family", "MODEL": "qwen2.5:7b", "max_tokens": 3, "messages": []}'
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(gateway.url + "/v1/messages", data=twice, headers=headers) as reply,
+        ):
+            assert reply.status == 400
+            error = await reply.json()
+        assert error["error"]["type"] == "invalid_request_error"
+        assert "the JSON field model is given more than once" in error["error"]["message"]
+        role = {"model": MODEL, "max_tokens": 3, "messages": [{"role": "user", "ROLE": "x"}]}
+        status, error = await post(gateway, role, {"x-api-key": "alice-key"})
+        assert (status, error["type"]) == (400, "error")
+        # A tool's schema is the client's JSON, read by Ollama with exact keys.
+        tool = {
+            "name": "lookup",
+            "input_schema": {"type": "object", "properties": {"ID": {}, "id": {}}},
+        }
+        schema = {"model": MODEL, "max_tokens": 3, "messages": HI, "tools": [tool]}
+        assert (await post(gateway, schema, {"x-api-key": "alice-key"}))[0] == 200
+        assert len(simulator.stats.prompts) == 1
+
+    async def test_a_tool_the_server_would_run_itself_is_refused(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """Ollama runs web_search and further chats of its own past the gateway: a 400."""
+        simulator, sim_url = await start_sim()
+        gateway = await start_gateway(policy(sim_url))
+        async with client(gateway) as sdk:
+            with pytest.raises(anthropic.BadRequestError) as refused:
+                await sdk.messages.create(
+                    model=MODEL,
+                    max_tokens=3,
+                    messages=HI,
+                    tools=[{"type": "web_search_20250305", "name": "web_search"}],
+                )
+        assert "'web_search_20250305' is run by the server itself" in str(refused.value)
+        assert len(simulator.stats.prompts) == 0
+
+
+class TestStreams:
+    async def test_a_backend_failing_mid_stream_ends_in_the_error_event_the_sdk_raises(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """Tokens, then Anthropic's in-band error event: the SDK raises it with its message."""
+        _, sim_url = await start_sim()
+        gateway = await start_gateway(policy(sim_url))
+        finished = Finished(gateway)
+        texts: list[str] = []
+        async with client(gateway) as sdk:
+            stream = await sdk.messages.create(
+                model=MODEL,
+                max_tokens=30,
+                messages=HI,
+                stream=True,
+                extra_body={"sim_die_after": 4},
+            )
+            with pytest.raises(anthropic.APIStatusError) as failed:
+                async for event in stream:
+                    if event.type == "content_block_delta" and event.delta.type == "text_delta":
+                        texts.append(event.delta.text)
+        assert len(texts) == 4
+        assert failed.value.body == {
+            "type": "error",
+            "error": {
+                "type": "api_error",
+                "message": "the backend failed mid-stream (BackendClosed)",
+            },
+        }
+        record = await finished.first(("/v1/messages",))
+        assert record.reason == "backend_failed_mid_stream"
+
+    async def test_the_lane_rules_read_the_last_messages_text_blocks(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """A task prompt given as text blocks, as Claude Code sends every message, is seen."""
+        _, sim_url = await start_sim()
+        gateway = await start_gateway(policy(sim_url, "lanes: {presets: [open-webui]}\n"))
+        finished = Finished(gateway)
+        blocks = [{"type": "text", "text": "### Task:"}, {"type": "text", "text": " a title"}]
+        async with client(gateway) as sdk:
+            await sdk.messages.create(
+                model=MODEL, max_tokens=3, messages=[{"role": "user", "content": blocks}]
+            )
+        assert (await finished.first(("/v1/messages",))).lane == "background"
+
+    async def test_the_estimate_counts_the_system_text_blocks_and_tool_results(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """System text, message text blocks and a tool result's content make the estimate."""
+        _, sim_url = await start_sim()
+        gateway = await start_gateway(policy(sim_url))
+        finished = Finished(gateway)
+        messages = [
+            {"role": "user", "content": [{"type": "text", "text": "a" * 400}]},
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "t1", "name": "read", "input": {}}],
+            },
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "b" * 800}],
+            },
+        ]
+        body = {"model": MODEL, "max_tokens": 3, "system": "s" * 200, "messages": messages}
+        status, _ = await post(gateway, body, {"x-api-key": "alice-key"})
+        assert status == 200
+        record = await finished.first(("/v1/messages",))
+        assert record.input_estimate == (200 + 400 + 800) // 4
+
+
+def test_the_error_body_is_anthropics_shape_for_each_status() -> None:
+    """Every status the gateway answers has Anthropic's error type for it."""
+    from gateway.errors import error_body
+    from gateway.vocabulary import Api, Reason
+
+    def kind(status: int) -> str:
+        body = json.loads(error_body(Api.ANTHROPIC, status, Reason.BAD_REQUEST, "m"))
+        assert body["type"] == "error" and body["error"]["message"] == "m"
+        return str(body["error"]["type"])
+
+    assert [kind(s) for s in (400, 401, 403, 404, 408, 413, 429, 502, 503, 504)] == [
+        "invalid_request_error",
+        "authentication_error",
+        "permission_error",
+        "not_found_error",
+        "invalid_request_error",
+        "request_too_large",
+        "rate_limit_error",
+        "api_error",
+        "overloaded_error",
+        "timeout_error",
+    ]
