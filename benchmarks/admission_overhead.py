@@ -5,7 +5,8 @@ another, then N with 16 at a time; once with a single replica (no hold store) an
 throwaway redis-server on loopback (Debian's redis-server must be on PATH). The times are
 of the acquire, what a request waits before it is relayed; each release (in Redis, a
 background script and a published message) runs on the same loop meanwhile, as it would
-in the gateway.
+in the gateway. With Redis, once more for users with a requests budget, each request
+counted in flight before its acquire (one more script) and uncounted after its release.
 
 First, the CPU one replica spends on an uncontended request's admission (a free slot,
 nobody waiting, one Ollama backend holding the model, no swap planned, the policy of
@@ -126,25 +127,36 @@ async def cpu_per_request(requests: int) -> list[tuple[str, float]]:
     return [(name, seconds / requests * 1e6) for name, seconds in figures]
 
 
-async def _cycle(admission: Admission, n: int) -> float:
-    """The time to admit one request; the release follows, as when its reply ends."""
+async def _cycle(admission: Admission, n: int, budgeted: bool = False) -> float:
+    """The time to admit one request; the release follows, as when its reply ends. A
+    budgeted user's request is first counted in flight in the hold store (``in_flight.py``)."""
+    user, request = f"user{n % 4}", f"request{n}"
     started = time.perf_counter()
-    permit = await admission.acquire(Ticket(f"user{n % 4}", MODEL, Api.OLLAMA))
+    if budgeted:
+        assert admission.holds is not None
+        assert await admission.holds.count_in_flight(user, request, 1_000_000)
+    permit = await admission.acquire(Ticket(user, MODEL, Api.OLLAMA))
     admitted = time.perf_counter() - started
     assert isinstance(permit, Permit)
     async with permit:
         pass
+    if budgeted:
+        assert admission.holds is not None
+        admission.holds.uncount_in_flight(user, request)
     return admitted
 
 
-async def _measure(state: HoldStore | None, requests: int) -> tuple[list[float], float]:
+async def _measure(
+    state: HoldStore | None, requests: int, budgeted: bool = False
+) -> tuple[list[float], float]:
     admission = _admission(state)
     for n in range(100):  # warm up: Redis connections are opened on first use
-        await _cycle(admission, n)
-    sequential = [await _cycle(admission, n) for n in range(requests)]
+        await _cycle(admission, -1 - n, budgeted)
+    sequential = [await _cycle(admission, n, budgeted) for n in range(requests)]
     started = time.perf_counter()
     for batch in range(requests // 16):
-        await asyncio.gather(*(_cycle(admission, batch * 16 + n) for n in range(16)))
+        firsts = requests + batch * 16  # request names not used above
+        await asyncio.gather(*(_cycle(admission, firsts + n, budgeted) for n in range(16)))
     return sequential, (time.perf_counter() - started) / requests
 
 
@@ -177,6 +189,7 @@ async def main(requests: int, cpu_only: bool) -> None:
         state = RedisHolds(server.url)
         state.start()
         shared = await _measure(state, requests)
+        budgeted = await _measure(state, requests, budgeted=True)
         await state.close()
     finally:
         await server.stop()
@@ -186,6 +199,7 @@ async def main(requests: int, cpu_only: bool) -> None:
     )
     print(_line("local", *memory))
     print(_line("redis", *shared))
+    print(_line("budgeted", *budgeted))
 
 
 if __name__ == "__main__":
