@@ -10,15 +10,14 @@ from typing import Any
 
 from aiohttp import web
 
-from .config import GenJob, GenResult, faults_from
+from .config import GenJob, GenResult
 from .ollama import OllamaAPI
 from .ollama_common import (
     JSON_UTF8,
     RequestError,
-    message_text,
-    output_budget,
+    chat_text,
 )
-from .ollama_v1 import generated, read_v1_body
+from .ollama_v1 import generated, job_for, read_v1_body
 from .recording import TapStream
 from .wire import go_json, tokens_in
 
@@ -61,17 +60,6 @@ def anthropic_error(error: RequestError, *, from_middleware: bool = False) -> we
     )
 
 
-def _prompt_of(body: dict[str, Any]) -> str:
-    """The text the chat is rendered from: the system text, then each message's text."""
-    system = body.get("system")
-    parts = [system if isinstance(system, str) else message_text(system)]
-    messages = body.get("messages")
-    for message in messages if isinstance(messages, list) else ():
-        if isinstance(message, dict):
-            parts.append(message_text(message.get("content")))
-    return "\n".join(part for part in parts if part)
-
-
 async def messages(native: OllamaAPI, request: web.Request) -> web.StreamResponse:
     """POST /v1/messages, run on the same engine as the native API."""
     engine = native.engine
@@ -81,16 +69,11 @@ async def messages(native: OllamaAPI, request: web.Request) -> web.StreamRespons
     except RequestError as exc:
         return anthropic_error(exc, from_middleware=True)
     name = str(body["model"])
-    prompt = _prompt_of(body)
+    prompt = chat_text(body.get("system"), body.get("messages"))
     engine.record_prompt(prompt)
-    faults = faults_from(body, native=False)
-    if faults.status is not None:
-        return anthropic_error(RequestError(faults.status, "simulated failure"))
-    model = native.resolve(name)
-    if model is None:
-        return anthropic_error(RequestError(404, f"model '{name}' not found"))
-    tokens, limited = output_budget(body.get("max_tokens"), 0)
-    job = GenJob(model, tokens_in(prompt), tokens, limited, None, faults)
+    job = job_for(native, body, prompt, body.get("max_tokens"), anthropic_error)
+    if not isinstance(job, GenJob):
+        return job
     stream = _Stream(request, name, tokens_in(prompt), engine.config.record_replies)
     streaming = body.get("stream") is True
     parts: list[str] = []

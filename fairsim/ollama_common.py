@@ -30,6 +30,7 @@ __all__ = [
     "NDJSON",
     "OLLAMA_VERSION",
     "RequestError",
+    "chat_text",
     "cut_connection",
     "embed_text",
     "error_response",
@@ -151,6 +152,16 @@ def message_text(content: Any) -> str:
     if isinstance(content, list):
         return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
     return ""
+
+
+def chat_text(system: Any, messages: Any) -> str:
+    """The text a chat is rendered from: its system text (a string, or text parts), then
+    each message's, one a line."""
+    parts = [message_text(system)]
+    for message in messages if isinstance(messages, list) else ():
+        if isinstance(message, dict):
+            parts.append(message_text(message.get("content")))
+    return "\n".join(part for part in parts if part)
 
 
 def output_budget(limit: Any, default: int) -> tuple[int, bool]:

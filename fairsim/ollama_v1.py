@@ -60,6 +60,26 @@ async def read_v1_body(request: web.Request, go_struct: str) -> dict[str, Any]:
         raise
 
 
+def job_for(
+    native: OllamaAPI,
+    body: dict[str, Any],
+    prompt: str,
+    limit: Any,
+    refused: Callable[[RequestError], web.Response],
+) -> GenJob | web.Response:
+    """The generation a request asks for (its model, prompt, output ``limit`` and the
+    simulator's faults), or the reply that refuses it in the route's shape."""
+    name = str(body.get("model") or "")
+    faults = faults_from(body, native=False)
+    if faults.status is not None:
+        return refused(RequestError(faults.status, "simulated failure"))
+    model = native.resolve(name)
+    if model is None:
+        return refused(RequestError(404, f"model '{name}' not found"))
+    tokens, limited = output_budget(limit, native.engine.config.default_output_tokens)
+    return GenJob(model, tokens_in(prompt), tokens, limited, None, faults)
+
+
 async def generated(
     engine: Engine,
     request: web.Request,

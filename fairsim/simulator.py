@@ -17,6 +17,7 @@ from .engine import Engine
 from .llamacpp import LlamaCppAPI
 from .ollama import OllamaAPI
 from .ollama_anthropic import messages
+from .ollama_responses import responses
 from .ollama_v1 import OpenAICompatAPI
 from .recording import Recorder
 
@@ -86,6 +87,7 @@ class Simulator:
             native.add_routes(app)
             OpenAICompatAPI(native).add_routes(app)
             app.router.add_post("/v1/messages", functools.partial(messages, native))
+            app.router.add_post("/v1/responses", functools.partial(responses, native))
         app.router.add_get("/sim/stats", self._stats)
         app.on_startup.append(self._on_startup)
         app.on_shutdown.append(self._on_shutdown)

@@ -179,11 +179,14 @@ _PLAIN_KEY = re.compile(r"[A-Za-z_$][A-Za-z0-9_$-]*")
 # Anthropic's MessagesRequest (Ollama's anthropic package) holds ``system`` and a tool
 # result's ``content`` as ``any``, a tool's ``input_schema`` as raw JSON and a tool call's
 # ``input`` as a map: exact keys there too (Claude Code's schemas are the client's own).
+# So does the Responses API's (openai/responses.go): a tool's ``parameters`` (a namespace
+# tool's tools' too), ``text.format.schema`` and ``conversation``.
 _EXACT_KEYS = re.compile(
     r"options|format|response_format\.json_schema\.schema"
     r"|messages\[\d+\]\.tool_calls\[\d+\]\.function\.arguments"
     r"|tools\[\d+\]\.function\.parameters\.properties"
     r"|system|tools\[\d+\]\.input_schema|messages\[\d+\]\.content\[\d+\]\.(?:input|content)"
+    r"|tools\[\d+\](?:\.tools\[\d+\])?\.parameters|text\.format\.schema|conversation"
 )
 
 

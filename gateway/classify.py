@@ -62,7 +62,7 @@ def classify(fields: dict[str, Any], policy: Policy) -> Estimate:
 # parts), a schema the template renders as JSON, images, or messages.
 _TEXT, _SCHEMA, _IMAGES, _MESSAGES = "text", "schema", "images", "messages"
 _PROMPT_FIELDS = {
-    **dict.fromkeys(("prompt", "system", "suffix", "input", "template"), _TEXT),
+    **dict.fromkeys(("prompt", "system", "suffix", "input", "template", "instructions"), _TEXT),
     **dict.fromkeys(("tools", "functions", "format", "response_format"), _SCHEMA),
     "images": _IMAGES,
     "messages": _MESSAGES,

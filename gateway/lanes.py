@@ -187,7 +187,7 @@ def lane_of(
         return named
     if not lanes.rules and not lanes.presets:  # a header alone: no prompt to read
         return Lane.INTERACTIVE
-    prompt = _last_prompt(fields)
+    prompt = _last_prompt(fields, path)
     for rule in lanes.rules:
         if rule.matches(user, model, path, prompt):
             return rule.lane
@@ -197,15 +197,22 @@ def lane_of(
     return Lane.INTERACTIVE
 
 
-def _last_prompt(fields: dict[str, Any]) -> str | None:
-    """The text a task would start with: the last message's, or the prompt."""
+def _last_prompt(fields: dict[str, Any], path: str) -> str | None:
+    """The text a task would start with: the last message's, or the prompt (on the
+    Responses API, the input or its last item's)."""
     messages = fields.get("messages")
+    if path == "/v1/responses":
+        given = fields.get("input")
+        messages = [{"content": given}] if isinstance(given, str) else given
     if isinstance(messages, list) and messages and isinstance(messages[-1], dict):
         last = canonical_keys(messages[-1]) or messages[-1]  # as Go reads it: see classify
         content = last.get("content")
         return content if isinstance(content, str) else _text_blocks(content)
     prompt = fields.get("prompt")
     return prompt if isinstance(prompt, str) else None
+
+
+_TEXT_BLOCKS = ("text", "input_text")  # Anthropic's and OpenAI's; the Responses API's
 
 
 def _text_blocks(content: object) -> str | None:
@@ -219,6 +226,6 @@ def _text_blocks(content: object) -> str | None:
         if isinstance(block, dict):
             block = canonical_keys(block) or block
             text = block.get("text")
-            if block.get("type") == "text" and isinstance(text, str):
+            if block.get("type") in _TEXT_BLOCKS and isinstance(text, str):
                 texts.append(text)
     return "".join(texts) if texts else None

@@ -1,4 +1,4 @@
-"""What the OpenAI routes take: one completion a request.
+"""What the OpenAI routes take: one completion a request, and no tool the server runs.
 
 A chat or completion that asks for several (``n`` or llama.cpp's ``n_cmpl`` over 1, or a
 list of prompts) is run by llama.cpp on a slot for each, and its usage counts one of them,
@@ -9,7 +9,15 @@ with a message saying what to do.
 
 from __future__ import annotations
 
-__all__ = ["several_completions"]
+from gateway.server_tools import server_tools
+
+__all__ = ["openai_refusal", "several_completions"]
+
+
+def openai_refusal(values: dict[str, object]) -> str | None:
+    """Why an OpenAI route's request is not taken here (several completions, a tool the
+    server would run itself: /v1/responses' web_search), or None."""
+    return several_completions(values) or server_tools(values)
 
 
 def several_completions(values: dict[str, object]) -> str | None:

@@ -12,7 +12,6 @@ from aiohttp import web
 
 from gateway.access import RECORD
 from gateway.admission import Permit, Refusal, Ticket
-from gateway.anthropic_fields import server_tools
 from gateway.backends import Backend, BackendPool
 from gateway.bodies import Fields, defer_continue, parsed, read_body
 from gateway.classify import classify
@@ -22,9 +21,10 @@ from gateway.in_flight import InFlight
 from gateway.lanes import lane_of, possible_lanes
 from gateway.listings import checked_name, model_forbidden, model_not_found, no_backend
 from gateway.load_options import apply_num_ctx_policy
-from gateway.openai_fields import several_completions
+from gateway.openai_fields import openai_refusal
 from gateway.policy import Policy
 from gateway.relay import Relay, Target
+from gateway.server_tools import server_tools
 from gateway.services import Services
 from gateway.tallies import token_events
 from gateway.turn_away import REVOKED
@@ -280,7 +280,7 @@ def _check_model_allowed(policy: Policy, user: str, model: str) -> None:
 
 
 # What each API's requests may not ask of a shared box, and why (None: nothing).
-_REFUSED = {Api.OPENAI: several_completions, Api.ANTHROPIC: server_tools}
+_REFUSED = {Api.OPENAI: openai_refusal, Api.ANTHROPIC: server_tools}
 
 # Ollama's structs for its native routes (api/types.go), by path.
 _STRUCTS = {

@@ -44,7 +44,7 @@ def final_counts(tail: bytes) -> FinalCounts:
     if prompt is not None:  # llama.cpp native /completion
         return FinalCounts(prompt, _last(tail, b"tokens_predicted"))
     prompt, output = _last(tail, b"input_tokens"), _last(tail, b"output_tokens")
-    if prompt is not None or output is not None:  # Anthropic's Messages API
+    if prompt is not None or output is not None:  # Anthropic's and the Responses API
         # Whose input_tokens leave out what the cache read (llama-server: 1 and 30 read).
         read = _last(tail, b"cache_read_input_tokens")
         if prompt is not None and read is not None:
@@ -54,8 +54,9 @@ def final_counts(tail: bytes) -> FinalCounts:
 
 
 class TokenEvents(NamedTuple):
-    """A stream of named SSE events (Anthropic's): the line that starts an event carrying
-    one token, and whether the prompt's count comes only in the stream's first event."""
+    """A stream of named SSE events (Anthropic's, the Responses API's): the line that
+    starts an event carrying one token, and whether the prompt's count comes only in the
+    stream's first event."""
 
     token: bytes
     prompt_at_start: bool
@@ -66,7 +67,10 @@ class TokenEvents(NamedTuple):
 # only the output's: in a long stream the start is long gone from the tail. The newline
 # before: inside an event's JSON a newline is escaped, so a text cannot count as a token.
 _ANTHROPIC = TokenEvents(b"\nevent: content_block_delta\n", prompt_at_start=True)
-_BY_PATH = {"/v1/messages": _ANTHROPIC}
+# The Responses API (Ollama's ResponsesStreamConverter, llama-server's): one
+# response.output_text.delta a token; its counts in response.completed, at the end.
+_RESPONSES = TokenEvents(b"\nevent: response.output_text.delta\n", prompt_at_start=False)
+_BY_PATH = {"/v1/messages": _ANTHROPIC, "/v1/responses": _RESPONSES}
 
 
 def token_events(path: str) -> TokenEvents | None:

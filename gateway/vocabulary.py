@@ -36,6 +36,7 @@ GENERATION_PATHS = (
     "/v1/completions",
     "/v1/embeddings",
     "/v1/messages",
+    "/v1/responses",
 )
 """The routes that run a model: the ones admitted, queued and relayed, and the paths a lane
 rule may name."""

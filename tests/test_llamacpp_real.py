@@ -205,3 +205,35 @@ async def test_a_real_llama_servers_messages_stream_is_counted_through_the_gatew
             assert record.prompt_tokens == final.usage.input_tokens + read > 0
             assert record.streamed_tokens == deltas
     assert record.bytes_out > 16 * 1024  # the long one: its start is out of the tail
+
+
+async def test_a_real_llama_servers_responses_stream_is_counted_through_the_gateway(
+    llama_server: str, start_gateway: StartGateway
+) -> None:
+    """llama-server serves the Responses API too: the gateway routes /v1/responses there,
+    and counts a token per output_text.delta and the usage of response.completed."""
+    from tests.conftest import Finished
+
+    gateway = await start_gateway(
+        f"backends:\n  - {{name: cpp, url: {llama_server}, kind: llamacpp}}\n"
+        "timeouts: {first_byte: 300s}\nqueue: {max_wait: 180s}\n"
+    )
+    finished = Finished(gateway)
+    async with openai.AsyncOpenAI(
+        base_url=gateway.url + "/v1", api_key="x", max_retries=0
+    ) as client:
+        stream = await client.responses.create(
+            model=MODEL_ALIAS, input="Tell a story about a fox.", max_output_tokens=12, stream=True
+        )
+        deltas, usage = 0, None
+        async for event in stream:
+            deltas += event.type == "response.output_text.delta"
+            if event.type == "response.completed":
+                usage = event.response.usage
+    record = await finished.first(("/v1/responses",))
+    assert usage is not None and record.status == 200
+    assert (record.prompt_tokens, record.completion_tokens) == (
+        usage.input_tokens,
+        usage.output_tokens,
+    )
+    assert record.streamed_tokens == deltas > 0

@@ -275,14 +275,16 @@ BROKEN = [
         "lanes:\n  rules:\n    - lane: background\n      paths: [/api/chat, /api/embed/]\n" + GPU,
         "fairgate.yaml:4: lanes.rules[0].paths[1]: '/api/embed/' is no model's route: did you "
         "mean '/api/embed'? the routes are /api/chat, /api/generate, /api/embed, "
-        "/api/embeddings, /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/messages",
+        "/api/embeddings, /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/messages, "
+        "/v1/responses",
     ),
     Broken(
         "a lane rule's path without its first slash",
         "lanes:\n  rules:\n    - {lane: background, paths: [api/chat]}\n" + GPU,
         "fairgate.yaml:3: lanes.rules[0].paths[0]: 'api/chat' is no model's route: did you "
         "mean '/api/chat'? the routes are /api/chat, /api/generate, /api/embed, "
-        "/api/embeddings, /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/messages",
+        "/api/embeddings, /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/messages, "
+        "/v1/responses",
     ),
     Broken(
         "an ollama-only setting on a llama.cpp backend",
