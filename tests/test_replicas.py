@@ -173,6 +173,18 @@ async def test_a_requests_budget_holds_across_replicas(
         assert await generate_status(b, "bob-key", "bob's own budget") == 200
 
 
+async def test_a_request_that_ended_is_not_counted_in_flight_as_well(
+    start_sim: StartSim,
+    start_gateway: StartGateway,
+    redis_url: str,  # noqa: F811
+) -> None:
+    """Two requests an hour, one after another on a replica: the second is served (the
+    first counts as used, no longer in flight), the third is refused."""
+    (gateway,) = await budgeted(start_sim, start_gateway, redis_url, 1)
+    statuses = [await generate_status(gateway, "alice-key", f"r{n}") for n in range(3)]
+    assert statuses == [200, 200, 429]
+
+
 async def test_a_request_waiting_for_another_replicas_hold_counts_against_the_budget(
     start_sim: StartSim,
     start_gateway: StartGateway,

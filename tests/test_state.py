@@ -85,10 +85,8 @@ class TestContract:
         assert not await state.count_in_flight("alice", "r3", 2)
         assert await state.count_in_flight("bob", "r4", 2)
         state.uncount_in_flight("alice", "r1")
-        deadline = time.monotonic() + 5  # Redis forgets it in the background
-        while not await state.count_in_flight("alice", "r3", 2):
-            assert time.monotonic() < deadline, "an ended request was never uncounted"
-            await state.released(within=0.05)
+        # At once, though Redis forgets it in the background: by now it counts as used.
+        assert await state.count_in_flight("alice", "r3", 2)
 
     async def test_giving_back_everything_leaves_nothing(self, state: HoldStore) -> None:
         """After every hold is released, usage is empty."""

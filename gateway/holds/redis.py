@@ -69,11 +69,15 @@ end
 return 1
 """
 )
-# A user's requests in flight for budgets: one sorted set per user, scored by expiry.
+# A user's requests in flight for budgets: one sorted set per user, scored by expiry. The
+# ARGV after the third are requests of the user that ended here and whose removal may not
+# have reached Redis yet: an ended request counts in the ledger's figures at once, and must
+# not count in flight as well.
 _COUNT_IN = (
     _NOW_MS
     + """
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+for i = 4, #ARGV do redis.call('ZREM', KEYS[1], ARGV[i]) end
 if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 1 end
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
@@ -122,6 +126,7 @@ class RedisHolds:
         self._renew_in_flight = self._redis.register_script(_RENEW_IN_FLIGHT)
         self._mine: dict[str, Hold] = {}  # holds this replica has in Redis
         self._in_flight: dict[str, str] = {}  # requests this replica counts there: their users
+        self._ended: dict[str, set[str]] = {}  # by user: requests ended, their removal under way
         self._released = asyncio.Event()
         self._releases: set[asyncio.Task[Any]] = set()
         self._loops = Background("holds")
@@ -171,9 +176,10 @@ class RedisHolds:
     async def count_in_flight(self, user: str, request: str, room: int) -> bool:
         if not self.shared:
             raise StoreUnavailable("Redis is unreachable")
+        ended = self._ended.get(user, ())
         try:
             counted = await self._count_in(
-                keys=[_in_flight_key(user)], args=[request, room, self._lease_ms]
+                keys=[_in_flight_key(user)], args=[request, room, self._lease_ms, *ended]
             )
         except (RedisError, OSError) as exc:
             self._lost(exc)
@@ -185,6 +191,7 @@ class RedisHolds:
     def uncount_in_flight(self, user: str, request: str) -> None:
         if self._in_flight.pop(request, None) is None:
             return  # never counted in Redis (it was away): nothing to undo there
+        self._ended.setdefault(user, set()).add(request)
         self._background(self._uncount(user, request))
 
     async def _uncount(self, user: str, request: str) -> None:
@@ -192,6 +199,12 @@ class RedisHolds:
             await self._redis.zrem(_in_flight_key(user), request)
         except (RedisError, OSError) as exc:
             log.warning("state_release_failed", request=request, error=repr(exc))
+        finally:  # removed, or left to its lease
+            ended = self._ended.get(user)
+            if ended is not None:
+                ended.discard(request)
+                if not ended:
+                    del self._ended[user]
 
     async def usage(self) -> tuple[dict[str, int], dict[str, int]]:
         try:
