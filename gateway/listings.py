@@ -22,24 +22,18 @@ import structlog
 from aiohttp import web
 
 from gateway.access import RECORD
-from gateway.backends import Backend, BackendPool, model_key
-from gateway.backends.failures import unavailable
+from gateway.backends import Backend, model_key
 from gateway.backends.probes import entries_of
 from gateway.bodies import defer_continue, parsed, read_body
 from gateway.errors import GatewayError
 from gateway.headers import NO_STORE
+from gateway.model_errors import checked_name, model_forbidden, model_not_found, no_backend
 from gateway.relay import Relay, Target
 from gateway.services import Services
+from gateway.token_counting import COUNT_TOKENS, counting_backends
 from gateway.vocabulary import Api, Reason
 
-__all__ = [
-    "MAX_MODEL_NAME",
-    "Reads",
-    "checked_name",
-    "model_forbidden",
-    "model_not_found",
-    "no_backend",
-]
+__all__ = ["Reads"]
 
 log = structlog.get_logger("fairgate.listings")
 
@@ -66,6 +60,7 @@ class Reads:
         # The openai SDK's models.retrieve; an id may hold slashes (hf.co/org/model).
         app.router.add_get("/v1/models/{model:.+}", self.model)
         app.router.add_post("/api/show", self.show, expect_handler=defer_continue)
+        app.router.add_post(COUNT_TOKENS, self.show, expect_handler=defer_continue)
         # Clients probe the version to see whether a server is there: no key needed.
         app.router.add_get("/api/version", self.version)
 
@@ -89,7 +84,8 @@ class Reads:
         return web.json_response(entries[wanted], headers=NO_STORE)
 
     async def show(self, request: web.Request) -> web.StreamResponse:
-        """Model details from a backend that has the model."""
+        """Model details from a backend that has the model; or Anthropic's count of a
+        Messages request's prompt, from a llama-server that has it (token_counting.py)."""
         user = self._services.caller(request, self._services.policy.current).user
         with self._read_by(user):
             return await self._show(request, user)
@@ -164,7 +160,8 @@ class Reads:
         # against models: is the model shown: `model`, else the older `name`.
         body = await read_body(request, settings.max_body_bytes, settings.body_timeout)
         fields = await parsed(body, services.parsing)
-        named = "model" if fields.values.get("model") else "name"
+        counting = request.path == COUNT_TOKENS
+        named = "model" if counting or fields.values.get("model") else "name"
         model = fields.values.get(named) or ""
         if not isinstance(model, str):
             raise GatewayError(400, Reason.BAD_REQUEST, "model must be a string")
@@ -176,6 +173,10 @@ class Reads:
             fields.changed()
         record.model = model or None
         pool = view.pool
+        if counting:
+            return await self._relay(
+                request, self._choose(counting_backends(pool, model), model), fields.body
+            )
         candidates = pool.serving(Api.OLLAMA, model) if model else pool.healthy(Api.OLLAMA)
         if not candidates and model and pool.known_nowhere(Api.OLLAMA, model):
             raise model_not_found(model)
@@ -198,7 +199,10 @@ class Reads:
         record.backend = backend.name
         policy = self._services.policy.current.policy
         target = Target(
-            backend.url + request.path, policy.timeouts, keep_origin=not policy.cors.origins
+            backend.url + request.path,
+            policy.timeouts,
+            close_connection=backend.kind == "llamacpp",  # as the generation routes do
+            keep_origin=not policy.cors.origins,
         )
         relay = Relay(self._services.upstream.replies, target, self._services.reply_headers)
         try:
@@ -221,54 +225,3 @@ async def _entries(
         log.warning("listing_failed", url=url, status=reply.status)
         return None
     return entries_of(document, key) or []
-
-
-def model_forbidden(user: str, model: str) -> GatewayError:
-    return GatewayError(403, Reason.MODEL_FORBIDDEN, f"user {user} may not use model {model!r}")
-
-
-# Ollama's longest valid name is under 700 characters (a host of 350, a namespace, model and
-# tag of 80 each: types/model/name.go). Past this no backend has the model, and a name the
-# client sent would be carried whole into the access log, the house page and the errors.
-MAX_MODEL_NAME = 1000
-
-
-def checked_name(model: str) -> str:
-    """``model``, or a 400 if no backend can have a model of so long a name."""
-    if len(model) > MAX_MODEL_NAME:
-        message = f"no model has a name of over {MAX_MODEL_NAME:,} characters"
-        raise GatewayError(400, Reason.BAD_REQUEST, message)
-    return model
-
-
-def model_not_found(model: str) -> GatewayError:
-    # Ollama's own wording since v0.5 (server/routes.go).
-    return GatewayError(404, Reason.MODEL_NOT_FOUND, f"model '{model}' not found")
-
-
-# Why no backend of this gateway can serve an API, whatever the wait.
-_NOT_SPOKEN = {
-    Api.OLLAMA: "no backend of this gateway speaks Ollama's API (its backends are llama.cpp "
-    "servers): use the OpenAI-compatible routes under /v1",
-    Api.ANTHROPIC: "no backend of this gateway serves Anthropic's Messages API (Ollama and "
-    "llama.cpp do; its backends are other OpenAI-compatible servers): use "
-    "/v1/chat/completions",
-    Api.OPENAI: "no backend of this gateway is configured",
-}
-
-
-def no_backend(pool: BackendPool, api: Api, model: str) -> GatewayError:
-    """503 when no healthy backend can answer: it names each backend that could have (for
-    ``model``, if one is asked for) and its last error, since at a first run without Ollama
-    this answer is what the user reads, and it must say what to check. A retry in 10 s
-    gives the probes time to see the backend back; none is offered when no backend speaks
-    the API at all."""
-    if not any(b.speaks(api) for b in pool.backends):
-        # No backend of the kinds that serve the API: no wait will change that.
-        return GatewayError(503, Reason.NO_BACKEND, _NOT_SPOKEN[api])
-    could = [b for b in pool.backends if b.speaks(api) and (not model or b.serves(model))]
-    down = f" ({unavailable(could)})" if could else ""
-    wanted = f"serves {model!r}" if model else "can answer this request"
-    return GatewayError(
-        503, Reason.NO_BACKEND, f"no healthy backend {wanted} right now{down}", retry_after=10.0
-    )

@@ -19,8 +19,8 @@ from gateway.errors import BackendFailure, GatewayError
 from gateway.hot_routes import HOT_PATHS
 from gateway.in_flight import InFlight
 from gateway.lanes import lane_of, possible_lanes
-from gateway.listings import checked_name, model_forbidden, model_not_found, no_backend
 from gateway.load_options import apply_num_ctx_policy
+from gateway.model_errors import checked_name, model_forbidden, model_not_found, no_backend
 from gateway.openai_fields import openai_refusal
 from gateway.policy import Policy
 from gateway.relay import Relay, Target

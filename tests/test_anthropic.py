@@ -321,3 +321,21 @@ def test_the_error_body_is_anthropics_shape_for_each_status() -> None:
         "overloaded_error",
         "timeout_error",
     ]
+
+
+class TestCountTokens:
+    async def test_a_model_only_ollama_serves_has_its_count_refused_saying_why(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """Ollama has no count_tokens route: a 404 in Anthropic's shape that says so."""
+        _, sim_url = await start_sim()
+        gateway = await start_gateway(policy(sim_url))
+        async with client(gateway) as sdk:
+            with pytest.raises(anthropic.NotFoundError) as refused:
+                await sdk.messages.count_tokens(model=MODEL, messages=HI)
+            with pytest.raises(anthropic.PermissionDeniedError):
+                async with client(gateway, "kids-key") as kids:
+                    await kids.messages.count_tokens(model="qwen2.5:7b", messages=HI)
+        error = refused.value.body
+        assert isinstance(error, dict) and error["error"]["type"] == "not_found_error"
+        assert "answered by llama.cpp servers only" in error["error"]["message"]

@@ -237,3 +237,24 @@ async def test_a_real_llama_servers_responses_stream_is_counted_through_the_gate
         usage.output_tokens,
     )
     assert record.streamed_tokens == deltas > 0
+
+
+async def test_a_real_llama_server_counts_a_messages_prompt_through_the_gateway(
+    llama_server: str, start_gateway: StartGateway
+) -> None:
+    """/v1/messages/count_tokens goes, as a read, to llama-server: the SDK gets its count."""
+    import anthropic
+
+    gateway = await start_gateway(
+        f"backends:\n  - {{name: cpp, url: {llama_server}, kind: llamacpp}}\n"
+    )
+    messages: list[Any] = [{"role": "user", "content": "Count the tokens of this."}]
+    async with anthropic.AsyncAnthropic(base_url=gateway.url, api_key="x", max_retries=0) as client:
+        counted = await client.messages.count_tokens(model=MODEL_ALIAS, messages=messages)
+    body = {"model": MODEL_ALIAS, "messages": messages}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(llama_server + "/v1/messages/count_tokens", json=body) as reply,
+    ):
+        direct = await reply.json()
+    assert counted.input_tokens == direct["input_tokens"] > 0
