@@ -95,21 +95,22 @@ class Connection(asyncio.Protocol):
             self.close()
             return
         in_head = not self.headers_done
+        if in_head:  # counted before the parse, whose end of the head reads it
+            self.head_bytes += len(data)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            self._broken(MalformedReply(f"not an HTTP reply: {exc}"))
+            # What a callback of ours raised comes back wrapped: its own words say more.
+            said = exc.__context__
+            broken = said if isinstance(said, MalformedReply) else None
+            self._broken(broken or MalformedReply(f"not an HTTP reply: {exc}"))
             return
         except httptools.HttpParserUpgrade:  # 101: no request of ours asks to switch
             self._broken(MalformedReply("the backend switched protocols"))
             return
-        if in_head and not self.headers_done:
-            # Counted only while the head is not over: the body's first bytes often come in
-            # the same read as the head (a whole non-streamed reply, however long).
-            self.head_bytes += len(data)
-            if self.head_bytes > _MAX_HEAD:
-                self._broken(MalformedReply("the reply's head is over 64 KiB"))
-                return
+        if in_head and not self.headers_done and self.head_bytes > _MAX_HEAD:
+            self._broken(MalformedReply("the reply's head is over 64 KiB"))
+            return
         if self.sink is not None:
             if self.pieces:
                 self.pass_on()
@@ -162,6 +163,11 @@ class Connection(asyncio.Protocol):
         if 100 <= status < 200:  # an interim reply (100 Continue, 103): the real one follows
             self.raw_headers = []
             return
+        # The reads so far count body bytes too (a whole non-streamed reply, however long,
+        # often comes with its head): past 64 KiB of them, the head's own lines are measured,
+        # as a backend may write 200 KiB of them at once.
+        if self.head_bytes > _MAX_HEAD and _size(self.raw_headers) > _MAX_HEAD:
+            raise MalformedReply("the reply's head is over 64 KiB")
         self.status = status
         self.headers_done = True
         self.keep_alive = self._parser.should_keep_alive() and not self.head_only
@@ -258,3 +264,8 @@ class Connection(asyncio.Protocol):
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+
+def _size(headers: list[tuple[bytes, bytes]]) -> int:
+    """The bytes of ``headers`` as a head carries them (``Name: value\r\n``)."""
+    return sum(len(name) + len(value) + 4 for name, value in headers)

@@ -256,6 +256,20 @@ class TestHostileBackends:
             with pytest.raises(MalformedReply, match="64 KiB"):
                 await _post(client, backend.url)
 
+    async def test_a_head_over_64_kib_written_at_once_is_cut_as_well(
+        self, client: BackendClient
+    ) -> None:
+        """The same head of ~110 KiB, its end and its body in one write: read in one go, it
+        meets the same bound as one that dribbles in."""
+        filler = b"".join(b"X-Filler-%d: %s\r\n" % (n, b"y" * 100) for n in range(1_000))
+
+        async def answer(_: bytes, writer: asyncio.StreamWriter) -> None:
+            writer.write(b"HTTP/1.1 200 OK\r\n" + filler + b"Content-Length: 2\r\n\r\nok")
+
+        async with raw_backend(answer) as backend:
+            with pytest.raises(MalformedReply, match="head is over 64 KiB"):
+                await _post(client, backend.url)
+
     async def test_a_long_reply_sent_with_its_head_in_one_write_is_not_taken_for_a_head(
         self, client: BackendClient
     ) -> None:
