@@ -228,6 +228,30 @@ class TestRefusals:
         assert len(simulator.stats.prompts) == 0
 
 
+class TestForwarding:
+    async def test_neither_key_reaches_the_backend_and_claude_codes_beta_query_is_served(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """Claude Code posts /v1/messages?beta=true; the backend sees neither key header."""
+        simulator, sim_url = await start_sim(record_replies=True)
+        gateway = await start_gateway(policy(sim_url))
+        finished = Finished(gateway)
+        body = {"model": MODEL, "max_tokens": 3, "messages": HI}
+        headers = {"x-api-key": "alice-key", "Authorization": "Bearer alice-key"}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                gateway.url + "/v1/messages?beta=true", json=body, headers=headers
+            ) as reply,
+        ):
+            assert reply.status == 200
+            assert (await reply.json())["type"] == "message"
+        assert (await finished.first(("/v1/messages",))).user == "alice"
+        sent = simulator.request_headers  # this request's, and the probes'
+        assert any(h.get("Content-Length") for h in sent)  # the POST is among them
+        assert not any("x-api-key" in h or "authorization" in h for h in sent)
+
+
 class TestStreams:
     async def test_a_backend_failing_mid_stream_ends_in_the_error_event_the_sdk_raises(
         self, start_sim: StartSim, start_gateway: StartGateway

@@ -29,7 +29,7 @@ MODEL = "llama3.2:3b"
 KEY = "alice-key"
 TV_ADDRESS = "127.0.0.2"  # loopback too, but not the address every other client comes from
 MESSAGES = [{"role": "user", "content": "hi"}]
-CHAT_PATHS = ("/api/chat", "/v1/chat/completions")
+CHAT_PATHS = ("/api/chat", "/v1/chat/completions", "/v1/messages")
 
 
 def household(sim_url: str) -> str:
@@ -91,6 +91,23 @@ async def ollama_userinfo(url: str, env: pytest.MonkeyPatch) -> None:
 async def openai_api_key(url: str, env: pytest.MonkeyPatch) -> None:
     async with openai.AsyncOpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0) as client:
         await client.chat.completions.create(model=MODEL, messages=[*MESSAGES])  # type: ignore[list-item]
+
+
+# anthropic (what Claude Code's ANTHROPIC_API_KEY and ANTHROPIC_AUTH_TOKEN send) ---------
+
+
+async def anthropic_api_key(url: str, env: pytest.MonkeyPatch) -> None:
+    import anthropic
+
+    async with anthropic.AsyncAnthropic(base_url=url, api_key=KEY, max_retries=0) as client:
+        await client.messages.create(model=MODEL, max_tokens=3, messages=[*MESSAGES])  # type: ignore[list-item]
+
+
+async def anthropic_auth_token(url: str, env: pytest.MonkeyPatch) -> None:
+    import anthropic
+
+    async with anthropic.AsyncAnthropic(base_url=url, auth_token=KEY, max_retries=0) as client:
+        await client.messages.create(model=MODEL, max_tokens=3, messages=[*MESSAGES])  # type: ignore[list-item]
 
 
 # langchain-ollama and llama-index: their synchronous calls in a thread, since llama-index
@@ -213,6 +230,11 @@ WAYS = [
         ollama_userinfo, PACKAGE),
     Way("`openai` (Python)", '`OpenAI(base_url="http://gpu-box:8080/v1", api_key="KEY")`',
         "alice", openai_api_key, PACKAGE),
+    Way("`anthropic` (Python), Claude Code", '`Anthropic(base_url="http://gpu-box:8080", '
+        'api_key="KEY")`, `ANTHROPIC_API_KEY=KEY` (sent as `X-API-Key`)', "alice",
+        anthropic_api_key, PACKAGE),
+    Way("`anthropic` (Python), Claude Code", '`Anthropic(auth_token="KEY")`, '
+        "`ANTHROPIC_AUTH_TOKEN=KEY` (sent as `Bearer`)", "alice", anthropic_auth_token, PACKAGE),
     Way("langchain-ollama", '`ChatOllama(base_url="http://alice:KEY@gpu-box:8080")`', "alice",
         langchain_userinfo, PACKAGE),
     Way("langchain-ollama", "`OLLAMA_API_KEY=KEY` in the environment", "alice",

@@ -90,3 +90,20 @@ class TestResponses:
         first, second = await finished.at_least(2)
         assert first.input_estimate == 200 and first.lane == "interactive"
         assert second.lane == "background"
+
+    async def test_a_backend_failing_mid_stream_ends_in_an_error_the_sdk_raises(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """Deltas, then the gateway's in-band error: the SDK raises it with its message."""
+        _, sim_url = await start_sim()
+        gateway = await start_gateway(policy(sim_url))
+        deltas = 0
+        async with client(gateway) as sdk:
+            stream = await sdk.responses.create(
+                model=MODEL, input="hi", stream=True, extra_body={"sim_die_after": 4}
+            )
+            with pytest.raises(openai.APIError) as failed:
+                async for event in stream:
+                    deltas += event.type == "response.output_text.delta"
+        assert deltas == 4
+        assert "the backend failed mid-stream" in failed.value.message
