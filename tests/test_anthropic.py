@@ -228,6 +228,46 @@ class TestRefusals:
         assert len(simulator.stats.prompts) == 0
 
 
+class TestRouting:
+    async def test_openai_compatible_backends_alone_say_they_have_no_messages_api(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """Only Ollama and llama-server serve /v1/messages: elsewhere a 503 that says so."""
+        simulator, sim_url = await start_sim()
+        backends = f"backends:\n  - {{name: vllm, url: {sim_url}, kind: openai}}\n"
+        gateway = await start_gateway(USERS + backends)
+        async with client(gateway) as sdk:
+            with pytest.raises(anthropic.APIStatusError) as refused:
+                await sdk.messages.create(model=MODEL, max_tokens=3, messages=HI)
+        assert refused.value.status_code == 503
+        assert "no backend of this gateway serves Anthropic's Messages API" in str(refused.value)
+        assert "Retry-After" not in refused.value.response.headers  # no wait will change it
+        assert simulator.stats.prompts == []
+
+    async def test_ollamas_own_routes_on_llama_cpp_alone_say_to_use_v1(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """The README's no_backend row: not 'model not found', but where to go instead."""
+        _, sim_url = await start_sim(flavor="llamacpp", models=[MODEL])
+        backends = f"backends:\n  - {{name: cpp, url: {sim_url}, kind: llamacpp}}\n"
+        gateway = await start_gateway(USERS + backends)
+        await until(
+            gateway.services.admission,
+            lambda _: all(
+                b.state.models is not None for b in gateway.services.policy.current.pool.backends
+            ),
+        )
+        body = {"model": MODEL, "messages": HI}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                gateway.url + "/api/chat", json=body, headers={"x-api-key": "alice-key"}
+            ) as reply,
+        ):
+            assert reply.status == 503
+            assert "use the OpenAI-compatible routes under /v1" in (await reply.json())["error"]
+
+
 class TestForwarding:
     async def test_neither_key_reaches_the_backend_and_claude_codes_beta_query_is_served(
         self, start_sim: StartSim, start_gateway: StartGateway

@@ -218,9 +218,12 @@ class BackendPool:
         )
 
     def known_nowhere(self, api: Api, model: str) -> bool:
-        """True when every backend for ``api`` has listed its models and none lists ``model``."""
+        """True when every backend for ``api`` has listed its models and none lists ``model``;
+        False when none speaks ``api``: then that, not the model, is what to say."""
         speaking = [b for b in self.backends if b.speaks(api)]
-        return all(b.state.models is not None and not b.serves(model) for b in speaking)
+        return bool(speaking) and all(
+            b.state.models is not None and not b.serves(model) for b in speaking
+        )
 
     def healthy(self, api: Api) -> list[Backend]:
         return [b for b in self.backends if b.state.healthy and b.speaks(api)]
