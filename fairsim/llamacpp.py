@@ -3,17 +3,19 @@ one model, ``-np`` slots, an unbounded FIFO of deferred requests."""
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import string
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
 from .config import GenJob, GenResult, SimAbort, faults_from
 from .engine import Engine
+from .llamacpp_messages import count_tokens, messages
 from .llamacpp_shapes import (
     CHUNK,
     FINGERPRINT,
@@ -55,6 +57,8 @@ class LlamaCppAPI:
             app.router.add_post(path, self.chat_completions)
         for path in ("/completion", "/completions"):
             app.router.add_post(path, self.completion)
+        app.router.add_post("/v1/messages", functools.partial(messages, self))
+        app.router.add_post("/v1/messages/count_tokens", functools.partial(count_tokens, self))
 
     def loading(self) -> bool:
         elapsed = self.engine.clock() - self.engine.started_at
@@ -86,7 +90,7 @@ class LlamaCppAPI:
     async def models(self, request: web.Request) -> web.Response:
         return reply({"object": "list", "data": [model_entry(self.alias)]})
 
-    async def _body(self, request: web.Request) -> dict[str, Any] | web.Response:
+    async def body(self, request: web.Request) -> dict[str, Any] | web.Response:
         text = (await request.read()).decode(errors="replace")
         try:
             value = json.loads(text)
@@ -101,7 +105,7 @@ class LlamaCppAPI:
         return value
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        body = await self._body(request)
+        body = await self.body(request)
         if isinstance(body, web.Response):
             return body
         messages = body.get("messages")
@@ -111,7 +115,7 @@ class LlamaCppAPI:
         return await self._run(request, body, prompt, chat=True)
 
     async def completion(self, request: web.Request) -> web.StreamResponse:
-        body = await self._body(request)
+        body = await self.body(request)
         if isinstance(body, web.Response):
             return body
         prompt = body.get("prompt")
@@ -138,6 +142,13 @@ class LlamaCppAPI:
         job = GenJob(self.alias, tokens_in(prompt), tokens, limited, None, faults)
         stream = body.get("stream") is True
         writer = _Writer(self, request, job, prompt, chat=chat, stream=stream)
+        return await self.generated(request, job, writer, stream)
+
+    async def generated(
+        self, request: web.Request, job: GenJob, writer: Writer, stream: bool
+    ) -> web.StreamResponse:
+        """The job run, its tokens to ``writer``, and its reply; or a reply cut as the
+        job's faults say."""
         try:
             if stream:  # llama-server's head goes out at once, before a slot or the prefill
                 await writer.response.prepare(request)
@@ -148,6 +159,16 @@ class LlamaCppAPI:
         except ConnectionError:
             pass  # the client went away; the engine has already freed the slot
         return writer.response
+
+
+class Writer(Protocol):
+    """What writes one reply: its stream, each token, and its end."""
+
+    response: TapStream
+
+    async def token(self, text: str) -> None: ...
+
+    async def finish(self, result: GenResult) -> web.StreamResponse: ...
 
 
 class _Writer:

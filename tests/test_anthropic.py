@@ -403,3 +403,26 @@ class TestCountTokens:
         error = refused.value.body
         assert isinstance(error, dict) and error["error"]["type"] == "not_found_error"
         assert "answered by llama.cpp servers only" in error["error"]["message"]
+
+
+class TestLlamaCpp:
+    async def test_a_long_stream_from_llama_server_keeps_the_prompt_count_of_its_start(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """llama-server's message_delta has the output's count only: the prompt's, from
+        message_start, is counted though the stream left it far behind the tail."""
+        _, sim_url = await start_sim(flavor="llamacpp", models=[MODEL])
+        backends = f"backends:\n  - {{name: cpp, url: {sim_url}, kind: llamacpp}}\n"
+        gateway = await start_gateway(USERS + backends)
+        finished = Finished(gateway)
+        async with client(gateway) as sdk:
+            async with sdk.messages.stream(
+                model=MODEL, max_tokens=400, messages=[{"role": "user", "content": "x" * 80}]
+            ) as stream:
+                final = await stream.get_final_message()
+            counted = await sdk.messages.count_tokens(model=MODEL, messages=HI)
+        record = await finished.first(("/v1/messages",))
+        assert record.bytes_out > 16 * 1024  # message_start is out of the tail
+        assert (record.prompt_tokens, record.completion_tokens) == (20, 400)
+        assert final.usage.input_tokens == 20 and record.streamed_tokens == 400
+        assert counted.input_tokens == 1
