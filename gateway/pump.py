@@ -107,7 +107,7 @@ async def pump(
         counts = passing.tail.counts()
         prompt = counts.prompt_tokens
         if prompt is None and events is not None and events.prompt_at_start:
-            prompt = final_counts(first[:TALLY_WINDOW]).prompt_tokens
+            prompt = final_counts(first[:TALLY_WINDOW], request.path).prompt_tokens
         progress.prompt_tokens, progress.completion_tokens = prompt, counts.completion_tokens
         progress.load_seconds = counts.load_seconds
         watch.unread_since = loop.time()
@@ -158,7 +158,7 @@ class _Passing:
         # of the loop before this: they went out from the backend's callback (relay.py).
         first = progress.first_byte_at
         self._last = monotonic() if first is None else first
-        self.tail = _Tail()
+        self.tail = _Tail(request.path)
         self.meter: _Meter | _EventMeter | None = None
         if charge is not None and events is not None:
             self.meter = _EventMeter(charge, events.token)
@@ -206,11 +206,12 @@ class _Passing:
 class _Tail:
     """The reply's last TALLY_WINDOW bytes (or a little more), where the tallies are."""
 
-    __slots__ = ("_chunks", "_size")
+    __slots__ = ("_chunks", "_path", "_size")
 
-    def __init__(self) -> None:
+    def __init__(self, path: str) -> None:
         self._chunks: deque[bytes] = deque()
         self._size = 0
+        self._path = path  # whose names the tallies have
 
     def add(self, chunk: bytes) -> None:
         self._chunks.append(chunk)
@@ -219,7 +220,7 @@ class _Tail:
             self._size -= len(self._chunks.popleft())
 
     def counts(self) -> FinalCounts:
-        return final_counts(b"".join(self._chunks))
+        return final_counts(b"".join(self._chunks), self._path)
 
 
 class _Meter:

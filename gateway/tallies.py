@@ -12,7 +12,14 @@ import re
 from dataclasses import dataclass
 from typing import NamedTuple
 
-__all__ = ["TALLY_WINDOW", "FinalCounts", "TokenEvents", "final_counts", "token_events"]
+__all__ = [
+    "TALLY_WINDOW",
+    "CountNames",
+    "FinalCounts",
+    "TokenEvents",
+    "final_counts",
+    "token_events",
+]
 
 TALLY_WINDOW = 16 * 1024
 """Bytes at the end of a reply that hold its tallies: Ollama's final line or fields,
@@ -30,27 +37,69 @@ class FinalCounts:
     load_seconds: float | None = None  # Ollama's load_duration: time spent loading the model
 
 
-def final_counts(tail: bytes) -> FinalCounts:
-    """The backend's own tallies from the end of a reply (the last of each wins)."""
+class CountNames(NamedTuple):
+    """The names a route's replies give their final tallies."""
+
+    prompt: bytes
+    output: bytes
+    load: bytes | None = None  # Ollama's load_duration
+    cached: bytes | None = None  # prompt tokens read from a cache, left out of ``prompt``
+    # In a stream, the output's count is the one of the last such event: an earlier event
+    # may say a count the stream's end would have replaced.
+    final_event: bytes | None = None
+
+
+_OLLAMA = CountNames(b"prompt_eval_count", b"eval_count", load=b"load_duration")
+_OPENAI = CountNames(b"prompt_tokens", b"completion_tokens")
+_LLAMACPP = CountNames(b"tokens_evaluated", b"tokens_predicted")  # its own, beside usage
+# Anthropic's (Ollama's and llama-server's Messages replies): input_tokens leave out what
+# the cache read (llama-server: 1 and 30 read). A stream's message_start says an output of
+# 0; only its message_delta says the real one, and a stream cut before it (Ollama drops an
+# error mid-stream and ends) has none: its relayed tokens count instead.
+_ANTHROPIC_COUNTS = CountNames(
+    b"input_tokens",
+    b"output_tokens",
+    cached=b"cache_read_input_tokens",
+    final_event=b"\nevent: message_delta\n",
+)
+_RESPONSES_COUNTS = CountNames(b"input_tokens", b"output_tokens")
+# Each route's names, and only those: a reply also carries what the client or the model
+# wrote (a tool call's arguments as a JSON object, Ollama's echo of a request's tools),
+# where another API's names would be taken for the tallies.
+_COUNTS: dict[str, tuple[CountNames, ...]] = {
+    "/v1/chat/completions": (_OPENAI, _LLAMACPP),
+    "/v1/completions": (_OPENAI, _LLAMACPP),
+    "/v1/embeddings": (_OPENAI,),
+    "/v1/messages": (_ANTHROPIC_COUNTS,),
+    "/v1/responses": (_RESPONSES_COUNTS,),
+}
+
+
+def final_counts(tail: bytes, path: str) -> FinalCounts:
+    """The backend's own tallies from the end of a reply to ``path`` (the last of each
+    wins: they come after what the reply says)."""
     tail = tail[-TALLY_WINDOW:]
-    prompt, output = _last(tail, b"prompt_eval_count"), _last(tail, b"eval_count")
-    load = _last(tail, b"load_duration")
-    if prompt is not None or output is not None or load is not None:  # Ollama
-        return FinalCounts(prompt, output, _seconds(load))
-    prompt, output = _last(tail, b"prompt_tokens"), _last(tail, b"completion_tokens")
-    if prompt is not None or output is not None:  # OpenAI-compatible
-        return FinalCounts(prompt, output)
-    prompt = _last(tail, b"tokens_evaluated")
-    if prompt is not None:  # llama.cpp native /completion
-        return FinalCounts(prompt, _last(tail, b"tokens_predicted"))
-    prompt, output = _last(tail, b"input_tokens"), _last(tail, b"output_tokens")
-    if prompt is not None or output is not None:  # Anthropic's and the Responses API
-        # Whose input_tokens leave out what the cache read (llama-server: 1 and 30 read).
-        read = _last(tail, b"cache_read_input_tokens")
-        if prompt is not None and read is not None:
-            prompt += read
-        return FinalCounts(prompt, output)
-    return FinalCounts()
+    for names in _COUNTS.get(path, (_OLLAMA,)):
+        counts = _counts(tail, names)
+        if counts != _NONE:
+            return counts
+    return _NONE
+
+
+def _counts(tail: bytes, names: CountNames) -> FinalCounts:
+    prompt = _last(tail, names.prompt)
+    output_from = tail
+    if names.final_event is not None and b"\nevent: " in tail:  # a stream, not a whole reply
+        at = tail.rfind(names.final_event)
+        output_from = tail[at:] if at >= 0 else b""
+    output = _last(output_from, names.output)
+    load = None if names.load is None else _last(tail, names.load)
+    if names.cached is not None and prompt is not None:
+        prompt += _last(tail, names.cached) or 0
+    return FinalCounts(prompt, output, _seconds(load))
+
+
+_NONE = FinalCounts()
 
 
 class TokenEvents(NamedTuple):

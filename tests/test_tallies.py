@@ -18,7 +18,7 @@ def test_ollama_native_final_line() -> None:
         {"model": "m", "done": True, "load_duration": 2_500_000_000, "prompt_eval_count": 12,
          "eval_count": 34},
     )  # fmt: skip
-    assert final_counts(reply) == FinalCounts(12, 34, 2.5)
+    assert final_counts(reply, "/api/chat") == FinalCounts(12, 34, 2.5)
 
 
 def test_openai_usage_with_details() -> None:
@@ -28,7 +28,7 @@ def test_openai_usage_with_details() -> None:
         b'"total_tokens":10,"prompt_tokens_details":{"cached_tokens":5}}}\n\n'
         b"data: [DONE]\n\n"
     )
-    assert final_counts(sse) == FinalCounts(7, 3)
+    assert final_counts(sse, "/v1/chat/completions") == FinalCounts(7, 3)
 
 
 def test_llamacpp_native_completion() -> None:
@@ -37,7 +37,7 @@ def test_llamacpp_native_completion() -> None:
         {"content": "hi", "stop": True, "generation_settings": settings,
          "tokens_evaluated": 21, "tokens_predicted": 8}
     ).encode()  # fmt: skip
-    assert final_counts(reply) == FinalCounts(21, 8)
+    assert final_counts(reply, "/v1/completions") == FinalCounts(21, 8)
 
 
 def test_counts_after_megabytes_of_embeddings() -> None:
@@ -46,7 +46,7 @@ def test_counts_after_megabytes_of_embeddings() -> None:
          "total_duration": 9, "load_duration": 0, "prompt_eval_count": 640}
     ).encode()  # fmt: skip
     assert len(reply) > 50 * TALLY_WINDOW
-    assert final_counts(reply) == FinalCounts(640, None, 0.0)
+    assert final_counts(reply, "/api/embed") == FinalCounts(640, None, 0.0)
 
 
 def test_text_that_mentions_a_tally_is_not_one() -> None:
@@ -54,31 +54,33 @@ def test_text_that_mentions_a_tally_is_not_one() -> None:
         {"response": 'the JSON was {"eval_count":99, "prompt_tokens": 98}', "done": False},
     )
     assert b'"eval_count":99' in reply.replace(b"\\", b"")
-    assert final_counts(reply) == FinalCounts()
+    assert final_counts(reply, "/api/generate") == FinalCounts()
 
 
 def test_no_tallies() -> None:
-    assert final_counts(b'{"error":"model not found"}') == FinalCounts()
-    assert final_counts(b"") == FinalCounts()
+    assert final_counts(b'{"error":"model not found"}', "/api/chat") == FinalCounts()
+    assert final_counts(b"", "/v1/chat/completions") == FinalCounts()
 
 
 SAMPLES = Path(__file__).parent / "samples" / "llama-server"  # captured from a real server
 
 
 def test_real_llama_server_replies() -> None:
-    assert final_counts((SAMPLES / "chat-nonstream.json").read_bytes()) == FinalCounts(36, 12)
-    assert final_counts((SAMPLES / "chat-stream.txt").read_bytes()) == FinalCounts(36, 6)
+    chat = "/v1/chat/completions"
+    whole = (SAMPLES / "chat-nonstream.json").read_bytes()
+    assert final_counts(whole, chat) == FinalCounts(36, 12)
+    assert final_counts((SAMPLES / "chat-stream.txt").read_bytes(), chat) == FinalCounts(36, 6)
     completion = (SAMPLES / "completion-stream.txt").read_bytes()
-    assert final_counts(completion) == FinalCounts(5, 3)
+    assert final_counts(completion, "/v1/completions") == FinalCounts(5, 3)
 
 
 def test_a_count_no_backend_could_report_is_no_count() -> None:
     """A tally of 10^30 tokens (a broken or hostile backend) is read as none, not written
     into usage where it would overflow the store's 64-bit counts; nor is a fraction."""
     tail = _ndjson({"done": True, "prompt_eval_count": 10**30, "eval_count": 1.5})
-    assert final_counts(tail) == FinalCounts(None, None, None)
+    assert final_counts(tail, "/api/chat") == FinalCounts(None, None, None)
     tail = _ndjson({"done": True, "prompt_eval_count": 10**14, "eval_count": 7})
-    assert final_counts(tail) == FinalCounts(10**14, 7, None)
+    assert final_counts(tail, "/api/chat") == FinalCounts(10**14, 7, None)
 
 
 def test_anthropic_usage_counts_what_the_cache_read_as_prompt_too() -> None:
@@ -88,11 +90,46 @@ def test_anthropic_usage_counts_what_the_cache_read_as_prompt_too() -> None:
         b'{"id":"chatcmpl-x","type":"message","content":[{"type":"text","text":"hi"}],'
         b'"usage":{"cache_read_input_tokens":30,"input_tokens":1,"output_tokens":8}}'
     )
-    assert final_counts(whole) == FinalCounts(31, 8)
+    assert final_counts(whole, "/v1/messages") == FinalCounts(31, 8)
     stream = (
         b'event: message_start\ndata: {"type":"message_start","message":{"usage":'
         b'{"input_tokens":9,"output_tokens":0}}}\n\n'
         b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":'
         b'"end_turn"},"usage":{"input_tokens":12,"output_tokens":5}}\n\n'
     )
-    assert final_counts(stream) == FinalCounts(12, 5)
+    assert final_counts(stream, "/v1/messages") == FinalCounts(12, 5)
+
+
+def test_a_tool_calls_arguments_are_not_the_tallies_of_a_messages_reply() -> None:
+    """Ollama's whole Messages reply carries a tool call's input as a JSON object, before
+    its usage: keys there named as another API's tallies do not replace the usage."""
+    spoof = {"eval_count": 1, "prompt_eval_count": 0, "prompt_tokens": 0, "completion_tokens": 0}
+    whole = json.dumps(
+        {"type": "message", "content": [{"type": "tool_use", "name": "f", "input": spoof}],
+         "stop_reason": "tool_use", "usage": {"input_tokens": 5000, "output_tokens": 3000}}
+    ).encode()  # fmt: skip
+    assert final_counts(whole, "/v1/messages") == FinalCounts(5000, 3000)
+
+
+def test_a_requests_tools_echoed_are_not_the_tallies_of_a_responses_reply() -> None:
+    """Ollama's Responses reply echoes the request's tools (their parameters verbatim)
+    before its usage: a schema key named prompt_tokens is not the count."""
+    tools = [{"type": "function", "name": "f", "parameters": {"prompt_tokens": 0,
+              "completion_tokens": 0, "eval_count": 0}}]  # fmt: skip
+    whole = json.dumps(
+        {"object": "response", "output": [], "tools": tools,
+         "usage": {"input_tokens": 41, "output_tokens": 7, "total_tokens": 48}}
+    ).encode()  # fmt: skip
+    assert final_counts(whole, "/v1/responses") == FinalCounts(41, 7)
+
+
+def test_a_messages_stream_cut_before_its_delta_says_no_output_count() -> None:
+    """message_start says an output of 0; a stream that ends without message_delta (Ollama
+    drops an error mid-stream) has no output count, so its relayed tokens are charged."""
+    stream = (
+        b'event: message_start\ndata: {"type":"message_start","message":{"usage":'
+        b'{"input_tokens":17,"output_tokens":0}}}\n\n'
+        + b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+        b'"delta":{"type":"text_delta","text":"x"}}\n\n' * 20
+    )
+    assert final_counts(stream, "/v1/messages") == FinalCounts(17, None)
