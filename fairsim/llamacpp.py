@@ -16,6 +16,7 @@ from aiohttp import web
 from .config import GenJob, GenResult, SimAbort, faults_from
 from .engine import Engine
 from .llamacpp_messages import count_tokens, messages
+from .llamacpp_responses import responses
 from .llamacpp_shapes import (
     CHUNK,
     FINGERPRINT,
@@ -59,6 +60,7 @@ class LlamaCppAPI:
             app.router.add_post(path, self.completion)
         app.router.add_post("/v1/messages", functools.partial(messages, self))
         app.router.add_post("/v1/messages/count_tokens", functools.partial(count_tokens, self))
+        app.router.add_post("/v1/responses", functools.partial(responses, self))
 
     def loading(self) -> bool:
         elapsed = self.engine.clock() - self.engine.started_at

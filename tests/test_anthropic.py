@@ -47,6 +47,14 @@ async def post(gateway: Gateway, body: object, headers: dict[str, str]) -> tuple
 HI = [{"role": "user", "content": "hi"}]
 
 
+async def llama_gateway(start_sim: StartSim, start_gateway: StartGateway) -> Gateway:
+    """A gateway in front of one simulated llama-server serving MODEL."""
+    _, sim_url = await start_sim(flavor="llamacpp", models=[MODEL])
+    return await start_gateway(
+        USERS + f"backends:\n  - {{name: cpp, url: {sim_url}, kind: llamacpp}}\n"
+    )
+
+
 class TestReplies:
     async def test_a_streamed_and_a_whole_reply_arrive_and_their_usage_is_recorded(
         self, start_sim: StartSim, start_gateway: StartGateway, usage_db: Path
@@ -248,9 +256,7 @@ class TestRouting:
         self, start_sim: StartSim, start_gateway: StartGateway
     ) -> None:
         """The README's no_backend row: not 'model not found', but where to go instead."""
-        _, sim_url = await start_sim(flavor="llamacpp", models=[MODEL])
-        backends = f"backends:\n  - {{name: cpp, url: {sim_url}, kind: llamacpp}}\n"
-        gateway = await start_gateway(USERS + backends)
+        gateway = await llama_gateway(start_sim, start_gateway)
         await until(
             gateway.services.admission,
             lambda _: all(
@@ -411,9 +417,7 @@ class TestLlamaCpp:
     ) -> None:
         """llama-server's message_delta has the output's count only: the prompt's, from
         message_start, is counted though the stream left it far behind the tail."""
-        _, sim_url = await start_sim(flavor="llamacpp", models=[MODEL])
-        backends = f"backends:\n  - {{name: cpp, url: {sim_url}, kind: llamacpp}}\n"
-        gateway = await start_gateway(USERS + backends)
+        gateway = await llama_gateway(start_sim, start_gateway)
         finished = Finished(gateway)
         async with client(gateway) as sdk:
             async with sdk.messages.stream(

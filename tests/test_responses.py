@@ -11,6 +11,7 @@ import pytest
 from tests.conftest import Finished, Gateway, StartGateway, StartSim
 from tests.test_accounting import settled, stored
 from tests.test_admission import MODEL
+from tests.test_anthropic import llama_gateway
 
 USERS = """\
 defaults: {max_concurrent: 1, max_queued: 2}
@@ -107,3 +108,21 @@ class TestResponses:
                     deltas += event.type == "response.output_text.delta"
         assert deltas == 4
         assert "the backend failed mid-stream" in failed.value.message
+
+    async def test_llama_servers_responses_are_routed_there_and_counted(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """llama-server serves /v1/responses too: routed there, a token per delta counted."""
+        gateway = await llama_gateway(start_sim, start_gateway)
+        finished = Finished(gateway)
+        async with client(gateway) as sdk:
+            whole = await sdk.responses.create(model=MODEL, input="hi", max_output_tokens=4)
+            stream = await sdk.responses.create(
+                model=MODEL, input="x" * 40, max_output_tokens=20, stream=True
+            )
+            deltas = [e async for e in stream if e.type == "response.output_text.delta"]
+        assert whole.output_text and whole.usage is not None and whole.usage.output_tokens == 4
+        first, second = await finished.at_least(2)
+        assert (first.prompt_tokens, first.completion_tokens) == (1, 4)
+        assert (second.prompt_tokens, second.completion_tokens) == (10, 20)
+        assert second.streamed_tokens == len(deltas) == 20
