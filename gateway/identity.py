@@ -10,14 +10,17 @@ import base64
 import hashlib
 import hmac
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gateway.errors import GatewayError
 from gateway.forwarded import Address, ProxyTrust, address_of
 from gateway.policy import Policy
 from gateway.user_policy import ANONYMOUS, PERSON_SEPARATOR
 from gateway.vocabulary import Reason
+
+if TYPE_CHECKING:  # the core loads without the web stack (test_vocabulary)
+    from multidict import MultiMapping
 
 __all__ = ["Caller", "Directory"]
 
@@ -79,7 +82,7 @@ class Directory:
             if user.on_behalf is not None
         }
 
-    def identify(self, headers: Mapping[str, str], address: Address | None) -> Caller:
+    def identify(self, headers: MultiMapping[str], address: Address | None) -> Caller:
         """Who is asking, or GatewayError 401 when the request cannot be attributed."""
         key, named = _presented_key(headers)
         if key is not None:
@@ -111,7 +114,7 @@ class Directory:
             "(the keys are under users: in the gateway's policy file)",
         )
 
-    def holds_key(self, headers: Mapping[str, str]) -> bool:
+    def holds_key(self, headers: MultiMapping[str]) -> bool:
         """Whether a request carries a user's key (``/metrics`` asks no more of it)."""
         key, _ = _presented_key(headers)
         return key is not None and self._caller_of_digest(_digest_of_presented(key)) is not None
@@ -130,7 +133,7 @@ class Directory:
             return self._user_of_address(address_of(value)) == user
         return self._anonymous and user == ANONYMOUS
 
-    def _person(self, user: str, headers: Mapping[str, str]) -> str:
+    def _person(self, user: str, headers: MultiMapping[str]) -> str:
         """``user``, or for a front end that names the person it acts for, that person as a
         user of their own: ``owui/alice@example.com``. Only a front end's own key is trusted
         with the header; from anyone else it means nothing."""
@@ -175,14 +178,14 @@ def _digest_of_configured(key: str) -> bytes:
     return hashlib.sha256(key.encode()).digest()
 
 
-def _presented_key(headers: Mapping[str, str]) -> tuple[str | None, str | None]:
+def _presented_key(headers: MultiMapping[str]) -> tuple[str | None, str | None]:
     """The key a request carries, and the user name that came with it (basic auth), if any.
 
     A key in ``Authorization`` and another in ``X-API-Key`` (Anthropic's SDK sends that one,
     Claude Code the bearer) is a 401: whichever were checked, something on the way (a
-    proxy, a backend) could act on the other."""
-    api_key = headers.get("X-API-Key")
-    authorization = headers.get("Authorization")
+    proxy, a backend) could act on the other. So are two different values of one of them."""
+    api_key = _single(headers, "X-API-Key")
+    authorization = _single(headers, "Authorization")
     if authorization is not None:
         scheme, _, value = authorization.partition(" ")
         scheme, value = scheme.lower(), value.strip()
@@ -202,6 +205,23 @@ def _presented_key(headers: Mapping[str, str]) -> tuple[str | None, str | None]:
             return found
     api_key = (api_key or "").strip()
     return api_key or None, None
+
+
+def _single(headers: MultiMapping[str], name: str) -> str | None:
+    """The one value of header ``name``, or None. Sent twice with the same value, it is one
+    key; with different values it is a 401, as a parser that keeps the last (or joins them)
+    would act on another key than the one checked here, which is the first."""
+    values = headers.getall(name, ())
+    if not values:
+        return None
+    first = values[0].strip()
+    if any(value.strip() != first for value in values[1:]):
+        raise GatewayError(
+            401,
+            Reason.UNAUTHORIZED,
+            f"the request carries two different {name} headers: send one key",
+        )
+    return values[0]
 
 
 def _basic_credentials(value: str) -> tuple[str | None, str | None]:

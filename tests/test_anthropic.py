@@ -12,6 +12,7 @@ from pathlib import Path
 import aiohttp
 import anthropic
 import pytest
+from multidict import CIMultiDict
 
 from tests.conftest import Finished, Gateway, StartGateway, StartSim
 from tests.test_accounting import settled, stored
@@ -163,6 +164,35 @@ class TestRefusals:
         same = {"Authorization": "Bearer alice-key", "x-api-key": "alice-key"}
         assert (await post(gateway, body, same))[0] == 200
         assert len(simulator.stats.prompts) == 1
+
+    async def test_a_key_header_sent_twice_with_different_keys_is_refused_on_every_route(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """Two x-api-key or two Authorization values that differ are a 401; one repeated is not."""
+        simulator, sim_url = await start_sim()
+        gateway = await start_gateway(policy(sim_url))
+        routes = {
+            "/v1/messages": {"model": MODEL, "max_tokens": 3, "messages": HI},
+            "/api/chat": {"model": MODEL, "messages": HI, "stream": False},
+        }
+        twice = (
+            [("x-api-key", "kids-key"), ("x-api-key", "alice-key")],
+            [("Authorization", "Bearer kids-key"), ("Authorization", "Bearer alice-key")],
+            [("Authorization", "Bearer alice-key"), ("Authorization", "Bearer nobody")],
+        )
+        async with aiohttp.ClientSession() as session:
+            for path, body in routes.items():
+                for pairs in twice:
+                    headers = CIMultiDict(pairs)
+                    async with session.post(
+                        gateway.url + path, json=body, headers=headers
+                    ) as reply:
+                        assert reply.status == 401, (path, pairs)
+                        assert "two different" in await reply.text()
+                same = CIMultiDict([("x-api-key", "alice-key"), ("x-api-key", "alice-key")])
+                async with session.post(gateway.url + path, json=body, headers=same) as reply:
+                    assert reply.status == 200
+        assert len(simulator.stats.prompts) == 2
 
     async def test_a_full_queue_is_a_503_with_retry_after(
         self, start_sim: StartSim, start_gateway: StartGateway

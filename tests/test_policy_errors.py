@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from multidict import CIMultiDict
 
 from gateway.__main__ import main
 from gateway.backends import BackendStates
@@ -489,7 +490,7 @@ class TestKeysFromTheEnvironment:
         (workdir / ".env").write_text("FAIRGATE_LOG_LEVEL=info\nALICE_KEY=from-dot-env\n")
         policy = parse_policy("users:\n  alice:\n    keys: ['env:ALICE_KEY']\n" + GPU)
         directory = Directory(policy)
-        caller = directory.identify({"Authorization": "Bearer from-dot-env"}, None)
+        caller = directory.identify(CIMultiDict(Authorization="Bearer from-dot-env"), None)
         assert caller.user == "alice"
 
     def test_the_environment_wins_over_the_dot_env_file(
