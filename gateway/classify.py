@@ -127,8 +127,18 @@ def _count(value: object) -> int:
     return len(value) if isinstance(value, list) else 0
 
 
-def _content_size(content: object) -> tuple[int, int]:
-    """Text and images of a string, a list of strings, or OpenAI content parts."""
+# Content parts that are an image: OpenAI's chat and Responses parts, Anthropic's block.
+_IMAGE_PARTS = frozenset(("image_url", "input_image", "image"))
+# How deep a tool result's blocks are read: Ollama reads one level of them
+# (anthropic.convertToolResultContent); a little more costs nothing and hides nothing.
+_MAX_DEPTH = 3
+
+
+def _content_size(content: object, depth: int = 0) -> tuple[int, int]:
+    """Text and images of a string, a list of strings, OpenAI content parts or Anthropic
+    content blocks: text, thinking, a tool call's input (compact JSON, as the template
+    renders it: Claude Code's Write and Edit carry whole files there) and a tool result's
+    content, each block's keys as Go's decoder reads them into Ollama's ContentBlock."""
     if isinstance(content, str):
         return len(content), 0
     if not isinstance(content, list):
@@ -138,19 +148,20 @@ def _content_size(content: object) -> tuple[int, int]:
         if isinstance(part, str):
             characters += len(part)
         elif isinstance(part, dict):
-            if part.get("type") in ("image_url", "input_image", "image"):
+            # {"Type": "text", "TEXT": ...} is a text block to Go: its keys fold.
+            part = canonical_keys(part) or part
+            if part.get("type") in _IMAGE_PARTS:
                 images += 1
-            text = part.get("text")
+            text, thinking = part.get("text"), part.get("thinking")
             characters += len(text) if isinstance(text, str) else 0
-            # An Anthropic tool result's own content (a string or text blocks): what an
-            # agent such as Claude Code sends most of, files and command output.
+            characters += len(thinking) if isinstance(thinking, str) else 0
+            arguments = part.get("input")
+            if isinstance(arguments, dict):
+                characters += _schema_size(arguments)
+            # A tool result's own content (a string or blocks): what an agent such as
+            # Claude Code sends most of, files and command output.
             inner = part.get("content")
-            if isinstance(inner, str):
-                characters += len(inner)
-            elif isinstance(inner, list):
-                characters += sum(
-                    len(item["text"])
-                    for item in inner
-                    if isinstance(item, dict) and isinstance(item.get("text"), str)
-                )
+            if inner is not None and depth < _MAX_DEPTH:
+                inner_chars, inner_images = _content_size(inner, depth + 1)
+                characters, images = characters + inner_chars, images + inner_images
     return characters, images

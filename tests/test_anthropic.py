@@ -14,6 +14,8 @@ import anthropic
 import pytest
 from multidict import CIMultiDict
 
+from gateway.access import RequestRecord
+from gateway.vocabulary import RequestClass
 from tests.conftest import Finished, Gateway, StartGateway, StartSim
 from tests.test_accounting import settled, stored
 from tests.test_admission import MODEL, held, queued, until
@@ -397,6 +399,82 @@ class TestStreams:
         assert status == 200
         record = await finished.first(("/v1/messages",))
         assert record.input_estimate == (200 + 400 + 800) // 4
+
+
+async def served(
+    start_sim: StartSim, start_gateway: StartGateway, messages: list[dict[str, object]]
+) -> RequestRecord:
+    """The gateway's record of alice's /v1/messages with these messages, served by fairsim."""
+    _, sim_url = await start_sim()
+    gateway = await start_gateway(policy(sim_url))
+    finished = Finished(gateway)
+    body = {"model": MODEL, "max_tokens": 3, "messages": messages}
+    status, _ = await post(gateway, body, {"x-api-key": "alice-key"})
+    assert status == 200
+    return await finished.first(("/v1/messages",))
+
+
+BIG = "x" * 8400  # 2,100 tokens at four characters a token: heavy (from 2,048)
+WRITE = {"file_path": "a.py", "content": BIG}  # Claude Code's Write carries the whole file
+
+
+class TestEstimateAsOllamaReads:
+    @pytest.mark.parametrize(
+        ("blocks", "characters"),
+        [
+            ([{"type": "text", "Text": BIG}], len(BIG)),
+            ([{"Type": "text", "TEXT": BIG}], len(BIG)),
+            (
+                [{"type": "tool_use", "id": "t1", "name": "Write", "input": WRITE}],
+                len(json.dumps(WRITE, separators=(",", ":"))),
+            ),
+            ([{"type": "tool_result", "tool_use_id": "t1", "Content": BIG}], len(BIG)),
+            (
+                [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "t1",
+                        "content": [{"TYPE": "text", "Text": BIG}],
+                    }
+                ],
+                len(BIG),
+            ),
+            ([{"type": "thinking", "thinking": BIG, "signature": ""}], len(BIG)),
+        ],
+        ids=[
+            "Text",
+            "TEXT-and-Type",
+            "tool_use-input",
+            "tool_result-Content",
+            "tool_result-blocks",
+            "thinking",
+        ],
+    )
+    async def test_a_long_prompt_in_any_block_ollama_decodes_is_estimated_and_heavy(
+        self,
+        start_sim: StartSim,
+        start_gateway: StartGateway,
+        blocks: list[dict[str, object]],
+        characters: int,
+    ) -> None:
+        """Each block as Go's decoder reads it (keys in any case) counts toward the class."""
+        messages = [{"role": "user", "content": "go"}, {"role": "assistant", "content": blocks}]
+        record = await served(start_sim, start_gateway, messages)
+        assert record.input_estimate == (len("go") + characters) // 4
+        assert record.request_class is RequestClass.HEAVY
+
+    async def test_an_image_block_is_counted_whatever_the_case_of_its_keys(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """An image block with "Type", in a message or in a tool result, costs an image each."""
+        image = {
+            "Type": "image",
+            "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"},
+        }
+        result = {"type": "tool_result", "tool_use_id": "t1", "content": [image]}
+        messages = [{"role": "user", "content": [image, result]}]
+        record = await served(start_sim, start_gateway, messages)
+        assert record.input_estimate == 2 * 768
 
 
 def test_the_error_body_is_anthropics_shape_for_each_status() -> None:
