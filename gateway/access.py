@@ -129,11 +129,19 @@ Listener = Callable[[RequestRecord], None]
 Locate = Callable[[web.Request], Client]
 
 
+_WORTH_WAITING = 60.0  # seconds: a client may well wait for a minute's budget to renew
+
+
 def error_response(api: Api, error: GatewayError) -> web.Response:
     """The one place where the gateway's own refusals become HTTP."""
     headers = {}
     if error.retry_after is not None:
         headers["Retry-After"] = retry_after_header(error.retry_after)
+        if error.status == 429 and error.retry_after > _WORTH_WAITING:
+            # The anthropic SDK sleeps through any Retry-After before it tries again (a
+            # budget that renews at midnight: hours), the openai SDK tries again at once:
+            # both obey this header, and the 429's text says when the budget renews.
+            headers["X-Should-Retry"] = "false"
     return web.Response(
         status=error.status,
         body=error_body(api, error.status, error.reason, error.message),

@@ -10,6 +10,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import aiohttp
+import anthropic
 import ollama
 import openai
 import pytest
@@ -131,6 +132,32 @@ class TestWindows:
         assert (await generate(gateway, "bob-key"))[0] == 200  # only alice's budget
         clock.now = at(2025, 3, 15, 0, 0, 1)
         assert (await generate(gateway, "alice-key"))[0] == 200
+
+    async def test_a_budget_renewing_in_hours_tells_the_sdks_not_to_wait_for_it(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """The anthropic SDK sleeps through any Retry-After before it tries again (nine
+        hours here), the openai SDK retries at once: a 429 to a budget that renews in more
+        than a minute says X-Should-Retry: false, and each SDK raises it at its first
+        answer; a minute's budget leaves them to wait."""
+        _, sim_url = await start_sim()
+        clock = Clock(at(2025, 3, 14, 15, 0, 0))
+        text = house(sim_url, ", budget: {tokens_per_day: 20}")
+        gateway = await start_gateway(text, clock=clock, time_zone=PARIS)
+        for _ in range(2):
+            assert (await generate(gateway, "alice-key"))[0] == 200  # 26 tokens in all
+        history = gateway.services.history
+        before = sum(minute.refusals for minute in history.snapshot().minutes)
+        sdk = anthropic.AsyncAnthropic(base_url=gateway.url, api_key="alice-key")  # retries: 2
+        with pytest.raises(anthropic.RateLimitError) as refused:
+            call = sdk.messages.create(model=MODEL, max_tokens=5, messages=[HI])
+            await asyncio.wait_for(call, timeout=20)
+        await sdk.close()
+        assert refused.value.response.headers["X-Should-Retry"] == "false"
+        assert sum(minute.refusals for minute in history.snapshot().minutes) == before + 1
+
+        status, headers = await _refused_at_minute(start_sim, start_gateway)
+        assert status == 429 and "X-Should-Retry" not in headers
 
     @pytest.mark.parametrize(
         ("budget", "start", "renews_in"),
@@ -310,3 +337,24 @@ async def test_two_replicas_on_one_redis_share_one_budget(
     assert (await generate(a, "alice-key"))[0] == 429
     assert (await generate(b, "alice-key"))[0] == 429
     assert (await generate(a, "bob-key"))[0] == 200
+
+
+HI = {"role": "user", "content": "hi"}
+
+
+async def _refused_at_minute(
+    start_sim: StartSim, start_gateway: StartGateway
+) -> tuple[int, aiohttp.typedefs.LooseHeaders]:
+    """The 429 of a requests_per_minute budget, 15 s before it renews: status, headers."""
+    _, sim_url = await start_sim()
+    clock = Clock(at(2025, 3, 14, 15, 59, 45))
+    text = house(sim_url, ", budget: {requests_per_minute: 1}")
+    gateway = await start_gateway(text, clock=clock, time_zone=PARIS)
+    assert (await generate(gateway, "alice-key"))[0] == 200
+    headers = {"Authorization": "Bearer alice-key"}
+    body = {"model": MODEL, "prompt": "hi", "stream": False}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(gateway.url + "/api/generate", json=body, headers=headers) as reply,
+    ):
+        return reply.status, reply.headers
