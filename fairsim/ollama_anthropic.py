@@ -17,7 +17,7 @@ from .ollama_common import (
     RequestError,
     chat_text,
 )
-from .ollama_v1 import generated, job_for, read_v1_body
+from .ollama_v1 import job_for, read_v1_body, streamed_or_whole
 from .recording import TapStream
 from .wire import go_json, tokens_in
 
@@ -76,17 +76,13 @@ async def messages(native: OllamaAPI, request: web.Request) -> web.StreamRespons
         return job
     stream = _Stream(request, name, tokens_in(prompt), engine.config.record_replies)
     streaming = body.get("stream") is True
-    parts: list[str] = []
-    emit = stream.token if streaming else None
-    result = await generated(engine, request, job, stream.response, emit, parts, anthropic_error)
-    if not isinstance(result, GenResult):
-        return result  # refused, or cut
-    if streaming:
-        await stream.finish(result, job.prompt_tokens)
-        return stream.response
+    ran = await streamed_or_whole(engine, request, job, stream, streaming, anthropic_error)
+    if not isinstance(ran, tuple):
+        return ran  # streamed, refused or cut
+    result, text = ran
     reply = {
         **stream.message(job.prompt_tokens, result.eval_count),
-        "content": [{"type": "text", "text": "".join(parts)}] if parts else None,
+        "content": [{"type": "text", "text": text}] if text else None,
         "stop_reason": _STOP_REASONS[result.done_reason],
     }
     return web.Response(body=go_json(reply) + b"\n", headers={"Content-Type": "application/json"})

@@ -15,7 +15,7 @@ from aiohttp import web
 from .config import GenJob, GenResult
 from .ollama import OllamaAPI
 from .ollama_common import RequestError, chat_text
-from .ollama_v1 import encoded, generated, job_for, openai_error, read_v1_body
+from .ollama_v1 import encoded, job_for, openai_error, read_v1_body, streamed_or_whole
 from .recording import TapStream
 from .wire import go_json
 
@@ -40,15 +40,11 @@ async def responses(native: OllamaAPI, request: web.Request) -> web.StreamRespon
         return job
     stream = _Stream(request, name, body, engine.config.record_replies)
     streaming = body.get("stream") is True
-    parts: list[str] = []
-    emit = stream.token if streaming else None
-    result = await generated(engine, request, job, stream.response, emit, parts, openai_error)
-    if not isinstance(result, GenResult):
-        return result  # refused, or cut
-    if streaming:
-        await stream.finish(result, job.prompt_tokens)
-        return stream.response
-    return encoded(stream.whole("".join(parts), _usage(job.prompt_tokens, result)))
+    ran = await streamed_or_whole(engine, request, job, stream, streaming, openai_error)
+    if not isinstance(ran, tuple):
+        return ran  # streamed, refused or cut
+    result, text = ran
+    return encoded(stream.whole(text, _usage(job.prompt_tokens, result)))
 
 
 def _usage(prompt_tokens: int, result: GenResult) -> dict[str, Any]:

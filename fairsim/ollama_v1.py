@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -105,6 +105,38 @@ async def generated(
         return stream
     except ConnectionError:
         return stream
+
+
+class EventStream(Protocol):
+    """A reply told as named events (Anthropic's, the Responses API's)."""
+
+    response: TapStream
+
+    async def token(self, text: str) -> None: ...
+
+    async def finish(self, result: GenResult, prompt_tokens: int) -> None: ...
+
+
+async def streamed_or_whole(
+    engine: Engine,
+    request: web.Request,
+    job: GenJob,
+    stream: EventStream,
+    streaming: bool,
+    refused: Callable[[RequestError], web.Response],
+) -> tuple[GenResult, str] | web.StreamResponse:
+    """``job`` run: streamed, its tokens as ``stream``'s events, then its end (the reply is
+    returned); or whole, its result and text returned for the route to shape. Or the reply
+    that ended it (``generated``)."""
+    parts: list[str] = []
+    emit = stream.token if streaming else None
+    result = await generated(engine, request, job, stream.response, emit, parts, refused)
+    if not isinstance(result, GenResult):
+        return result  # refused, or cut
+    if streaming:
+        await stream.finish(result, job.prompt_tokens)
+        return stream.response
+    return result, "".join(parts)
 
 
 def encoded(value: Any, status: int = 200) -> web.Response:
