@@ -67,6 +67,10 @@ class TestStatusCommand:
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "gateway", "status", "--watch", "--interval", "0.1",
             "--url", gateway.url, stdout=asyncio.subprocess.PIPE,
+            # A Ctrl-C it can receive: started in the background by a shell without job
+            # control (a CI runner's `cmd &`), the tests inherit SIGINT ignored, and Python
+            # then keeps it ignored (no KeyboardInterrupt), as a Ctrl-C should be there.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )  # fmt: skip
         assert process.stdout is not None
         seen = b""
