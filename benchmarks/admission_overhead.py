@@ -29,15 +29,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from gateway.admission import Admission, Permit, Ticket
+from gateway.admission.admission import Admission, Permit, Ticket
+from gateway.admission.holds import HoldStore
+from gateway.admission.holds.redis import RedisHolds
 from gateway.app import new_event_loop
 from gateway.backends import BackendStates
 from gateway.backends.pool import LoadedModel
-from gateway.holds import HoldStore
-from gateway.holds.redis import RedisHolds
-from gateway.policy import parse_policy
+from gateway.config.policy import parse_policy
+from gateway.core.vocabulary import Api, Lane
 from gateway.reload import PolicyView
-from gateway.vocabulary import Api, Lane
 from tests.redis_server import RedisServer
 
 POLICY = """\
@@ -129,7 +129,8 @@ async def cpu_per_request(requests: int) -> list[tuple[str, float]]:
 
 async def _cycle(admission: Admission, n: int, budgeted: bool = False) -> float:
     """The time to admit one request; the release follows, as when its reply ends. A
-    budgeted user's request is first counted in flight in the hold store (``in_flight.py``)."""
+    budgeted user's request is first counted in flight in the hold store
+    (``usage/in_flight.py``)."""
     user, request = f"user{n % 4}", f"request{n}"
     started = time.perf_counter()
     if budgeted:

@@ -7,7 +7,7 @@ on another stack is known before it is built:
 
 - ``aiohttp``: aiohttp's server and its client, what the gateway was first built on;
 - ``aiohttp-server``: aiohttp's server and the gateway's own backend client
-  (``gateway/backend_client.py``): the gateway's stack today, with its logic taken out;
+  (``gateway/relay/upstream_client.py``): the gateway's stack today, with its logic taken out;
 - ``protocol``: an asyncio protocol on httptools (llhttp, the C parser of the backend
   client) and the gateway's backend client: the floor of a relay off aiohttp's server.
   A benchmark's server, not a product's: keep-alive and Content-Length bodies only, no
@@ -29,7 +29,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from gateway.app import new_event_loop
-from gateway.backend_client import BackendClient
+from gateway.relay.upstream_client import BackendClient
 
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 CLIENT = web.AppKey("client", BackendClient)

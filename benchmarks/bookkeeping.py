@@ -40,13 +40,13 @@ from aiohttp.streams import EMPTY_PAYLOAD
 from multidict import CIMultiDict, CIMultiDictProxy, istr
 from yarl import URL
 
-from gateway.access import RECORD, RequestRecord
 from gateway.app import SERVICES, create_app
-from gateway.logs import configure_logging
-from gateway.policy import parse_policy
-from gateway.pump import Progress
-from gateway.settings import Settings
-from gateway.vocabulary import Lane, RequestClass
+from gateway.config.policy import parse_policy
+from gateway.config.settings import Settings
+from gateway.core.logs import configure_logging
+from gateway.core.vocabulary import Lane, RequestClass
+from gateway.edge.access_log import RECORD, RequestRecord
+from gateway.relay.pump import Progress
 
 _PEER = ("127.0.0.1", 51234)
 _HEADERS = {

@@ -35,9 +35,9 @@ from benchmarks.chat_household import Household
 from benchmarks.household import Mix, Outcome, p95, run_mix
 from fairsim import SimConfig, Simulator
 from gateway.app import bound_url, create_app, start_server
-from gateway.logs import configure_logging
-from gateway.policy import parse_policy
-from gateway.settings import IN_MEMORY, Settings
+from gateway.config.policy import parse_policy
+from gateway.config.settings import IN_MEMORY, Settings
+from gateway.core.logs import configure_logging
 
 __all__ = ["Run", "compare", "main"]
 

@@ -43,12 +43,12 @@ from multidict import CIMultiDict, CIMultiDictProxy, istr
 from yarl import URL
 
 from benchmarks import bookkeeping
-from gateway.access import RECORD, RequestRecord
-from gateway.admission import Permit, Refusal, Ticket
+from gateway.admission.admission import Permit, Refusal, Ticket
 from gateway.app import SERVICES, create_app
-from gateway.policy import parse_policy
-from gateway.proxy import Generation
-from gateway.settings import Settings
+from gateway.config.policy import parse_policy
+from gateway.config.settings import Settings
+from gateway.edge.access_log import RECORD, RequestRecord
+from gateway.routes.generation import Generation
 
 _HEADERS = {
     "Host": "127.0.0.1:8080",

@@ -37,12 +37,12 @@ from aiohttp import web
 
 from benchmarks.household import p95
 from fairsim import SimConfig, Simulator
-from gateway.access import RequestRecord
 from gateway.app import SERVICES, bound_url, create_app, start_server
-from gateway.logs import configure_logging
-from gateway.policy import parse_policy
-from gateway.settings import Settings
-from gateway.swap_outcomes import DoneSwap
+from gateway.config.policy import parse_policy
+from gateway.config.settings import Settings
+from gateway.core.logs import configure_logging
+from gateway.edge.access_log import RequestRecord
+from gateway.swaps.outcomes import DoneSwap
 
 __all__ = ["SCENARIOS", "Scenario", "User", "main"]
 
@@ -225,7 +225,7 @@ async def run(scenario: Scenario, through_gateway: bool) -> Run:
                 *(_user(session, url, s, through_gateway, n) for n, s in enumerate(seen))
             )
         seconds = time.perf_counter() - started
-        swaps = gateway.admission.room.swaps if gateway is not None else None
+        swaps = gateway.admission.admission.room.swaps if gateway is not None else None
         result = Run(
             "through the gateway" if through_gateway else "direct to Ollama",
             seen,

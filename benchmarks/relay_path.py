@@ -37,13 +37,13 @@ from typing import cast
 
 from aiohttp import web
 
-from gateway.access import RECORD
 from gateway.app import SERVICES, create_app, new_event_loop
-from gateway.logs import configure_logging
-from gateway.policy import parse_policy
-from gateway.relay import Relay, Target
-from gateway.settings import Settings
-from gateway.vocabulary import Lane, RequestClass
+from gateway.config.policy import parse_policy
+from gateway.config.settings import Settings
+from gateway.core.logs import configure_logging
+from gateway.core.vocabulary import Lane, RequestClass
+from gateway.edge.access_log import RECORD
+from gateway.relay.relay import Relay, Target
 
 _TOKENS = 64
 _BODY = b'{"model":"llama3.2:3b","messages":[{"role":"user","content":"hi"}]}'
@@ -190,7 +190,7 @@ def _charge(tokens: int) -> None:
 
 def _bare(stub_port: int) -> web.Application:
     from benchmarks.bare_relay import CLIENT, UPSTREAM, aiohttp_server_relay
-    from gateway.backend_client import BackendClient
+    from gateway.relay.upstream_client import BackendClient
 
     app = web.Application()
     app[UPSTREAM] = f"http://127.0.0.1:{stub_port}"

@@ -16,9 +16,9 @@ from playwright.async_api import async_playwright
 
 from fairsim import SimConfig, Simulator
 from gateway.app import bound_url, create_app, start_server
-from gateway.logs import configure_logging
-from gateway.policy import parse_policy
-from gateway.settings import IN_MEMORY, Settings
+from gateway.config.policy import parse_policy
+from gateway.config.settings import IN_MEMORY, Settings
+from gateway.core.logs import configure_logging
 
 OUT = Path(__file__).resolve().parent / "house.png"
 MODEL = "llama3.2:3b"

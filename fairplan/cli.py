@@ -27,8 +27,8 @@ from fairplan.sources import (
     ollama_model_cost,
     ollama_shape,
 )
-from gateway import sizes
-from gateway.durations import parse_duration
+from gateway.core import sizes
+from gateway.core.units import parse_duration
 
 __all__ = ["DEFAULT_URLS", "add_plan_arguments", "parse_size", "run_plan"]
 

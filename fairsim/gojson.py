@@ -31,7 +31,7 @@ Not modelled: a ``null`` for a plain (non-pointer) field leaves Go's value uncha
 replaces it here; a repeated array of structs without its own ``UnmarshalJSON`` is reused
 element by element in Go but replaced here (``api.Message`` resets each element, so
 native ``messages`` are replaced in Go too); Go accepts 10,000 levels of nesting, Python's
-parser fewer. Key folding itself is ``gateway.ambiguity.go_fold``, the same one the gateway
+parser fewer. Key folding itself is ``gateway.wire.ambiguity.go_fold``, the same one the gateway
 uses to refuse such bodies.
 """
 
@@ -39,8 +39,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.ambiguity import go_fold
-from gateway.json_decode import NestedTooDeeply, Pairs, parse_object_pairs
+from gateway.wire.ambiguity import go_fold
+from gateway.wire.json_decode import NestedTooDeeply, Pairs, parse_object_pairs
 
 __all__ = ["go_decode"]
 

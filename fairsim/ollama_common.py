@@ -10,8 +10,8 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.json_decode import NestedTooDeeply
-from gateway.ollama_fields import STRUCTS, field_type_error
+from gateway.wire.json_decode import NestedTooDeeply
+from gateway.wire.ollama_fields import STRUCTS, field_type_error
 
 from .config import LoadOptions
 from .gojson import go_decode

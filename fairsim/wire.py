@@ -11,8 +11,8 @@ import struct
 import time
 from typing import Any
 
-from gateway.durations import fits_go_duration, parse_go_duration
-from gateway.ollama_fields import go_type_name
+from gateway.core.units import fits_go_duration, parse_go_duration
+from gateway.wire.ollama_fields import go_type_name
 
 __all__ = [
     "FOREVER",

@@ -15,14 +15,14 @@ from dotenv import dotenv_values
 from pydantic import ValidationError
 
 from gateway import __version__
-from gateway.check_config_cli import add_check_arguments
-from gateway.first_run import listen_problem, warn_about_example_keys
-from gateway.keys_cli import add_keys_arguments
-from gateway.logs import configure_logging
-from gateway.policy import PolicyError, load_policy
-from gateway.settings import Settings, describe_settings, settings_errors, unknown_variables
-from gateway.status_cli import add_status_arguments, run_status
-from gateway.usage_cli import add_usage_arguments, run_usage
+from gateway.cli.check_config import add_check_arguments
+from gateway.cli.first_run import listen_problem, warn_about_example_keys
+from gateway.cli.keys import add_keys_arguments
+from gateway.cli.status import add_status_arguments, run_status
+from gateway.cli.usage import add_usage_arguments, run_usage
+from gateway.config.policy import PolicyError, load_policy
+from gateway.config.settings import Settings, describe_settings, settings_errors, unknown_variables
+from gateway.core.logs import configure_logging
 
 __all__ = ["main"]
 
@@ -141,7 +141,7 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     warn_about_example_keys(policy)
     from gateway.app import run_app
-    from gateway.usage import StoreError
+    from gateway.usage.stores import StoreError
 
     try:
         run_app(settings, policy, sighup_before=lambda: latch.received)
@@ -170,7 +170,7 @@ def _sim(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from fairsim.demo import run_demo
+    from gateway.cli.demo import run_demo
 
     run_demo(gateway_port=args.port, backend_port=args.backend_port)
     return 0

@@ -14,20 +14,20 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
-from gateway.access import access_log
-from gateway.connections import Listener
-from gateway.errors import STOPPING_MESSAGE, STOPPING_RETRY_AFTER
-from gateway.house import House
-from gateway.listings import Reads
-from gateway.metrics import Metrics
-from gateway.policy import Policy
-from gateway.proxy import Generation
-from gateway.refusals import Refusal
+from gateway.admission.refusals import Refusal
+from gateway.config.policy import Policy
+from gateway.config.settings import Settings
+from gateway.core.errors import STOPPING_MESSAGE, STOPPING_RETRY_AFTER
+from gateway.core.vocabulary import Reason
+from gateway.edge.access_log import access_log
+from gateway.edge.connections import Listener
+from gateway.observe.metrics import Metrics
 from gateway.reload import OPEN_GATEWAY
+from gateway.routes.generation import Generation
+from gateway.routes.house import House
+from gateway.routes.reads import Reads
+from gateway.routes.status import Status
 from gateway.services import Services
-from gateway.settings import Settings
-from gateway.status import Status
-from gateway.vocabulary import Reason
 
 __all__ = ["SERVICES", "bound_url", "create_app", "drain", "run_app", "serve", "start_server"]
 

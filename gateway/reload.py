@@ -14,9 +14,9 @@ from pathlib import Path
 import structlog
 
 from gateway.backends import BackendPool, BackendStates
-from gateway.identity import Directory
-from gateway.policy import Policy, PolicyError, load_policy
-from gateway.tasks import repeat
+from gateway.config.policy import Policy, PolicyError, load_policy
+from gateway.core.tasks import repeat
+from gateway.edge.identity import Directory
 
 __all__ = ["OPEN_GATEWAY", "LivePolicy", "PolicyView", "ReloadSnapshot", "policy_changes"]
 

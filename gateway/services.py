@@ -15,30 +15,30 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
-from gateway.access import RECORD, Listener
-from gateway.accounting import Ledger
-from gateway.admission import Admission
+from gateway.admission.admission import Admission
+from gateway.admission.holds import HoldStore
+from gateway.admission.holds.redis import RedisHolds
 from gateway.backends import BackendStates
 from gateway.backends.monitor import BackendMonitor
-from gateway.connections import Connections
-from gateway.cors import Cors
-from gateway.forwarded import Client
-from gateway.history import History
-from gateway.holds import HoldStore
-from gateway.holds.redis import RedisHolds
-from gateway.host_names import names_gateway, refuse_unknown_host
-from gateway.identity import Caller
-from gateway.policy import Policy
-from gateway.relay import Relay
+from gateway.backends.warmth import KeepWarm
+from gateway.config.policy import Policy
+from gateway.config.settings import Settings
+from gateway.core.calendar import Calendar, zone_named
+from gateway.core.tasks import Background, repeat
+from gateway.edge.access_log import RECORD, Listener
+from gateway.edge.connections import Connections
+from gateway.edge.cors import Cors
+from gateway.edge.forwarded import Client
+from gateway.edge.host_names import names_gateway, refuse_unknown_host
+from gateway.edge.identity import Caller
+from gateway.edge.reply_headers import ReplyHeaders
+from gateway.observe.history import History
+from gateway.observe.snapshot import GatewaySnapshot, UserUsage, take
+from gateway.relay.clients import Upstream
+from gateway.relay.relay import Relay
 from gateway.reload import LivePolicy, PolicyView
-from gateway.reply_headers import ReplyHeaders
-from gateway.settings import Settings
-from gateway.snapshot import GatewaySnapshot, UserUsage, take
-from gateway.tasks import Background, repeat
-from gateway.upstream import Upstream
-from gateway.usage import RedisUsage, SqliteUsage, UsageStore
-from gateway.warmth import KeepWarm
-from gateway.windows import Calendar, zone_named
+from gateway.usage.ledger import Ledger
+from gateway.usage.stores import RedisUsage, SqliteUsage, UsageStore
 
 __all__ = ["Services"]
 
@@ -64,7 +64,7 @@ class Services:
     streams: set[Relay] = field(default_factory=set)  # generation replies under way
     history: History = field(default_factory=History)  # the last hour, for the house page
     loops: Background = field(default_factory=lambda: Background("gateway"))
-    # Big request bodies are parsed here, one at a time, beside the event loop (bodies.py).
+    # Big request bodies are parsed here, one at a time, beside the event loop (intake/bodies.py).
     parsing: Executor = field(default_factory=lambda: ThreadPoolExecutor(1, "fairgate-parse"))
 
     @classmethod
@@ -167,7 +167,7 @@ class Services:
         """Who is asking, from the request's credentials (401 if nobody), noted in its record."""
         record = request[RECORD]
         caller = view.directory.identify(request.headers, record.client.address)
-        if not caller.by_key:  # what a page's browser carries by itself (host_names.py)
+        if not caller.by_key:  # what a page's browser carries by itself (edge/host_names.py)
             refuse_unknown_host(request.headers, view.policy.hosts)
         self.cors.refuse_pages_without_key(request, caller)
         record.user = caller.user

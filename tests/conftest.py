@@ -18,12 +18,12 @@ from aiohttp import web
 from playwright.async_api import Browser, async_playwright
 
 from fairsim import SimConfig, Simulator
-from gateway.access import RequestRecord
 from gateway.app import SERVICES, bound_url, create_app, start_server
-from gateway.connections import Listener
-from gateway.policy import Policy, load_policy, parse_policy
+from gateway.config.policy import Policy, load_policy, parse_policy
+from gateway.config.settings import Settings
+from gateway.edge.access_log import RequestRecord
+from gateway.edge.connections import Listener
 from gateway.services import Services
-from gateway.settings import Settings
 from tests.processes import required_binary, stop
 
 StartSim = Callable[..., Awaitable[tuple[Simulator, str]]]

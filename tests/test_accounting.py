@@ -18,16 +18,16 @@ import aiohttp
 import ollama
 import openai
 
-from gateway.access import RequestRecord
-from gateway.accounting import Ledger
 from gateway.app import SERVICES, create_app
-from gateway.connections import Listener
-from gateway.policy import parse_policy
-from gateway.settings import Settings
-from gateway.usage import RedisUsage, SqliteUsage
-from gateway.usage.base import Batch, Tally
-from gateway.vocabulary import Reason, RequestClass
-from gateway.windows import Calendar, Windows, zone_named
+from gateway.config.policy import parse_policy
+from gateway.config.settings import Settings
+from gateway.core.calendar import Calendar, Windows, zone_named
+from gateway.core.vocabulary import Reason, RequestClass
+from gateway.edge.access_log import RequestRecord
+from gateway.edge.connections import Listener
+from gateway.usage.ledger import Ledger
+from gateway.usage.stores import RedisUsage, SqliteUsage
+from gateway.usage.stores.base import Batch, Tally
 from tests.conftest import Gateway, StartGateway, StartSim
 from tests.processes import free_port, until_answers
 from tests.redis_server import RedisServer, redis_server  # noqa: F401 (fixture)

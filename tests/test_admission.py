@@ -13,8 +13,8 @@ import ollama
 import openai
 import pytest
 
-from gateway.admission import Admission
-from gateway.room_snapshot import RoomSnapshot
+from gateway.admission.admission import Admission
+from gateway.admission.room_snapshot import RoomSnapshot
 from tests.conftest import Gateway, StartGateway, StartSim
 
 MODEL = "llama3.2:3b"

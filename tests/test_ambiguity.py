@@ -13,9 +13,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fairsim.gojson import go_decode
-from gateway.ambiguity import AmbiguousField, NotAnObject, ambiguous_field, go_fold, load_checked
-from gateway.json_counts import MAX_ARRAYS, MAX_VALUES, TooManyValues, count_values
-from gateway.json_decode import MAX_OBJECTS, NestedTooDeeply, TooManyObjects, parse_object_pairs
+from gateway.wire.ambiguity import (
+    AmbiguousField,
+    NotAnObject,
+    ambiguous_field,
+    go_fold,
+    load_checked,
+)
+from gateway.wire.json_counts import MAX_ARRAYS, MAX_VALUES, TooManyValues, count_values
+from gateway.wire.json_decode import (
+    MAX_OBJECTS,
+    NestedTooDeeply,
+    TooManyObjects,
+    parse_object_pairs,
+)
 from tests.conftest import StartSim
 
 KELVIN = "\u212a"  # KELVIN SIGN, which Go folds to k

@@ -14,8 +14,8 @@ import anthropic
 import pytest
 from multidict import CIMultiDict
 
-from gateway.access import RequestRecord
-from gateway.vocabulary import RequestClass
+from gateway.core.vocabulary import RequestClass
+from gateway.edge.access_log import RequestRecord
 from tests.conftest import Finished, Gateway, StartGateway, StartSim
 from tests.test_accounting import settled, stored
 from tests.test_admission import MODEL, held, queued, until
@@ -479,8 +479,8 @@ class TestEstimateAsOllamaReads:
 
 def test_the_error_body_is_anthropics_shape_for_each_status() -> None:
     """Every status the gateway answers has Anthropic's error type for it."""
-    from gateway.errors import error_body
-    from gateway.vocabulary import Api, Reason
+    from gateway.core.errors import error_body
+    from gateway.core.vocabulary import Api, Reason
 
     def kind(status: int) -> str:
         body = json.loads(error_body(Api.ANTHROPIC, status, Reason.BAD_REQUEST, "m"))

@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 import pytest
 from multidict import CIMultiDict
 
-from gateway.backend_client import BackendClient
-from gateway.backend_connection import BackendClosed, MalformedReply
-from gateway.backend_reply import Reply
+from gateway.relay.upstream_client import BackendClient
+from gateway.relay.upstream_connection import BackendClosed, MalformedReply
+from gateway.relay.upstream_reply import Reply
 from tests.raw_backend import raw_backend
 
 

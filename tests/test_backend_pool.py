@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 from multidict import CIMultiDict
 
-from gateway.backend_client import BackendClient
+from gateway.relay.upstream_client import BackendClient
 
 _REPLY = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 

@@ -13,7 +13,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from fairsim import SimConfig, Simulator
-from gateway.admission import Admission
+from gateway.admission.admission import Admission
 from gateway.app import bound_url, start_server
 from gateway.backends import Backend
 from tests.conftest import Gateway, StartGateway, StartSim, serve

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.settings import settings_from
+from gateway.config.settings import settings_from
 
 GPU = "backends:\n  - {name: gpu, url: http://127.0.0.1:11434, slots: 2}\n"
 ALICE = "users:\n  alice:\n    keys: ['env:ALICE_KEY']\n"

@@ -8,8 +8,8 @@ import json
 import aiohttp
 import pytest
 
-from gateway.access import RequestRecord
-from gateway.vocabulary import RequestClass
+from gateway.core.vocabulary import RequestClass
+from gateway.edge.access_log import RequestRecord
 from tests.conftest import Finished, Gateway, StartGateway, StartSim, one_backend
 
 MODEL = "llama3.2:3b"

@@ -269,14 +269,14 @@ class TestOriginsInThePolicy:
     )
     def test_an_origin_is_kept_as_a_browser_sends_it(self, written: str, kept: str) -> None:
         """Case and a default port are normalised, so the admin's spelling still matches."""
-        from gateway.policy import parse_policy
+        from gateway.config.policy import parse_policy
 
         parsed = parse_policy(policy("http://127.0.0.1:1", f"['{written}']"))
         assert parsed.cors.origins == [kept]
 
     def test_an_origin_with_a_path_is_refused_with_what_was_meant(self) -> None:
         """A URL is not an origin: the error names the line and the origin to write."""
-        from gateway.policy import PolicyError, parse_policy
+        from gateway.config.policy import PolicyError, parse_policy
 
         with pytest.raises(PolicyError) as refused:
             parse_policy(policy("http://127.0.0.1:1", "[https://chat.lan/app]"), source="p.yaml")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.deadlines import Deadlines
+from gateway.relay.deadlines import Deadlines
 
 
 class TestDeadlines:

@@ -20,8 +20,8 @@ import yaml
 
 from gateway.__main__ import main
 from gateway.app import create_app
-from gateway.policy import load_policy
-from gateway.settings import Settings
+from gateway.config.policy import load_policy
+from gateway.config.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"

@@ -10,9 +10,9 @@ import signal
 from yarl import URL
 
 from gateway.app import SERVICES, create_app, drain
-from gateway.connections import Listener
-from gateway.policy import parse_policy
-from gateway.settings import Settings
+from gateway.config.policy import parse_policy
+from gateway.config.settings import Settings
+from gateway.edge.connections import Listener
 from tests.conftest import Finished, StartGateway, StartSim, one_backend
 from tests.test_admission import MODEL
 

@@ -7,7 +7,7 @@ import tracemalloc
 
 import pytest
 
-from gateway.durations import parse_duration, parse_go_duration
+from gateway.core.units import parse_duration, parse_go_duration
 
 
 @pytest.mark.parametrize(

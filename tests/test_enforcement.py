@@ -17,7 +17,7 @@ import structlog
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.json_counts import MAX_VALUES
+from gateway.wire.json_counts import MAX_VALUES
 from tests.conftest import Finished, Gateway, StartGateway, StartSim
 from tests.test_admission import MODEL, held, idle, queued, until
 from tests.test_reload import rewrite

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from dotenv import dotenv_values
 
-from gateway.environment_file import (
+from gateway.config.environment_file import (
     MAX_BYTES,
     EnvironmentFileError,
     parse_environment_file,

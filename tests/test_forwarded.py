@@ -15,7 +15,7 @@ import pytest
 import structlog
 from multidict import CIMultiDict
 
-from gateway.forwarded import ForwardedHeader, ProxyTrust
+from gateway.edge.forwarded import ForwardedHeader, ProxyTrust
 from tests.conftest import Finished, Gateway, StartGateway, StartSim, one_backend
 
 PROXY, STRANGER = "127.0.0.2", "127.0.0.3"
@@ -218,7 +218,7 @@ class TestBehindAProxy:
 
 def test_a_trusted_proxy_entry_that_is_not_a_range_is_refused_at_its_line() -> None:
     """trusted_proxies takes addresses or CIDR ranges; a host name is refused, with its line."""
-    from gateway.policy import PolicyError, parse_policy
+    from gateway.config.policy import PolicyError, parse_policy
 
     text = one_backend("http://127.0.0.1:1", extra="trusted_proxies: [caddy.lan]\n")
     with pytest.raises(PolicyError) as refused:
@@ -230,6 +230,6 @@ def test_a_trusted_proxy_entry_that_is_not_a_range_is_refused_at_its_line() -> N
 
 def test_the_address_helper_maps_ipv4_in_ipv6() -> None:
     """A dual-stack socket's ::ffff:a.b.c.d peer is the IPv4 address (clients: ranges)."""
-    from gateway.forwarded import address_of
+    from gateway.edge.forwarded import address_of
 
     assert address_of("::ffff:127.0.0.1") == ip_address("127.0.0.1")

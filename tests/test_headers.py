@@ -1,10 +1,10 @@
-"""Which headers cross the gateway, to the backend and back (gateway/headers.py)."""
+"""Which headers cross the gateway, to the backend and back (gateway/edge/headers.py)."""
 
 from __future__ import annotations
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from gateway.headers import decoded, forwarded_headers, returned_pairs
+from gateway.edge.headers import decoded, forwarded_headers, returned_pairs
 
 
 def _proxy(pairs: list[tuple[str, str]]) -> CIMultiDictProxy[str]:

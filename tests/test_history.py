@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from gateway.access import RequestRecord
-from gateway.history import MINUTES, RECENT_REFUSALS, RECENT_STRANGERS, History
-from gateway.vocabulary import Reason, RequestClass
+from gateway.core.vocabulary import Reason, RequestClass
+from gateway.edge.access_log import RequestRecord
+from gateway.observe.history import MINUTES, RECENT_REFUSALS, RECENT_STRANGERS, History
 
 NOON = datetime(2025, 3, 14, 12, 0, 30).timestamp()
 

@@ -20,8 +20,8 @@ import pytest
 import structlog
 from aiohttp import web
 
-from gateway.bodies import ON_LOOP_BYTES
-from gateway.logs import console_rendering
+from gateway.core.logs import console_rendering
+from gateway.intake.bodies import ON_LOOP_BYTES
 from tests.conftest import (
     Finished,
     Gateway,
@@ -310,7 +310,7 @@ class TestHttpHygiene:
         self, start_sim: StartSim, start_gateway: StartGateway
     ) -> None:
         """/api%2Fchat is not /api/chat to aiohttp's router, nor to the generation routes'
-        shortcut past it (hot_routes.py): a 404, and nothing reaches the backend."""
+        shortcut past it (edge/hot_routes.py): a 404, and nothing reaches the backend."""
         sim, url = await start_sim(record_replies=True)
         gateway = await start_gateway(POLICY + one_backend(url, slots=2))
         reader, writer = await open_raw(gateway)

@@ -17,8 +17,8 @@ from aiohttp.typedefs import Handler
 from playwright.async_api import Browser, ConsoleMessage, Page, expect
 
 from gateway.app import create_app
-from gateway.policy import parse_policy
-from gateway.settings import Settings
+from gateway.config.policy import parse_policy
+from gateway.config.settings import Settings
 from tests.conftest import Gateway, StartGateway, StartSim, serve
 from tests.test_admission import MODEL, until
 

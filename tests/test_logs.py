@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import structlog
 
-from gateway.logs import REQUEST_ID, configure_logging, info_writer, printable
+from gateway.core.logs import REQUEST_ID, configure_logging, info_writer, printable
 
 # A line's timestamp, the one part that differs between two lines written one after another.
 _TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")

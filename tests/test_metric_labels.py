@@ -11,7 +11,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from fairsim import SimConfig, Simulator
-from gateway.metric_labels import OTHER
+from gateway.observe.labels import OTHER
 from tests.conftest import StartGateway, StartSim, one_backend, serve
 from tests.test_admission import until
 from tests.test_lanes import ask, running

@@ -11,12 +11,12 @@ import aiohttp
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.access import RequestRecord
-from gateway.metrics import Metrics
-from gateway.policy import load_policy
+from gateway.config.policy import load_policy
+from gateway.config.settings import Settings
+from gateway.core.vocabulary import Reason, RequestClass
+from gateway.edge.access_log import RequestRecord
+from gateway.observe.metrics import Metrics
 from gateway.services import Services
-from gateway.settings import Settings
-from gateway.vocabulary import Reason, RequestClass
 from tests.conftest import Gateway, StartGateway, StartSim, one_backend
 from tests.test_history import Clock
 

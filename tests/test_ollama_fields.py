@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.ollama_fields import field_type_error
+from gateway.wire.ollama_fields import field_type_error
 
 
 @pytest.mark.parametrize(

@@ -28,7 +28,7 @@ from fairplan import (
     shape_from_model_info,
 )
 from gateway.__main__ import main
-from gateway.policy import parse_policy
+from gateway.config.policy import parse_policy
 from tests.conftest import Gateway, StartGateway, StartSim, one_backend
 from tests.test_llamacpp_real import llama_server  # noqa: F401 (fixture)
 from tests.test_metrics import MODEL

@@ -10,8 +10,8 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from gateway.__main__ import main
-from gateway.policy import Policy, PolicyError, load_policy, parse_policy
-from gateway.policy_base import _remembered_key, model_key
+from gateway.config.base import _remembered_key, model_key
+from gateway.config.policy import Policy, PolicyError, load_policy, parse_policy
 
 REPO = Path(__file__).resolve().parent.parent
 

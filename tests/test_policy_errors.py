@@ -19,8 +19,8 @@ from multidict import CIMultiDict
 
 from gateway.__main__ import main
 from gateway.backends import BackendStates
-from gateway.identity import Directory
-from gateway.policy import PolicyError, load_policy, parse_policy
+from gateway.config.policy import PolicyError, load_policy, parse_policy
+from gateway.edge.identity import Directory
 from gateway.reload import LivePolicy
 
 GPU = "backends:\n  - {name: gpu, url: http://127.0.0.1:11434, slots: 2}\n"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.prefill_gate import PrefillGate
+from gateway.admission.prefill_gate import PrefillGate
 
 
 class TestPrefillGate:

@@ -26,9 +26,9 @@ import yaml
 from fairsim import SimConfig, Simulator, add_sim_arguments, sim_config_from_args
 from gateway.app import bound_url, start_server
 from gateway.backends.probes import ProbeFailed, probe
-from gateway.first_run import EXAMPLE_KEYS, example_keys_in
-from gateway.policy import parse_policy
-from gateway.settings import Settings
+from gateway.cli.first_run import EXAMPLE_KEYS, example_keys_in
+from gateway.config.policy import parse_policy
+from gateway.config.settings import Settings
 from tests.conftest import Gateway, StartGateway, one_backend
 from tests.processes import free_port, until_answers
 from tests.test_backends import FAST_MONITOR, wait_backend

@@ -132,7 +132,7 @@ class TestByteFaithfulRelay:
     async def test_a_streams_head_is_the_one_aiohttp_writes(
         self, start_sim: StartSim, start_gateway: StartGateway, path: str
     ) -> None:
-        """The head the relay writes for a kept-alive stream (relayed_reply.py) has the
+        """The head the relay writes for a kept-alive stream (relay/client_reply.py) has the
         lines, in the order, that aiohttp's prepare writes for one it closes after."""
         _, sim_url = await start_sim()
         gateway = await start_gateway(one_backend(sim_url))

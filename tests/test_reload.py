@@ -12,7 +12,7 @@ from pathlib import Path
 from structlog.testing import capture_logs
 
 from gateway.backends import BackendStates
-from gateway.policy import load_policy
+from gateway.config.policy import load_policy
 from gateway.reload import LivePolicy, PolicyView
 from tests.conftest import Gateway, StartGateway, StartSim
 from tests.test_admission import generate_status, held, idle, queued, until

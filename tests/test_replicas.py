@@ -15,12 +15,12 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.admission import Admission, Permit, Ticket
+from gateway.admission.admission import Admission, Permit, Ticket
+from gateway.admission.holds.redis import RedisHolds
 from gateway.backends import BackendStates
-from gateway.holds.redis import RedisHolds
-from gateway.policy import parse_policy
+from gateway.config.policy import parse_policy
+from gateway.core.vocabulary import Api, Reason
 from gateway.reload import PolicyView
-from gateway.vocabulary import Api, Reason
 from tests.conftest import Gateway, StartGateway, StartSim
 from tests.processes import until_answers
 from tests.redis_server import RedisServer, redis_server, redis_url  # noqa: F401 (fixtures)

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.scheduler import Candidate, Fair, Fifo, Ordering
+from gateway.admission.scheduler import Candidate, Fair, Fifo, Ordering
 
 W_IN, W_OUT = 1.0, 2.0  # Fair's defaults; the simulation measures service with the same costs
 

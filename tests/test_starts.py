@@ -13,9 +13,9 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from gateway.app import SERVICES, create_app, drain
-from gateway.connections import Listener
-from gateway.policy import parse_policy
-from gateway.settings import Settings
+from gateway.config.policy import parse_policy
+from gateway.config.settings import Settings
+from gateway.edge.connections import Listener
 from tests.conftest import Finished, Gateway, StartSim, one_backend
 from tests.test_hostile_clients import (
     POLICY,

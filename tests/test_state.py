@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway.holds import Hold, HoldStore, MemoryHolds, StoreUnavailable
-from gateway.holds.redis import RedisHolds
+from gateway.admission.holds import Hold, HoldStore, MemoryHolds, StoreUnavailable
+from gateway.admission.holds.redis import RedisHolds
 from tests.redis_server import RedisServer, redis_server, redis_url  # noqa: F401 (fixtures)
 
 

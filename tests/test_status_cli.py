@@ -11,8 +11,8 @@ import aiohttp
 import yarl
 
 from gateway.app import create_app
-from gateway.policy import parse_policy
-from gateway.settings import Settings
+from gateway.config.policy import parse_policy
+from gateway.config.settings import Settings
 from tests.conftest import Gateway, StartGateway, StartSim, serve
 from tests.test_admission import MODEL, until
 from tests.test_house import Stream, from_another_machine, house, open_stream

@@ -13,9 +13,9 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from fairsim import SimConfig, Simulator
+from gateway.admission.swap_waits import waits
 from gateway.backends import Backend, BackendState, LoadedModel
-from gateway.swap_waits import waits
-from gateway.swaps import SwapPlanner
+from gateway.swaps.planner import SwapPlanner
 from tests.conftest import Finished, Gateway, StartGateway, StartSim, serve
 from tests.test_admission import until
 from tests.test_hostile_clients import status_of

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gateway.tallies import TALLY_WINDOW, FinalCounts, final_counts
+from gateway.wire.tallies import TALLY_WINDOW, FinalCounts, final_counts
 
 
 def _ndjson(*lines: dict[str, object]) -> bytes:

@@ -6,7 +6,7 @@ import asyncio
 
 import structlog
 
-from gateway.tasks import repeat
+from gateway.core.tasks import repeat
 
 
 async def test_a_step_that_fails_is_logged_and_the_loop_runs_on() -> None:

@@ -19,9 +19,9 @@ import ollama
 import pytest
 
 from gateway.app import SERVICES, create_app
-from gateway.connections import Listener
-from gateway.policy import parse_policy
-from gateway.settings import Settings
+from gateway.config.policy import parse_policy
+from gateway.config.settings import Settings
+from gateway.edge.connections import Listener
 from tests.conftest import StartSim
 from tests.redis_server import redis_url  # noqa: F401 (fixture)
 from tests.test_admission import idle, until

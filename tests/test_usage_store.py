@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.usage import Batch, Counts, RedisUsage, SqliteUsage, StoreError, UsageStore
-from gateway.usage.redis import APPLIED_SECONDS
-from gateway.windows import Calendar, zone_named
+from gateway.core.calendar import Calendar, zone_named
+from gateway.usage.stores import Batch, Counts, RedisUsage, SqliteUsage, StoreError, UsageStore
+from gateway.usage.stores.redis import APPLIED_SECONDS
 from tests.redis_server import RedisServer, redis_server, redis_url  # noqa: F401 (fixtures)
 from tests.tcp_relay import Relay
 

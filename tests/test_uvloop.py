@@ -12,9 +12,9 @@ import uvloop
 
 from fairsim import SimConfig, Simulator
 from gateway.app import SERVICES, create_app
-from gateway.connections import Listener
-from gateway.policy import parse_policy
-from gateway.settings import Settings
+from gateway.config.policy import parse_policy
+from gateway.config.settings import Settings
+from gateway.edge.connections import Listener
 from tests.conftest import Finished, Gateway, one_backend, serve
 from tests.test_admission import MODEL
 

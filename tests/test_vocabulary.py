@@ -14,9 +14,9 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from gateway.app import create_app, drain
-from gateway.policy import parse_policy
-from gateway.settings import Settings
-from gateway.vocabulary import REFUSALS, Reason
+from gateway.config.policy import parse_policy
+from gateway.config.settings import Settings
+from gateway.core.vocabulary import REFUSALS, Reason
 from tests.conftest import Gateway, StartGateway, StartSim, serve
 from tests.processes import free_port
 from tests.test_admission import MODEL, held, until
@@ -35,35 +35,35 @@ users:
   dave: {{keys: [dave-key], budget: {{requests_per_hour: 0}}}}
 """
 CORE = (
-    "gateway.admission",
-    "gateway.waiting_room",
-    "gateway.tickets",
-    "gateway.user_queues",
-    "gateway.slot_ledger",
-    "gateway.turns",
-    "gateway.prefill_gate",
-    "gateway.room_snapshot",
-    "gateway.room_bounds",
-    "gateway.refusals",
-    "gateway.scheduler",
-    "gateway.classify",
-    "gateway.tallies",
-    "gateway.policy",
-    "gateway.holds",
-    "gateway.holds.redis",
+    "gateway.admission.admission",
+    "gateway.admission.room",
+    "gateway.admission.tickets",
+    "gateway.admission.queues",
+    "gateway.admission.slot_ledger",
+    "gateway.admission.turns",
+    "gateway.admission.prefill_gate",
+    "gateway.admission.room_snapshot",
+    "gateway.admission.room_bounds",
+    "gateway.admission.refusals",
+    "gateway.admission.scheduler",
+    "gateway.intake.classify",
+    "gateway.wire.tallies",
+    "gateway.config.policy",
+    "gateway.admission.holds",
+    "gateway.admission.holds.redis",
     "gateway.backends.pool",
-    "gateway.residency",
-    "gateway.swaps",
-    "gateway.swap_victims",
-    "gateway.swap_bar",
-    "gateway.swap_outcomes",
-    "gateway.swap_waits",
-    "gateway.load_options",
-    "gateway.identity",
-    "gateway.json_decode",
-    "gateway.ambiguity",
-    "gateway.errors",
-    "gateway.vocabulary",
+    "gateway.swaps.residency",
+    "gateway.swaps.planner",
+    "gateway.swaps.victims",
+    "gateway.swaps.swap_bar",
+    "gateway.swaps.outcomes",
+    "gateway.admission.swap_waits",
+    "gateway.intake.load_options",
+    "gateway.edge.identity",
+    "gateway.wire.json_decode",
+    "gateway.wire.ambiguity",
+    "gateway.core.errors",
+    "gateway.core.vocabulary",
 )
 
 

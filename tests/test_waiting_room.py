@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import random
 
+from gateway.admission.room import Ticket, Waiter, WaitingRoom
+from gateway.admission.scheduler import Candidate
+from gateway.admission.slot_ledger import SlotLedger
 from gateway.backends import Backend, BackendPool, BackendStates
-from gateway.policy import parse_policy
-from gateway.scheduler import Candidate
-from gateway.slot_ledger import SlotLedger
-from gateway.vocabulary import Api, Lane, RequestClass
-from gateway.waiting_room import Ticket, Waiter, WaitingRoom
+from gateway.config.policy import parse_policy
+from gateway.core.vocabulary import Api, Lane, RequestClass
 
 POLICY = """\
 classes: {{heavy: {{max_slots: 1, wait_for_light: {wait}}}}}

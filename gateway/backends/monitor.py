@@ -12,13 +12,13 @@ from collections.abc import Callable
 
 import structlog
 
-from gateway.backend_policy import BackendConfig
 from gateway.backends.failures import sentence
 from gateway.backends.pool import BackendState, BackendStates, LoadedModel
 from gateway.backends.probes import Observation, ProbeFailed, probe
-from gateway.tasks import KeyedTasks, repeat
-from gateway.tuning_policy import Monitoring
-from gateway.upstream import Upstream
+from gateway.config.backends import BackendConfig
+from gateway.config.tuning import Monitoring
+from gateway.core.tasks import KeyedTasks, repeat
+from gateway.relay.clients import Upstream
 
 __all__ = ["BackendMonitor"]
 

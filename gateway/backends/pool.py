@@ -6,9 +6,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from gateway.backend_policy import BackendConfig
-from gateway.policy_base import model_key
-from gateway.vocabulary import Api
+from gateway.config.backends import BackendConfig
+from gateway.config.base import model_key
+from gateway.core.vocabulary import Api
 
 __all__ = [
     "OLLAMA_AUTOMATIC_MAX_LOADED",

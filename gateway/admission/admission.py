@@ -1,0 +1,206 @@
+"""Admission: the gateway owns the queue.
+
+A request waits for its turn in the local waiting room (``admission/room.py``) for at most
+``max_wait``; past any bound it is refused at once with an estimate of when to retry
+(``admission/refusals.py``). Backends never see more than their slots, so their own unbounded FIFO
+queues (ollama/ollama#7758) stay empty.
+
+The shape follows paddler's balancer: a quick path, a bound, then a bounded wait on a
+"slot freed" signal (``admission/local.py``). With several replicas, a hold store (Redis)
+confirms each local turn across all of them (``admission/replicas.py``); a single replica keeps
+one ledger, the room's, and confirms nothing. This module puts the parts together and is
+what the rest of the gateway calls: the permit (``admission/permit.py``), turning away requests that
+wait (``admission/turn_away.py``), and the loop's wake-ups (``admission/wakeups.py``) are its other
+parts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable
+
+from gateway.admission.holds import HoldStore
+from gateway.admission.local import LocalTurns
+from gateway.admission.permit import Permit
+from gateway.admission.refusals import HoldTimer, Refusal, refusal
+from gateway.admission.replicas import ReplicaHolds
+from gateway.admission.room import WaitingRoom
+from gateway.admission.room_bounds import refuses_unseen
+from gateway.admission.room_snapshot import RoomSnapshot
+from gateway.admission.slot_ledger import decrement, increment
+from gateway.admission.tickets import Ticket
+from gateway.admission.turn_away import REVOKED, turn_away
+from gateway.admission.wakeups import Changes, WakeTimer
+from gateway.backends.pool import Backend, BackendPool
+from gateway.config.policy import Policy
+from gateway.core.vocabulary import Api, Lane, Reason
+from gateway.swaps.outcomes import SwapWait
+
+__all__ = ["Admission", "Permit", "Refusal", "Ticket"]
+
+
+class Arriving:
+    """A request reading its body, counted in ``arriving`` by user while in its block."""
+
+    # A class rather than a generator-based context manager: every request enters one.
+    __slots__ = ("_arriving", "_user")
+
+    def __init__(self, arriving: Counter[str], user: str) -> None:
+        self._arriving = arriving
+        self._user = user
+
+    def __enter__(self) -> None:
+        increment(self._arriving, self._user)
+
+    def __exit__(self, *exc_info: object) -> None:
+        decrement(self._arriving, self._user)
+
+
+class Admission:
+    """Turns in the waiting room, confirmed across replicas when a hold store is shared."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        pool: BackendPool,
+        holds: HoldStore | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.clock = clock
+        self.changes = Changes()
+        self.wake_timer = WakeTimer(self.wake)
+        self.room = WaitingRoom(policy, pool, self.changes.notify, wake_in=self.wake_timer.wake_in)
+        self.hold_timer = HoldTimer()
+        self.turns = LocalTurns(self, self.hold_timer, self._refusal)
+        self.replicas = (
+            None if holds is None else ReplicaHolds(holds, self.room, clock, self._refusal)
+        )
+        self.closing: Refusal | None = None  # a stop's refusal: nobody waits for a turn now
+
+    @property
+    def holds(self) -> HoldStore | None:
+        """The hold store shared with the other replicas; None for a single replica."""
+        return None if self.replicas is None else self.replicas.store
+
+    def reconfigure(self, policy: Policy, pool: BackendPool) -> None:
+        """Apply a new policy: new admissions follow it at once; held permits stay valid."""
+        self.room.reconfigure(policy, pool)
+        self.room.dispatch()
+
+    def at_once(self, ticket: Ticket) -> Permit | None:
+        """The quick yes of ``acquire``, without a coroutine to run: a permit now if a place
+        is free and nobody waits, else None (then ``acquire``). None with several replicas:
+        the hold store confirms every turn."""
+        return self.turns.at_once(ticket) if self.replicas is None else None
+
+    async def acquire(self, ticket: Ticket) -> Permit | Refusal:
+        """Wait for a turn; a Permit to hold while the request runs, or a Refusal.
+
+        The turn is decided here, among this replica's waiting requests; a shared hold store
+        then confirms that the user's cap and the backend's slots have room across every
+        replica, within the same ``max_wait``.
+        """
+        if self.closing is not None:
+            # A request read before the stop, its body after: one with a place now starts,
+            # one that would wait is refused (a turn later could start it after the drain).
+            return self.at_once(ticket) or self.closing
+        if self.replicas is None:
+            # ``take``, as two steps: the quick yes of most requests needs no wait bounded.
+            permit = self.turns.at_once(ticket)
+            if permit is not None:
+                return permit
+            return await self.turns.queue(ticket, self.room.policy.max_wait_of(ticket.lane))
+        deadline = self.clock() + self.room.policy.max_wait_of(ticket.lane)
+        return await self.replicas.acquire(ticket, deadline, self.turns.take)
+
+    def in_flight(self, user: str) -> int:
+        """``user``'s requests running or waiting here, in either lane."""
+        room = self.room
+        running = room.running[user] + room.background_running[user]
+        return running + len(room.waiting.get(user, ())) + len(room.background.get(user, ()))
+
+    def refuses_unseen(self, user: str, lanes: tuple[Lane, ...]) -> Refusal | None:
+        """The quick no that needs no body (``room_bounds.refuses_unseen``), or None."""
+        reason = refuses_unseen(self.room, user, lanes)
+        if reason is None:
+            return None
+        return self._refusal(reason, Ticket(user, "", Api.OLLAMA, lane=lanes[0]))
+
+    def arriving(self, user: str) -> Arriving:
+        """While a request of ``user`` reads its body (``with``): counted by
+        ``refuses_unseen``, so that a burst cannot have more bodies read at once than the
+        user could queue."""
+        return Arriving(self.room.arriving, user)
+
+    def release(self, permit: Permit) -> None:
+        """Give back the permit's place, slot and hold, and let the next request in."""
+        if self.replicas is not None:
+            self.replicas.give_back(permit)
+        self.hold_timer.observe(self.clock() - permit.granted_at)
+        self.room.release(permit.ticket, permit.backend)
+
+    def made_room(self, backend: Backend) -> None:
+        """A swap's victims are unloaded from ``backend``: requests for the model swapped
+        in may go now (sent before, they would have found no room in Ollama)."""
+        self.room.swaps.made_room(backend)
+        self.room.dispatch()
+
+    def can_reroute(self, permit: Permit) -> bool:
+        """Whether another backend could take this permit's request right now."""
+        if len(self.room.pool.backends) < 2:
+            return False
+        name = permit.backend.name
+        return any(b.name != name for b in self.room.free_backends(permit.ticket))
+
+    async def reroute(self, permit: Permit) -> bool:
+        """Move a permit whose backend failed before replying to another free backend."""
+        room, failed, old_hold = self.room, permit.backend, permit.hold
+        others = [b for b in room.free_backends(permit.ticket) if b.name != failed.name]
+        if not others:
+            return False
+        chosen = room.prefer(others, permit.ticket)
+        permit.placement = room.take(permit.ticket, chosen)
+        room.give_back(permit.ticket, failed)
+        permit.backend, permit.hold = chosen, None
+        if self.replicas is None:
+            return True
+        # If the hold store refuses, the permit still holds the new backend locally and
+        # its release undoes that; the caller answers with the first backend's failure.
+        return await self.replicas.moved(permit, old_hold)
+
+    async def share(self) -> None:
+        """Exchange fair-share charges and queue depth with the other replicas."""
+        if self.replicas is not None:
+            await self.replicas.share()
+
+    def revoke(self, admits: Callable[[str, str], bool]) -> None:
+        """Refuse at once the waiting requests whose credential the policy no longer admits
+        (``admits(user, credential)``); running ones finish, as a reload promises."""
+        turn_away(self.room, lambda ticket: not admits(ticket.user, ticket.credential), REVOKED)
+
+    def turn_away_all(self, refusal: Refusal) -> None:
+        """Refuse every waiting request now, and every one that would wait from now on (the
+        gateway is shutting down)."""
+        self.closing = refusal
+        turn_away(self.room, lambda ticket: True, refusal)
+
+    def wake(self) -> None:
+        """Something outside changed (a backend came back, its slots became known)."""
+        self.changes.notify()
+        self.room.dispatch()
+
+    def changed(self) -> asyncio.Future[None]:
+        """A future resolved at the next change of counts (for /status watchers and tests)."""
+        return self.changes.next()
+
+    def snapshot(self) -> RoomSnapshot:
+        """The room at this instant, for ``/status``, the house page and the metrics."""
+        return self.room.snapshot(self.clock())
+
+    def _refusal(self, reason: Reason, ticket: Ticket, swap: SwapWait | None = None) -> Refusal:
+        """``ticket``'s refusal, with the requests waiting on the other replicas ahead of it."""
+        others = self.replicas.store.others_waiting if self.replicas is not None else 0
+        room, hold = self.room, self.hold_timer
+        return refusal(reason, ticket.user, ticket.lane, room, hold, others, swap)

@@ -1,0 +1,299 @@
+"""Holds in Redis, shared by every replica, as leases that expire unless renewed.
+
+Each hold is a member of three sorted sets (the user's, the backend's, and the backend's
+heavy set), scored by its expiry on Redis's own clock. Taking a hold is one Lua script
+(check every limit, then add), so two replicas cannot both take the last slot. A replica
+renews its leases every third of their lifetime; one killed with SIGKILL stops renewing
+and its holds expire within ``lease_seconds``. Scripts use EVALSHA, which Redis 6 has too.
+A user's requests in flight, for requests budgets (``usage/in_flight.py``), are leases of the
+same kind in one sorted set per user, counted and added by one script.
+
+When Redis cannot be reached the state says so (``StoreUnavailable``) and admission applies
+the policy's ``redis.on_failure``; a background check restores sharing when Redis returns.
+Holds taken meanwhile were never written to Redis, so they cannot leak there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import Coroutine
+from typing import Any
+
+import structlog
+from redis.exceptions import RedisError
+
+from gateway.admission.holds.base import Hold, StoreUnavailable
+from gateway.core.redis_client import connect
+from gateway.core.tasks import Background, repeat
+
+__all__ = ["RedisHolds"]
+
+log = structlog.get_logger("fairgate.state")
+
+PREFIX = "fairgate"
+CHANNEL = f"{PREFIX}:released"
+SERVICE = f"{PREFIX}:service"  # the fair scheduler's counters, summed over replicas
+DEPTH = f"{PREFIX}:waiting"  # one key per replica: its waiting requests
+
+_NOW_MS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+_TAKE = (
+    _NOW_MS
+    + """
+for i = 1, 3 do redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now) end
+if redis.call('ZSCORE', KEYS[2], ARGV[1]) then return 1 end
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
+if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[3]) then return 0 end
+if ARGV[4] == '1' and redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[5]) then return 0 end
+local expiry = now + tonumber(ARGV[6])
+redis.call('ZADD', KEYS[1], expiry, ARGV[1])
+redis.call('ZADD', KEYS[2], expiry, ARGV[1])
+if ARGV[4] == '1' then redis.call('ZADD', KEYS[3], expiry, ARGV[1]) end
+for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], 2 * tonumber(ARGV[6])) end
+return 1
+"""
+)
+_RENEW = (
+    _NOW_MS
+    + """
+local expiry = now + tonumber(ARGV[2])
+local sets = ARGV[3] == '1' and 3 or 2
+for i = 1, sets do
+  redis.call('ZADD', KEYS[i], expiry, ARGV[1])
+  redis.call('PEXPIRE', KEYS[i], 2 * tonumber(ARGV[2]))
+end
+return 1
+"""
+)
+# A user's requests in flight for budgets: one sorted set per user, scored by expiry. The
+# ARGV after the third are requests of the user that ended here and whose removal may not
+# have reached Redis yet: an ended request counts in the ledger's figures at once, and must
+# not count in flight as well.
+_COUNT_IN = (
+    _NOW_MS
+    + """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+for i = 4, #ARGV do redis.call('ZREM', KEYS[1], ARGV[i]) end
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 1 end
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[3]))
+return 1
+"""
+)
+_RENEW_IN_FLIGHT = (
+    _NOW_MS
+    + """
+redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
+return 1
+"""
+)
+_RELEASE = """
+for i = 1, 3 do redis.call('ZREM', KEYS[i], ARGV[1]) end
+redis.call('PUBLISH', ARGV[2], ARGV[1])
+return 1
+"""
+
+
+def _in_flight_key(user: str) -> str:
+    return f"{PREFIX}:in_flight:{user}"
+
+
+def _keys(hold: Hold) -> list[str]:
+    return [
+        f"{PREFIX}:user:{hold.user}",
+        f"{PREFIX}:backend:{hold.backend}",
+        f"{PREFIX}:heavy:{hold.backend}",
+    ]
+
+
+class RedisHolds:
+    """Shared holds in Redis, with leases, renewal and a fallback when Redis is away."""
+
+    def __init__(self, url: str, lease_seconds: float = 12.0) -> None:
+        # Every script is idempotent for a hold id, so the client's one retry does no harm.
+        self._redis = connect(url)
+        self._lease_ms = int(lease_seconds * 1000)
+        self._take = self._redis.register_script(_TAKE)
+        self._renew = self._redis.register_script(_RENEW)
+        self._release = self._redis.register_script(_RELEASE)
+        self._count_in = self._redis.register_script(_COUNT_IN)
+        self._renew_in_flight = self._redis.register_script(_RENEW_IN_FLIGHT)
+        self._mine: dict[str, Hold] = {}  # holds this replica has in Redis
+        self._in_flight: dict[str, str] = {}  # requests this replica counts there: their users
+        self._ended: dict[str, set[str]] = {}  # by user: requests ended, their removal under way
+        self._released = asyncio.Event()
+        self._releases: set[asyncio.Task[Any]] = set()
+        self._loops = Background("holds")
+        self.shared = True
+        self.failures = 0
+        self.others_waiting = 0
+        self._replica = uuid.uuid4().hex[:12]
+        self._depth_ttl_ms = max(1000, 3 * self._lease_ms)
+
+    def start(self) -> None:
+        """Renew this replica's leases and listen for releases elsewhere."""
+        self._loops.start("renew", self._keep_leases(self._lease_ms / 3000))
+        self._loops.start("listen", self._listen())
+
+    async def take(self, hold: Hold) -> bool:
+        if not self.shared:
+            raise StoreUnavailable("Redis is unreachable")
+        args: list[str | int] = [hold.id, hold.user_cap, hold.slots, int(hold.heavy)]
+        args += [hold.heavy_slots, self._lease_ms]
+        try:
+            taken = await self._take(keys=_keys(hold), args=args)
+        except (RedisError, OSError) as exc:
+            self._lost(exc)
+            raise StoreUnavailable(str(exc)) from exc
+        if taken:
+            self._mine[hold.id] = hold
+        return bool(taken)
+
+    def give_back(self, hold: Hold) -> None:
+        if self._mine.pop(hold.id, None) is None:
+            return  # never in Redis (taken while it was away): nothing to undo there
+        self._background(self._give_back(hold))
+
+    def _background(self, release: Coroutine[Any, Any, None]) -> None:
+        """A release sent without the caller waiting (``close`` waits for the last ones)."""
+        task = asyncio.create_task(release)
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+
+    async def _give_back(self, hold: Hold) -> None:
+        try:
+            await self._release(keys=_keys(hold), args=[hold.id, CHANNEL])
+        except (RedisError, OSError) as exc:
+            # The lease expires by itself within lease_seconds.
+            log.warning("state_release_failed", hold=hold.id, error=repr(exc))
+
+    async def count_in_flight(self, user: str, request: str, room: int) -> bool:
+        if not self.shared:
+            raise StoreUnavailable("Redis is unreachable")
+        ended = self._ended.get(user, ())
+        try:
+            counted = await self._count_in(
+                keys=[_in_flight_key(user)], args=[request, room, self._lease_ms, *ended]
+            )
+        except (RedisError, OSError) as exc:
+            self._lost(exc)
+            raise StoreUnavailable(str(exc)) from exc
+        if counted:
+            self._in_flight[request] = user
+        return bool(counted)
+
+    def uncount_in_flight(self, user: str, request: str) -> None:
+        if self._in_flight.pop(request, None) is None:
+            return  # never counted in Redis (it was away): nothing to undo there
+        self._ended.setdefault(user, set()).add(request)
+        self._background(self._uncount(user, request))
+
+    async def _uncount(self, user: str, request: str) -> None:
+        try:
+            await self._redis.zrem(_in_flight_key(user), request)
+        except (RedisError, OSError) as exc:
+            log.warning("state_release_failed", request=request, error=repr(exc))
+        finally:  # removed, or left to its lease
+            ended = self._ended.get(user)
+            if ended is not None:
+                ended.discard(request)
+                if not ended:
+                    del self._ended[user]
+
+    async def usage(self) -> tuple[dict[str, int], dict[str, int]]:
+        try:
+            now_s, now_us = await self._redis.time()
+            now = now_s * 1000 + now_us // 1000
+            found: list[dict[str, int]] = [{}, {}]
+            for index, kind in enumerate(("user", "backend")):
+                async for key in self._redis.scan_iter(match=f"{PREFIX}:{kind}:*"):
+                    count = await self._redis.zcount(key, f"({now}", "+inf")
+                    if count:
+                        found[index][key.decode().split(":", 2)[2]] = count
+        except (RedisError, OSError) as exc:
+            self._lost(exc)
+            raise StoreUnavailable(str(exc)) from exc
+        return found[0], found[1]
+
+    async def exchange(self, charges: dict[str, float], waiting: int) -> dict[str, float] | None:
+        """HINCRBYFLOAT the charges into one hash; each replica's depth in a key of its own
+        that expires if the replica dies."""
+        if not self.shared:
+            return None
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for user, amount in charges.items():
+                    pipe.hincrbyfloat(SERVICE, user, amount)
+                pipe.set(f"{DEPTH}:{self._replica}", waiting, px=self._depth_ttl_ms)
+                pipe.hgetall(SERVICE)
+                results = await pipe.execute()
+            others = 0
+            async for key in self._redis.scan_iter(match=f"{DEPTH}:*"):
+                if key.decode() != f"{DEPTH}:{self._replica}":
+                    others += int(await self._redis.get(key) or 0)
+        except (RedisError, OSError) as exc:
+            self._lost(exc)
+            return None
+        self.others_waiting = others
+        totals: dict[bytes, bytes] = results[-1]
+        return {user.decode(): float(value) for user, value in totals.items()}
+
+    async def released(self, within: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._released.wait(), within)
+
+    async def close(self) -> None:
+        # Bounded: redis-py's pub/sub reader can swallow a cancellation on a dead socket.
+        await self._loops.close(within=2.0)
+        if self._releases:
+            await asyncio.wait(self._releases, timeout=2.0)
+        with contextlib.suppress(RedisError, OSError):
+            await self._redis.aclose()
+
+    def _lost(self, exc: BaseException) -> None:
+        if self.shared:
+            log.error("state_unavailable", error=repr(exc))
+        self.shared = False
+        self.failures += 1
+
+    def _wake(self) -> None:
+        self._released.set()
+        self._released = asyncio.Event()
+
+    async def _keep_leases(self, every: float) -> None:
+        await repeat(every, self._renew_all)
+
+    async def _renew_all(self) -> None:
+        """Renew this replica's leases; while Redis is away, check whether it is back."""
+        try:
+            if not self.shared:
+                await self._redis.ping()
+                log.info("state_restored")
+                self.shared = True
+                self._wake()
+            for hold in list(self._mine.values()):
+                await self._renew(keys=_keys(hold), args=[hold.id, self._lease_ms, int(hold.heavy)])
+            for request, user in list(self._in_flight.items()):
+                await self._renew_in_flight(
+                    keys=[_in_flight_key(user)], args=[request, self._lease_ms]
+                )
+        except (RedisError, OSError) as exc:
+            self._lost(exc)
+
+    async def _listen(self) -> None:
+        """Wake waiting requests when any replica releases a hold."""
+        while True:
+            try:
+                async with self._redis.pubsub() as pubsub:
+                    await pubsub.subscribe(CHANNEL)
+                    async for message in pubsub.listen():
+                        if message.get("type") == "message":
+                            self._wake()
+            except (RedisError, OSError):
+                await asyncio.sleep(1.0)  # Redis is away; the lease loop notices and logs

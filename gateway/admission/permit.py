@@ -1,0 +1,146 @@
+"""The permit: a held turn, charged as its reply streams, corrected, released once.
+
+The request handler holds it with ``async with`` while the request runs. It reaches the
+admission that granted it through ``Issuer``, the three things it needs, so that this
+module imports neither admission nor its parts (they all build permits).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import TracebackType
+from typing import Protocol
+
+from gateway.admission.holds import Hold
+from gateway.admission.room import WaitingRoom
+from gateway.admission.tickets import Ticket, Waiter
+from gateway.backends.pool import Backend
+from gateway.swaps.outcomes import Placement
+
+__all__ = ["Issuer", "Permit"]
+
+
+class Issuer(Protocol):
+    """What a permit needs of the admission that granted it."""
+
+    @property
+    def room(self) -> WaitingRoom: ...
+
+    @property
+    def clock(self) -> Callable[[], float]: ...
+
+    def release(self, permit: Permit) -> None: ...
+
+
+class Permit:
+    """A held turn: one of the user's running places and one backend slot.
+
+    Use it with ``async with``; leaving the block releases both, on every path, and lets
+    the next waiting request in.
+    """
+
+    __slots__ = (
+        "_admission",
+        "_released",
+        "backend",
+        "granted_at",
+        "hold",
+        "output_charged",
+        "placement",
+        "queue_position",
+        "queue_wait",
+        "ticket",
+        "weight",
+    )
+
+    def __init__(
+        self,
+        admission: Issuer,
+        ticket: Ticket,
+        backend: Backend,
+        placement: Placement,
+        weight: float,
+        granted_at: float,
+        queue_wait: float = 0.0,
+        queue_position: int = 0,
+    ) -> None:
+        """``weight``: its candidate's; ``queue_wait`` and ``queue_position``: 0 when it
+        started at once (``queued`` makes the permit of a request that waited)."""
+        self._admission = admission
+        self._released = False
+        self.ticket = ticket
+        self.weight = weight
+        self.backend = backend
+        self.granted_at = granted_at
+        self.queue_wait = queue_wait
+        self.queue_position = queue_position
+        self.output_charged = 0.0
+        self.hold: Hold | None = None  # the claim in the hold store, once confirmed
+        self.placement = placement  # how it finds its model: held, loaded, swapped
+
+    @classmethod
+    def queued(cls, admission: Issuer, waiter: Waiter, backend: Backend) -> Permit:
+        """The permit of ``waiter``, whose turn came in the room (on ``backend``)."""
+        now = admission.clock()
+        ticket, placement, weight = waiter.ticket, waiter.placement, waiter.candidate.weight
+        return cls(
+            admission,
+            ticket,
+            backend,
+            placement,
+            weight,
+            now,
+            now - waiter.arrived,
+            waiter.position,
+        )
+
+    def add_output(self, tokens: float) -> None:
+        """Charge tokens as they stream, so a long reply counts before it ends."""
+        self.output_charged += tokens
+        self._admission.room.ordering.on_output(self.ticket.user, self.weight, tokens)
+
+    def settle(self, input_tokens: int | None, output_tokens: int | None) -> None:
+        """Correct the charges with the backend's own counts, when it reported them."""
+        ordering, user = self._admission.room.ordering, self.ticket.user
+        if input_tokens is not None:
+            ordering.on_correction(user, self.weight, input_tokens - self.ticket.input_tokens)
+        if output_tokens is not None:
+            self.add_output(output_tokens - self.output_charged)
+
+    def refused_by_backend(self) -> None:
+        """The backend answered with an error and loaded nothing (``SwapPlanner.refused``)."""
+        room, ticket = self._admission.room, self.ticket
+        alone = room.slots.busy.get(self.backend.group(ticket.model), 0) <= 1  # this one
+        room.swaps.refused(ticket.user, self.backend, ticket.model, self.placement, alone)
+
+    def answered(self) -> None:
+        """The backend took the request (``SwapPlanner.answered``)."""
+        self._admission.room.swaps.answered(self.backend, self.ticket.model, self.placement)
+
+    def loaded(self, seconds: float | None) -> None:
+        """The reply says its model took ``seconds`` to load. If this request caused the
+        load (a load, swap or reload), its user pays for the time (``costs.load``
+        generated tokens a second) and the time is remembered for the next estimates."""
+        if seconds is None or not self.placement.loads:
+            return
+        room = self._admission.room
+        room.swaps.loaded(self.backend, self.ticket.model, seconds)
+        tokens = room.policy.costs.load * seconds
+        room.ordering.on_output(self.ticket.user, self.weight, tokens)
+
+    async def __aenter__(self) -> Permit:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if not self._released:  # as ``release`` does, without a call more on every request
+            self._released = True
+            self._admission.release(self)
+
+    def release(self) -> None:
+        """Give the turn back, once: a second call (the block's exit after an explicit
+        release) does nothing."""
+        if not self._released:
+            self._released = True
+            self._admission.release(self)

@@ -1,0 +1,97 @@
+"""Saying no: the refusal's words and when to try again.
+
+Retry-After is an estimate of when a slot is likely: the requests ahead (here and on the
+other replicas) times how long a reply has recently held a slot, spread over the slots
+that could take them. Good enough to keep clients from retrying into the same full room.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from gateway.admission.room import WaitingRoom
+from gateway.admission.tickets import Ticket
+from gateway.core.errors import GatewayError, retry_after_header
+from gateway.core.vocabulary import Lane, Reason
+from gateway.swaps.outcomes import SwapWait
+
+__all__ = ["HoldTimer", "Refusal", "Refuse", "refusal"]
+
+# Until real requests have been timed, assume a reply holds its slot this long.
+_DEFAULT_HOLD_SECONDS = 5.0
+_MAX_RETRY_AFTER = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """The request will not run; ``retry_after`` is when a slot is likely, in seconds."""
+
+    reason: Reason
+    message: str
+    retry_after: float
+    status: int = 503
+    close: bool = False  # the connection is closed after the answer (a stop's)
+
+    def error(self) -> GatewayError:
+        """The answer to the client: Retry-After with a 429 or a 503 (when to come back
+        means something then), not with a 401."""
+        retry_after = self.retry_after if self.status in (429, 503) else None
+        return GatewayError(self.status, self.reason, self.message, retry_after, self.close)
+
+
+class Refuse(Protocol):
+    """How admission's parts refuse a ticket: the admission fills in what only it knows
+    (how long slots are held, how many wait on the other replicas)."""
+
+    def __call__(self, reason: Reason, ticket: Ticket, swap: SwapWait | None = None) -> Refusal: ...
+
+
+class HoldTimer:
+    """A moving average of how long a request holds its slot."""
+
+    def __init__(self) -> None:
+        self.seconds = _DEFAULT_HOLD_SECONDS
+
+    def observe(self, held: float) -> None:
+        self.seconds += 0.2 * (held - self.seconds)
+
+
+def refusal(
+    reason: Reason,
+    user: str,
+    lane: Lane,
+    room: WaitingRoom,
+    hold: HoldTimer,
+    others_waiting: int,
+    swap: SwapWait | None = None,
+) -> Refusal:
+    """The refusal of a request that is not (or no longer) in the waiting room; ``swap``:
+    it waited for its model to be swapped in (its drain and load are the wait to come)."""
+    policy = room.policy
+    ahead = room.depth + others_waiting
+    if reason is Reason.USER_QUEUE_FULL:
+        places, queued = room.caps(user, lane)
+        waiting = len(room.queues(lane).get(user, ()))
+        work = "background work" if lane is Lane.BACKGROUND else "user"
+        said = (
+            f"{work} {user} already has {room.runs(lane)[user]} running and {waiting} "
+            f"waiting (max_queued {queued})"
+        )
+    else:
+        waiting = ahead
+        places = max(1, sum(b.slots for b in room.pool.backends))
+        said = (
+            f"the gateway is busy: {ahead} requests waiting ahead of you (max_depth "
+            f"{policy.queue.max_depth})"
+            if reason is Reason.GATEWAY_BUSY
+            else f"no slot freed within max_wait {policy.queue.max_wait:g}s; {ahead} still "
+            "waiting ahead of you"
+        )
+    retry_after = min(hold.seconds * (waiting + 1) / places, _MAX_RETRY_AFTER)
+    if swap is not None:
+        said = f"{said}: {swap.said}"
+        retry_after = min(max(retry_after, swap.seconds), _MAX_RETRY_AFTER)
+    # In words as well as in Retry-After: chat front ends show the text, not the header.
+    message = f"{said}; try again in about {retry_after_header(retry_after)} s"
+    return Refusal(reason, message, retry_after)

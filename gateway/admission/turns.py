@@ -1,0 +1,189 @@
+"""Whose turn it is, and where: the backends a request may start on now, and the request of
+a lane the ordering picks among those that could go.
+
+A request may start on a backend that serves it where its slot group has a free slot; a
+heavy request also needs a free heavy slot and an open prefill gate (``admission/prefill_gate.py``),
+a background request a free background slot and no person waiting for that backend; on
+Ollama, memory must hold its model (``swaps/planner.py``). Each user offers its first request
+that could go (a person's request also when a swap would make room for it), and the
+ordering (FIFO or fair) chooses among the offers.
+
+Questions put to a ``WaitingRoom``, as ``admission/room_snapshot.py`` puts its own: they change no
+count of the room (only the prefill gate notes since when a heavy request is held). The
+room acts on the answers: it plans the swap, or starts the chosen request.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gateway.admission.tickets import Ticket, Waiter
+from gateway.backends.pool import Backend, model_key
+from gateway.core.vocabulary import BACKGROUND, Lane
+
+if TYPE_CHECKING:
+    from gateway.admission.room import WaitingRoom
+
+__all__ = ["Offer", "free_backends", "free_now", "free_to_start", "next_offer", "waits"]
+
+
+_NOBODY: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """A waiting request that could go on ``backend``; ``swap``: once a swap made room."""
+
+    waiter: Waiter
+    backend: Backend
+    swap: bool = False
+
+
+def next_offer(room: WaitingRoom, lane: Lane) -> Offer | None:
+    """The request of ``lane`` the ordering picks among each user's first that could go."""
+    offers = _offers(room, lane)
+    if not offers:
+        return None
+    chosen = room.ordering.choose([offer.waiter.candidate for offer in offers.values()])
+    return offers[chosen.seq]
+
+
+def _offers(room: WaitingRoom, lane: Lane) -> dict[int, Offer]:
+    """Each user's offer in ``lane`` (users at their cap make none), by candidate seq."""
+    offers: dict[int, Offer] = {}
+    for user, queue in room.lines.queues(lane).items():
+        if room.lines.at_cap(user, lane):
+            continue
+        offer = _first_offer(room, queue, lane)
+        if offer is not None:
+            offers[offer.waiter.candidate.seq] = offer
+    return offers
+
+
+def _first_offer(room: WaitingRoom, queue: Iterable[Waiter], lane: Lane) -> Offer | None:
+    # A user's first request that could go offers itself, so that one stuck request (a
+    # model that does not fit, a heavy lane that is full) does not hold back the rest.
+    for waiter in queue:
+        if waiter.turn.done():  # cancelled; its task is about to remove it
+            continue
+        free = free_to_start(room, waiter.ticket)
+        if free:
+            return Offer(waiter, room.prefer(free, waiter.ticket))
+        # Only a person's request may have a model unloaded for it.
+        swap = _swap_for(room, waiter.ticket) if lane is Lane.INTERACTIVE else None
+        if swap is not None:
+            return Offer(waiter, swap, swap=True)
+    return None
+
+
+def free_now(
+    room: WaitingRoom, ticket: Ticket, serving: Sequence[Backend], single: bool
+) -> Backend | None:
+    """The backend the quick yes (``WaitingRoom.start_at_once``) starts ``ticket``'s
+    request on, what memory holds aside when ``single``; None if none has room for it now."""
+    if single and ticket.lane is not BACKGROUND:
+        # A person's light request and one backend, the common case: of the checks of
+        # ``free_backends``, only its slot applies.
+        backend = serving[0]
+        return (
+            backend if room.slots.busy.get(backend.group(ticket.model), 0) < backend.slots else None
+        )
+    if single:  # not heavy: ``free_to_start`` is ``free_backends``
+        free = free_backends(room, ticket, serving, memory=False)
+        return free[0] if free else None
+    free = free_to_start(room, ticket, serving)
+    return room.prefer(free, ticket) if free else None
+
+
+def free_to_start(
+    room: WaitingRoom, ticket: Ticket, serving: Sequence[Backend] | None = None, memory: bool = True
+) -> list[Backend]:
+    """The backends ``ticket``'s request may start on now: a free slot, and for a heavy
+    request an open prefill gate (``serving``: the pool's for it, when known already;
+    ``memory``: see ``free_backends``)."""
+    free = free_backends(room, ticket, serving, memory)
+    if ticket.heavy:
+        free = [backend for backend in free if _heavy_may_start(room, backend, ticket.model)]
+    return free
+
+
+def free_backends(
+    room: WaitingRoom, ticket: Ticket, serving: Sequence[Backend] | None = None, memory: bool = True
+) -> list[Backend]:
+    """The backends serving ``ticket`` with a slot it may take now (the gate aside).
+    ``memory=False``: what their memory holds is not asked (``SwapPlanner.admitted`` asks
+    it of the one backend chosen)."""
+    background = ticket.lane is BACKGROUND
+    shared = ticket.heavy or background  # held to a share of the slots, as well
+    # People first: background work does not start on a backend a person waits for, even
+    # one who cannot take this slot (the heavy lane is full): the slot is theirs when the
+    # lane frees, and background work would slow their stream meanwhile.
+    model, slots = ticket.model, room.slots
+    if serving is None:
+        serving = room.pool.serving(ticket.api, model)
+    wanted = _wanted_by_people(room) if background else _NOBODY
+    return [
+        backend
+        for backend in serving
+        if slots.busy.get(group := backend.group(model), 0) < backend.slots
+        and backend.key not in wanted
+        and not (shared and _share_full(room, ticket, backend, group))
+        # Last, as the dearest: what memory holds (Ollama backends only).
+        and (not memory or room.swaps.admits(backend, model, ticket.num_ctx, slots.busy))
+    ]
+
+
+def _share_full(room: WaitingRoom, ticket: Ticket, backend: Backend, group: str) -> bool:
+    """Whether the heavy, or background, share of ``backend``'s slots that ``ticket``'s
+    request would take a place in is full."""
+    policy, slots = room.policy, room.slots
+    if ticket.heavy and slots.heavy[group] >= policy.classes.heavy.slots_on(backend.slots):
+        return True
+    if ticket.lane is not BACKGROUND:
+        return False
+    return slots.background[group] >= policy.lanes.background.slots_on(backend.slots)
+
+
+def waits(room: WaitingRoom) -> Counter[tuple[str, str]]:
+    """Waiting requests by (backend key, model key), for each backend serving them."""
+    if not room.lines.depth:
+        return Counter()  # after every release with nobody waiting: cheaper than the walk
+    return Counter(
+        (backend.key, model_key(w.ticket.model))
+        for w in room.lines.waiters()
+        if not w.turn.done()
+        for backend in room.pool.serving(w.ticket.api, w.ticket.model)
+    )
+
+
+def _swap_for(room: WaitingRoom, ticket: Ticket) -> Backend | None:
+    """A backend where a swap would make room for ``ticket``'s model, if one would."""
+    if not room.swaps.may_plan_for(ticket.user):
+        return None
+    backends = room.pool.serving(ticket.api, ticket.model)
+    return room.swaps.room_for(backends, ticket.model, ticket.num_ctx, room.slots.busy, waits(room))
+
+
+def _wanted_by_people(room: WaitingRoom) -> frozenset[str]:
+    """The backends an interactive request waits for (its user has a free place): on
+    Ollama too, whatever the model, as they share one GPU."""
+    return frozenset(
+        backend.key
+        for user, queue in room.lines.waiting.items()
+        if not room.lines.at_cap(user, Lane.INTERACTIVE)
+        for waiter in queue
+        if not waiter.turn.done()
+        for backend in room.pool.serving(waiter.ticket.api, waiter.ticket.model)
+    )
+
+
+def _heavy_may_start(room: WaitingRoom, backend: Backend, model: str) -> bool:
+    # One batch per slot group: on Ollama each model's runner batches its own slots.
+    group = backend.group(model)
+    # People first: a title or tag task running here does not hold a person's long prompt.
+    light_running = room.slots.people_light[group]
+    wait = room.policy.classes.heavy.wait_for_light
+    return room.gate.may_start(group, light_running, wait, room.clock())

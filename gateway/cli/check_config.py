@@ -1,0 +1,102 @@
+"""``fairgate check-config FILE [--env-file ENVFILE]``: would the service start with these?
+
+It checks what the service would read at start: the policy file, and the ``FAIRGATE_*``
+settings, both from one set of variables. Without ``--env-file`` that is the environment
+over ``./.env``, as for ``fairgate serve`` run here. With it, it is what systemd gives the
+unit: the file read with systemd's own syntax (``config/environment_file.py``), its values over the
+environment's. Under systemd, EnvironmentFile= overrides Environment= (systemd.exec(5):
+"Settings from these files override settings made with Environment="), and the unit runs
+in ``/``, so no ``./.env`` is read; here the environment stands in for the unit's
+Environment= lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from gateway.config.environment_file import EnvironmentFileError, read_environment_file
+from gateway.config.policy import PolicyError, load_policy
+from gateway.config.problems import environment
+from gateway.config.settings import settings_errors, settings_from, unknown_variables
+from gateway.config.users import KeyVariables
+
+__all__ = ["add_check_arguments"]
+
+
+def add_check_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", type=Path, help="the YAML file to check")
+    parser.add_argument(
+        "--env-file",
+        type=Path,
+        metavar="FILE",
+        help="systemd's EnvironmentFile=, read as systemd reads it: its variables (FAIRGATE_* "
+        "settings, env:NAME keys) win over the environment's, as over the unit's Environment=",
+    )
+    parser.set_defaults(run=_check_config)
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    try:
+        variables, places = _service_variables(args.env_file)
+    except EnvironmentFileError as exc:
+        print(f"{args.env_file}: {exc}", file=sys.stderr)
+        return 1
+    for sentence in unknown_variables(variables.values):
+        print(f"warning: {sentence}", file=sys.stderr)
+    if other := _other_policy(args.file, variables.values, under_systemd=bool(args.env_file)):
+        print(f"warning: {other}", file=sys.stderr)
+    problems = _settings_problems(variables.values, places)
+    try:
+        backends = len(load_policy(args.file, variables).backends)
+    except PolicyError as exc:
+        problems.append(str(exc))
+    if problems:
+        print("\n".join(problems), file=sys.stderr)
+        return 1
+    print(f"{args.file}: ok ({backends} backend(s))")
+    return 0
+
+
+def _service_variables(env_file: Path | None) -> tuple[KeyVariables, dict[str, str]]:
+    """The variables the service would get, and the env file's ``path:line`` of each set
+    there; the lines systemd would ignore are warned about on the way."""
+    if env_file is None:
+        return KeyVariables(environment()), {}
+    read = read_environment_file(env_file)
+    for line, sentence in read.warnings:
+        print(f"warning: {env_file}:{line}: {sentence}", file=sys.stderr)
+    places = {name: f"{env_file}:{line}" for name, line in read.lines.items()}
+    where = f"{env_file} nor in the environment"
+    return KeyVariables(dict(os.environ) | read.variables, where), places
+
+
+def _other_policy(file: Path, variables: Mapping[str, str], *, under_systemd: bool) -> str | None:
+    """A sentence when FAIRGATE_CONFIG sends the service to another policy file than the
+    one checked (relative to ``/`` under systemd, where the unit runs)."""
+    named = next((v for k, v in variables.items() if k.lower() == "fairgate_config"), None)
+    base = Path("/") if under_systemd else Path.cwd()
+    if named is None or (base / named).resolve() == file.resolve():
+        return None
+    return f"the service would read FAIRGATE_CONFIG={named}, not {file}"
+
+
+def _settings_problems(variables: Mapping[str, str], places: Mapping[str, str]) -> list[str]:
+    """A line for each setting the service would refuse to start with, at its place in the
+    env file when it was set there (``places``: by variable name)."""
+    try:
+        settings_from(variables)
+    except ValidationError as exc:
+        prefix = "fairgate_"
+        by_field = {
+            name.lower().removeprefix(prefix): place
+            for name, place in places.items()
+            if name.lower().startswith(prefix)
+        }
+        return settings_errors(exc, places=by_field)
+    return []

@@ -1,0 +1,119 @@
+"""The policy's ``backends:``: each inference server the gateway sends work to, as the admin
+describes it.
+
+Apart from ``config/policy.py`` so that what only needs a backend's configuration (the pool, its
+monitor, the keep-warm pings) does not import the whole policy. A check that needs another
+section (``keep_warm`` naming no alias) stays on ``Policy``, which sees them all.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from gateway.config.base import Strict
+from gateway.config.problems import problem_at
+from gateway.core.sizes import Size
+from gateway.core.units import Duration
+
+__all__ = ["BackendConfig", "check_backends"]
+
+BackendKind = Literal["ollama", "llamacpp", "openai"]
+_OLLAMA_ONLY = (
+    "keep_warm",
+    "keep_alive",
+    "max_loaded_models",
+    "memory",
+    "resident",
+    "default_num_ctx",
+)
+
+
+class BackendConfig(Strict):
+    """One inference server the gateway sends work to."""
+
+    name: str = Field(min_length=1, description="Name used in logs, metrics and /status.")
+    url: str = Field(description="Base URL, e.g. http://127.0.0.1:11434.")
+    kind: BackendKind = Field(default="ollama", description="ollama, llamacpp or openai.")
+    slots: int | None = Field(
+        default=None,
+        ge=1,
+        description="Requests it runs at once: llama-server's -np; for ollama, per loaded "
+        "model, as OLLAMA_NUM_PARALLEL (which must equal it) applies to each.",
+    )
+    keep_warm: list[str] = Field(
+        default_factory=list,
+        description="Ollama models to keep loaded, with empty requests that take no slot.",
+    )
+    keep_alive: Duration = Field(
+        default=1800.0, description="How long each ping holds a keep_warm model; -1: pinned."
+    )
+    max_loaded_models: int | None = Field(
+        default=None,
+        ge=1,
+        description="ollama: models loaded at once, at most (OLLAMA_MAX_LOADED_MODELS if set, "
+        "else its automatic 3 per GPU); the gateway plans swaps to stay within it.",
+    )
+    memory: Size | None = Field(
+        default=None,
+        description="ollama: what its loaded models may take together (24GiB), as /api/ps "
+        "counts them (weights and KV cache); the gateway plans swaps to stay within it.",
+    )
+
+    @field_validator("memory")
+    @classmethod
+    def _memory_with_a_unit(cls, memory: int | None) -> int | None:
+        # A bare number is bytes: "memory: 24" meant 24GiB, and would evict at every swap.
+        if memory is not None and memory < 1024 * 1024:
+            raise ValueError("a number alone is bytes, too few for a GPU: give a unit (24GiB)")
+        return memory
+
+    resident: list[str] = Field(
+        default_factory=list,
+        description="ollama: models the gateway never unloads to make room for another "
+        "(keep_warm models neither).",
+    )
+    default_num_ctx: int = Field(
+        default=4096,
+        ge=4,
+        description="ollama: the context a request without num_ctx gets: OLLAMA_CONTEXT_LENGTH, "
+        "else 4096 (32768 from 24 GiB of VRAM, 262144 from 48 GiB).",
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, url: str) -> str:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return url.rstrip("/")
+
+    @model_validator(mode="after")
+    def _ollama_needs_slots(self) -> BackendConfig:
+        # Ollama does not expose OLLAMA_NUM_PARALLEL, so the admin has to state it.
+        if self.kind == "ollama" and self.slots is None:
+            raise ValueError("an ollama backend needs slots (its OLLAMA_NUM_PARALLEL)")
+        if self.kind != "ollama":
+            # Read for Ollama only (its swaps, its pings, its context): given for another
+            # kind, each would do nothing without a word.
+            given = [
+                name
+                for name in _OLLAMA_ONLY
+                if name in self.model_fields_set and getattr(self, name) not in (None, [])
+            ]
+            if given:
+                raise ValueError(f"{', '.join(given)}: only for an ollama backend")
+        return self
+
+
+def check_backends(backends: list[BackendConfig]) -> list[BackendConfig]:
+    """``backends`` as given, if no two share a name (logs, metrics and /status tell them
+    apart by it); else the second, with the line of the first (``Policy`` validates
+    ``backends:`` with this)."""
+    first: dict[str, int] = {}
+    for index, backend in enumerate(backends):
+        earlier = first.setdefault(backend.name, index)
+        if earlier != index:
+            message = f"another backend is named {backend.name!r}"
+            raise problem_at((index, "name"), message, first=(earlier, "name"))
+    return backends

@@ -1,0 +1,207 @@
+"""One reading of the gateway at one instant: what `/status` and the Prometheus gauges render.
+
+Each component offers its own snapshot (the waiting room, the backends, keep-warm, the
+hold store, the policy reloads, the last hour's history); this module puts them side by
+side, with each user's limits. Several renderers, one reading: the JSON page, the house page,
+`fairgate status` and the metrics cannot disagree about what they saw.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gateway.admission.holds import HoldStore
+from gateway.admission.room_snapshot import RoomSnapshot
+from gateway.backends.pool import Backend, BackendPool
+from gateway.backends.warmth import WarmthSnapshot
+from gateway.config.policy import Policy
+from gateway.observe.history import HistorySnapshot
+from gateway.reload import ReloadSnapshot
+from gateway.swaps.residency import ResidentsSnapshot
+from gateway.usage.budgets import BudgetState
+from gateway.usage.stores import Tally
+
+__all__ = [
+    "BackendSnapshot",
+    "GatewaySnapshot",
+    "HoldsSnapshot",
+    "ModelSnapshot",
+    "PendingSwap",
+    "UserLimits",
+    "UserUsage",
+    "take",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class BackendSnapshot:
+    name: str
+    kind: str
+    url: str
+    healthy: bool
+    busy: int
+    slots: int
+    heavy_running: int
+    loaded: dict[str, str | None]  # model -> when Ollama unloads it
+    sleeping: bool
+    last_error: str | None
+    heavy_slots: int = 0  # how many of its slots heavy requests may hold
+    # Ollama: slots are per loaded model; ``slots`` above counts those of the models held.
+    slots_per_model: int | None = None
+    models: tuple[ModelSnapshot, ...] = ()  # Ollama: the models it holds
+    memory_used: int = 0
+    memory: int | None = None
+    max_loaded_models: int | None = None
+    # Ollama: loads, evictions, reloads, swaps, swap_wait_seconds, by (model, counter).
+    model_counts: dict[tuple[str, str], float] = field(default_factory=dict)
+    swap: PendingSwap | None = None  # the swap under way
+
+
+@dataclass(frozen=True, slots=True)
+class PendingSwap:
+    """A planned swap: the model it makes room for, the victims draining, since when."""
+
+    model: str
+    victims: tuple[str, ...]
+    waited: float
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSnapshot:
+    """A model an Ollama backend holds: its requests, context per slot and size."""
+
+    model: str
+    busy: int
+    num_ctx: int
+    size: int
+    expires_at: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class HoldsSnapshot:
+    """Where holds are kept: ``local`` (this process's waiting room only) or ``redis``."""
+
+    kind: str
+    shared: bool  # False while Redis is away and limits are per replica
+    failures: int
+    others_waiting: int
+
+
+@dataclass(frozen=True, slots=True)
+class UserLimits:
+    max_concurrent: int
+    max_queued: int
+    weight: float
+
+
+@dataclass(frozen=True, slots=True)
+class UserUsage:
+    """A user's figures in the current day (and hour, minute), and each budget limit."""
+
+    today: Tally
+    budgets: tuple[BudgetState, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GatewaySnapshot:
+    backends: tuple[BackendSnapshot, ...]
+    room: RoomSnapshot
+    warmth: WarmthSnapshot
+    holds: HoldsSnapshot
+    reloads: ReloadSnapshot
+    # Every configured user's limits, and those of anyone else active now (the defaults).
+    limits: dict[str, UserLimits] = field(default_factory=dict)
+    hold_seconds: float = 0.0  # how long a request has recently held its slot
+    history: HistorySnapshot = field(default_factory=HistorySnapshot)
+    # Every configured user, and anyone else with use today (usage/ledger.py).
+    usage: dict[str, UserUsage] = field(default_factory=dict)
+
+    def start_estimate(self, position: int) -> float:
+        """Seconds until the request at ``position`` in the room likely starts: as
+        Retry-After reckons (admission/refusals.py), the requests up to it, each holding a slot for
+        the recent average, spread over every slot."""
+        slots = max(1, sum(backend.slots for backend in self.backends))
+        return self.hold_seconds * position / slots
+
+
+def take(
+    pool: BackendPool,
+    room: RoomSnapshot,
+    warmth: WarmthSnapshot,
+    holds: HoldStore | None,
+    reloads: ReloadSnapshot,
+    *,
+    policy: Policy | None = None,
+    hold_seconds: float = 0.0,
+    history: HistorySnapshot | None = None,
+    usage: dict[str, UserUsage] | None = None,
+) -> GatewaySnapshot:
+    heavy_slots = policy.classes.heavy.slots_on if policy is not None else lambda _: 0
+    return GatewaySnapshot(
+        backends=tuple(_backend(b, room, heavy_slots(b.slots)) for b in pool.backends),
+        room=room,
+        warmth=warmth,
+        holds=holds_snapshot(holds),
+        reloads=reloads,
+        limits={} if policy is None else _limits(policy, room),
+        hold_seconds=hold_seconds,
+        history=history or HistorySnapshot(),
+        usage=usage or {},
+    )
+
+
+def _limits(policy: Policy, room: RoomSnapshot) -> dict[str, UserLimits]:
+    limits = {}
+    for user in [*policy.users, *room.users]:
+        given = policy.limits_of(user)
+        limits[user] = UserLimits(given.max_concurrent, given.max_queued, given.weight)
+    return limits
+
+
+def _backend(backend: Backend, room: RoomSnapshot, heavy_slots: int) -> BackendSnapshot:
+    name = backend.name
+    busy, slots = room.backends.get(name, (0, backend.slots))
+    state = backend.state
+    held = room.residents.get(name)
+    pending = room.swaps.pending.get(backend.key)
+    models = () if held is None else _models(name, held, room)
+    return BackendSnapshot(
+        name=name,
+        kind=backend.kind,
+        url=backend.url,
+        healthy=state.healthy,
+        busy=busy,
+        slots=slots * max(1, len(models)) if held is not None else slots,
+        heavy_running=room.heavy_running.get(name, 0),
+        loaded={model: seen.expires_at for model, seen in state.loaded.items()},
+        sleeping=state.sleeping,
+        last_error=state.last_error,
+        heavy_slots=heavy_slots,
+        slots_per_model=slots if held is not None else None,
+        models=models,
+        memory_used=0 if held is None else held.memory_used,
+        memory=None if held is None else held.memory,
+        max_loaded_models=None if held is None else held.max_loaded_models,
+        model_counts={
+            (model, counter): value
+            for (key, model, counter), value in room.swaps.counts.items()
+            if key == backend.key
+        },
+        swap=None if pending is None else PendingSwap(*pending),
+    )
+
+
+def _models(name: str, held: ResidentsSnapshot, room: RoomSnapshot) -> tuple[ModelSnapshot, ...]:
+    return tuple(
+        ModelSnapshot(
+            r.model, room.model_busy.get((name, r.model), 0), r.num_ctx, r.size, r.expires_at
+        )
+        for r in held.residents
+    )
+
+
+def holds_snapshot(holds: HoldStore | None) -> HoldsSnapshot:
+    if holds is None:
+        return HoldsSnapshot("local", True, 0, 0)
+    kind = type(holds).__name__.removesuffix("Holds").lower()
+    return HoldsSnapshot(kind, holds.shared, holds.failures, holds.others_waiting)

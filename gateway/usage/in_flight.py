@@ -1,0 +1,61 @@
+"""A user's requests in flight, counted across replicas for a requests budget.
+
+Requests running or waiting count against ``requests_per_minute`` and ``requests_per_hour``
+already (``usage/budgets.py``), so that a burst cannot pass them. A replica's room sees only its
+own, and not even those waiting for a hold another replica has (``admission/replicas.py``): with
+two replicas, a user could start twice the budget. So with a shared hold store, a request
+of a user whose budget limits requests is counted there from its budget check until it
+ends, by one atomic check-and-add against what the budget leaves (a lease: a killed
+replica's count expires), and refused when that is used up. Without a store, or while it
+is unreachable, the room's count is the count, as for a single gateway. What other
+replicas finished since the last usage write is still unseen here (``usage/ledger.py``).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from gateway.admission.admission import Admission
+from gateway.admission.holds import HoldStore, StoreUnavailable
+from gateway.config.budgets import Budget
+from gateway.usage.ledger import Ledger
+
+__all__ = ["InFlight"]
+
+
+class InFlight:
+    """``async with``: a request checked against its user's budget, and counted across
+    replicas while it waits and runs; entering raises the 429 when the budget is used up."""
+
+    __slots__ = ("_admission", "_budget", "_counted", "_request", "_usage", "_user")
+
+    def __init__(self, usage: Ledger, admission: Admission, budget: Budget, user: str) -> None:
+        self._usage, self._admission = usage, admission
+        self._budget, self._user = budget, user
+        self._request = uuid.uuid4().hex  # ours, never the client's: a repeat counts once
+        self._counted: HoldStore | None = None
+
+    async def __aenter__(self) -> None:
+        usage, user, budget = self._usage, self._user, self._budget
+        refusal = usage.refusal(user, budget, self._admission.in_flight(user))
+        if refusal is not None:
+            raise refusal.error()
+        store = self._admission.holds
+        room = usage.requests_room(user, budget)
+        if store is None or room is None:
+            return  # one replica: its room counts them all (no await before joining it)
+        try:
+            counted = await store.count_in_flight(user, self._request, room)
+        except StoreUnavailable:
+            return  # Redis is away: this replica's count, until it is back
+        if counted:
+            self._counted = store
+            return
+        # ``room`` in flight elsewhere: the limit that leaves no more is the one spent.
+        refusal = usage.refusal(user, budget, room)
+        if refusal is not None:
+            raise refusal.error()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._counted is not None:
+            self._counted.uncount_in_flight(self._user, self._request)
