@@ -45,8 +45,7 @@ from gateway.config.policy import parse_policy
 from gateway.config.settings import Settings
 from gateway.core.logs import configure_logging
 from gateway.core.vocabulary import Lane, RequestClass
-from gateway.edge.access_log import RECORD, RequestRecord
-from gateway.relay.pump import Progress
+from gateway.edge.record import RECORD, Progress, RequestRecord
 
 _PEER = ("127.0.0.1", 51234)
 _HEADERS = {

@@ -47,7 +47,7 @@ from gateway.admission.admission import Permit, Refusal, Ticket
 from gateway.app import SERVICES, create_app
 from gateway.config.policy import parse_policy
 from gateway.config.settings import Settings
-from gateway.edge.access_log import RECORD, RequestRecord
+from gateway.edge.record import RECORD, RequestRecord
 from gateway.routes.generation import Generation
 
 _HEADERS = {

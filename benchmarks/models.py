@@ -41,7 +41,7 @@ from gateway.app import SERVICES, bound_url, create_app, start_server
 from gateway.config.policy import parse_policy
 from gateway.config.settings import Settings
 from gateway.core.logs import configure_logging
-from gateway.edge.access_log import RequestRecord
+from gateway.edge.record import RequestRecord
 from gateway.swaps.outcomes import DoneSwap
 
 __all__ = ["SCENARIOS", "Scenario", "User", "main"]

@@ -9,7 +9,7 @@ import random
 import string
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any
 
 from aiohttp import web
 
@@ -21,6 +21,7 @@ from .llamacpp_shapes import (
     CHUNK,
     FINGERPRINT,
     METRICS_TYPE,
+    Writer,
     dumps,
     error,
     metrics_text,
@@ -161,16 +162,6 @@ class LlamaCppAPI:
         except ConnectionError:
             pass  # the client went away; the engine has already freed the slot
         return writer.response
-
-
-class Writer(Protocol):
-    """What writes one reply: its stream, each token, and its end."""
-
-    response: TapStream
-
-    async def token(self, text: str) -> None: ...
-
-    async def finish(self, result: GenResult) -> web.StreamResponse: ...
 
 
 class _Writer:

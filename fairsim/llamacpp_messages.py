@@ -7,32 +7,29 @@ from __future__ import annotations
 
 import random
 import string
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
 from .config import GenJob, GenResult, faults_from
-from .llamacpp_shapes import dumps, error, reply
+from .llamacpp_shapes import LlamaServer, dumps, error, reply
 from .ollama_common import chat_text, output_budget
 from .recording import TapStream
 from .wire import tokens_in
-
-if TYPE_CHECKING:
-    from .llamacpp import LlamaCppAPI
 
 __all__ = ["count_tokens", "messages"]
 
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens"}
 
 
-async def count_tokens(api: LlamaCppAPI, request: web.Request) -> web.Response:
+async def count_tokens(api: LlamaServer, request: web.Request) -> web.Response:
     body = await api.body(request)
     if isinstance(body, web.Response):
         return body
     return reply({"input_tokens": tokens_in(chat_text(body.get("system"), body.get("messages")))})
 
 
-async def messages(api: LlamaCppAPI, request: web.Request) -> web.StreamResponse:
+async def messages(api: LlamaServer, request: web.Request) -> web.StreamResponse:
     body = await api.body(request)
     if isinstance(body, web.Response):
         return body
@@ -48,7 +45,7 @@ async def messages(api: LlamaCppAPI, request: web.Request) -> web.StreamResponse
 
 
 class _Writer:
-    def __init__(self, api: LlamaCppAPI, request: web.Request, job: GenJob, stream: bool) -> None:
+    def __init__(self, api: LlamaServer, request: web.Request, job: GenJob, stream: bool) -> None:
         self.api, self.request, self.job, self.stream = api, request, job, stream
         self.response = TapStream(
             "text/event-stream", keep=api.engine.config.record_replies, head_first=True

@@ -7,23 +7,20 @@ from __future__ import annotations
 import random
 import string
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
 from .config import GenJob, GenResult, faults_from
-from .llamacpp_shapes import dumps, error, reply, timings
+from .llamacpp_shapes import LlamaServer, dumps, error, reply, timings
 from .ollama_common import chat_text, output_budget
 from .recording import TapStream
 from .wire import tokens_in
 
-if TYPE_CHECKING:
-    from .llamacpp import LlamaCppAPI
-
 __all__ = ["responses"]
 
 
-async def responses(api: LlamaCppAPI, request: web.Request) -> web.StreamResponse:
+async def responses(api: LlamaServer, request: web.Request) -> web.StreamResponse:
     body = await api.body(request)
     if isinstance(body, web.Response):
         return body
@@ -47,7 +44,7 @@ def _ident(prefix: str) -> str:
 
 
 class _Writer:
-    def __init__(self, api: LlamaCppAPI, request: web.Request, job: GenJob, stream: bool) -> None:
+    def __init__(self, api: LlamaServer, request: web.Request, job: GenJob, stream: bool) -> None:
         self.api, self.request, self.job, self.stream = api, request, job, stream
         self.response = TapStream(
             "text/event-stream", keep=api.engine.config.record_replies, head_first=True

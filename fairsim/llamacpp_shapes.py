@@ -5,19 +5,22 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
 from .catalog import model_spec
-from .config import GenResult, SlotInfo
+from .config import GenJob, GenResult, SlotInfo
 from .engine import Engine
+from .recording import TapStream
 
 __all__ = [
     "CHUNK",
     "FINGERPRINT",
     "METRICS_TYPE",
     "N_CTX",
+    "LlamaServer",
+    "Writer",
     "dumps",
     "error",
     "metrics_text",
@@ -216,3 +219,27 @@ def metrics_text(engine: Engine) -> str:
         f"# HELP llamacpp:{name} {doc}\n# TYPE llamacpp:{name} {kind}\nllamacpp:{name} {value}\n"
         for (name, kind, doc), value in zip(_METRICS, values, strict=True)
     )
+
+
+class Writer(Protocol):
+    """What writes one reply: its stream, each token, and its end."""
+
+    response: TapStream
+
+    async def token(self, text: str) -> None: ...
+
+    async def finish(self, result: GenResult) -> web.StreamResponse: ...
+
+
+class LlamaServer(Protocol):
+    """What the Messages and Responses routes need of the simulated llama-server
+    (``LlamaCppAPI``): named here so that they and it import no cycle."""
+
+    engine: Engine
+    alias: str
+
+    async def body(self, request: web.Request) -> dict[str, Any] | web.Response: ...
+
+    async def generated(
+        self, request: web.Request, job: GenJob, writer: Writer, stream: bool
+    ) -> web.StreamResponse: ...

@@ -25,12 +25,12 @@ from gateway.config.policy import Policy
 from gateway.config.settings import Settings
 from gateway.core.calendar import Calendar, zone_named
 from gateway.core.tasks import Background, repeat
-from gateway.edge.access_log import RECORD, Listener
 from gateway.edge.connections import Connections
 from gateway.edge.cors import Cors
 from gateway.edge.forwarded import Client
 from gateway.edge.host_names import names_gateway, refuse_unknown_host
 from gateway.edge.identity import Caller
+from gateway.edge.record import RECORD, Listener
 from gateway.edge.reply_headers import ReplyHeaders
 from gateway.observe.history import History
 from gateway.observe.snapshot import GatewaySnapshot, UserUsage, take
@@ -81,7 +81,7 @@ class Services:
         view = live.current
         upstream = Upstream(settings.upstream_pool_size)
         admission = Admission(policy, view.pool, holds=_hold_store(settings))
-        cors = Cors(live)
+        cors = Cors(lambda: live.current.policy.cors)
         return cls(
             settings=settings,
             policy=live,

@@ -15,7 +15,7 @@ import pytest
 from multidict import CIMultiDict
 
 from gateway.core.vocabulary import RequestClass
-from gateway.edge.access_log import RequestRecord
+from gateway.edge.record import RequestRecord
 from tests.conftest import Finished, Gateway, StartGateway, StartSim
 from tests.test_accounting import settled, stored
 from tests.test_admission import MODEL, held, queued, until

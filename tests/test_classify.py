@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 
 from gateway.core.vocabulary import RequestClass
-from gateway.edge.access_log import RequestRecord
+from gateway.edge.record import RequestRecord
 from tests.conftest import Finished, Gateway, StartGateway, StartSim, one_backend
 
 MODEL = "llama3.2:3b"

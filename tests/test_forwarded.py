@@ -15,7 +15,8 @@ import pytest
 import structlog
 from multidict import CIMultiDict
 
-from gateway.edge.forwarded import ForwardedHeader, ProxyTrust
+from gateway.config.network import ForwardedHeader
+from gateway.edge.forwarded import ProxyTrust
 from tests.conftest import Finished, Gateway, StartGateway, StartSim, one_backend
 
 PROXY, STRANGER = "127.0.0.2", "127.0.0.3"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from gateway.core.vocabulary import Reason, RequestClass
-from gateway.edge.access_log import RequestRecord
+from gateway.edge.record import RequestRecord
 from gateway.observe.history import MINUTES, RECENT_REFUSALS, RECENT_STRANGERS, History
 
 NOON = datetime(2025, 3, 14, 12, 0, 30).timestamp()

@@ -13,8 +13,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from gateway.config.lanes import LaneRule
 from gateway.core.vocabulary import Lane
-from gateway.intake.lanes import LaneRule
 from tests.conftest import Gateway, StartGateway, StartSim, one_backend
 from tests.test_admission import MODEL, idle, queued, until
 from tests.test_metrics import scrape

@@ -13,9 +13,10 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from fairsim import SimConfig, Simulator
+from gateway.config.models import NumCtxPolicy
 from gateway.config.policy import PolicyError, parse_policy
 from gateway.core.errors import GatewayError
-from gateway.intake.load_options import NumCtxPolicy, apply_num_ctx_policy, num_ctx_of
+from gateway.intake.load_options import apply_num_ctx_policy, num_ctx_of
 from tests.conftest import Gateway, StartGateway, StartSim, serve
 
 LLAMA, QWEN = "llama3.2:3b", "qwen2.5:7b"

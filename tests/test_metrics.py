@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.config.policy import load_policy
 from gateway.config.settings import Settings
 from gateway.core.vocabulary import Reason, RequestClass
-from gateway.edge.access_log import RequestRecord
+from gateway.edge.record import RequestRecord
 from gateway.observe.metrics import Metrics
 from gateway.services import Services
 from tests.conftest import Gateway, StartGateway, StartSim, one_backend

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from gateway.admission.room import WaitingRoom
+from gateway.admission.room_state import RoomState
 from gateway.admission.tickets import Ticket
 from gateway.core.errors import GatewayError, retry_after_header
 from gateway.core.vocabulary import Lane, Reason
@@ -61,7 +61,7 @@ def refusal(
     reason: Reason,
     user: str,
     lane: Lane,
-    room: WaitingRoom,
+    room: RoomState,
     hold: HoldTimer,
     others_waiting: int,
     swap: SwapWait | None = None,

@@ -11,29 +11,25 @@ Retry-After are ``admission/refusals.py``'s.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from gateway.admission.room_state import RoomState
 from gateway.admission.tickets import Ticket
 from gateway.admission.turns import free_backends
 from gateway.core.vocabulary import Lane, Reason
 
-if TYPE_CHECKING:
-    from gateway.admission.room import WaitingRoom
-
 __all__ = ["cannot_start", "over_bound", "refuses_unseen"]
 
 
-def over_bound(room: WaitingRoom, user: str, lane: Lane, joining: bool) -> Reason | None:
+def over_bound(room: RoomState, user: str, lane: Lane, joining: bool) -> Reason | None:
     """Which bound the room passes with this request in it (``joining``: not yet)."""
     return room.lines.over_bound(user, lane, extra=1 if joining else 0)
 
 
-def cannot_start(room: WaitingRoom, ticket: Ticket) -> bool:
+def cannot_start(room: RoomState, ticket: Ticket) -> bool:
     """Whether a request arriving now would have to wait."""
     return room.lines.at_cap(ticket.user, ticket.lane) or not free_backends(room, ticket)
 
 
-def refuses_unseen(room: WaitingRoom, user: str, lanes: tuple[Lane, ...]) -> Reason | None:
+def refuses_unseen(room: RoomState, user: str, lanes: tuple[Lane, ...]) -> Reason | None:
     """The bound a request of ``user`` would pass, when it would pass it whatever its
     body says: the user's own places are all taken, or no backend has a free slot.
     Checked before the body is read, so a user at cap cannot make the gateway read,
@@ -46,7 +42,7 @@ def refuses_unseen(room: WaitingRoom, user: str, lanes: tuple[Lane, ...]) -> Rea
     return first
 
 
-def _refuses_unseen_in(room: WaitingRoom, user: str, lane: Lane) -> Reason | None:
+def _refuses_unseen_in(room: RoomState, user: str, lane: Lane) -> Reason | None:
     lines = room.lines
     if not lines.at_cap(user, lane) and room.slots.has_free_slot(room.pool.backends):
         return None  # it may start at once, whatever its waiting would pass: asked first

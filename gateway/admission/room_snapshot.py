@@ -12,16 +12,13 @@ import copy
 from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from gateway.admission.room_state import RoomState
 from gateway.admission.scheduler import Ordering
+from gateway.admission.tickets import Ticket, Waiter
 from gateway.core.vocabulary import Lane, RequestClass
 from gateway.swaps.outcomes import SwapsSnapshot
 from gateway.swaps.residency import ResidentsSnapshot
-
-if TYPE_CHECKING:
-    from gateway.admission.room import WaitingRoom
-    from gateway.admission.tickets import Ticket, Waiter
 
 __all__ = [
     "RoomSnapshot",
@@ -76,7 +73,7 @@ class RoomSnapshot:
     swaps: SwapsSnapshot = field(default_factory=lambda: SwapsSnapshot({}, {}))  # by key
 
 
-def room_snapshot(room: WaitingRoom, now: float) -> RoomSnapshot:
+def room_snapshot(room: RoomState, now: float) -> RoomSnapshot:
     by_class: Counter[tuple[str, RequestClass]] = Counter()
     oldest = now
     for queue in (*room.waiting.values(), *room.background.values()):
@@ -120,7 +117,7 @@ def room_snapshot(room: WaitingRoom, now: float) -> RoomSnapshot:
     )
 
 
-def in_order(room: WaitingRoom) -> Iterator[Waiter]:
+def in_order(room: RoomState) -> Iterator[Waiter]:
     """The waiting requests in the order they would be dispatched if slots freed one by
     one now."""
     ordering = copy.deepcopy(room.ordering)
@@ -128,7 +125,7 @@ def in_order(room: WaitingRoom) -> Iterator[Waiter]:
         yield from _played(ordering, room.queues(lane))
 
 
-def position_of(room: WaitingRoom, waiter: Waiter) -> int:
+def position_of(room: RoomState, waiter: Waiter) -> int:
     """Where ``waiter`` stands in the order the room would dispatch (1: next), or 0."""
     for position, other in enumerate(in_order(room), start=1):
         if other is waiter:
@@ -136,7 +133,7 @@ def position_of(room: WaitingRoom, waiter: Waiter) -> int:
     return 0
 
 
-def _running(room: WaitingRoom, now: float) -> tuple[RunningRequest, ...]:
+def _running(room: RoomState, now: float) -> tuple[RunningRequest, ...]:
     return tuple(
         RunningRequest(
             ticket.user, ticket.model, name, ticket.request_class, now - started, ticket.lane

@@ -12,21 +12,18 @@ Pure: no I/O; the running counts and how long a request holds its slot are passe
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
+from gateway.admission.room_state import RoomState
 from gateway.admission.tickets import Ticket
 from gateway.backends.pool import Backend, model_key
 from gateway.swaps.outcomes import SwapWait
+from gateway.swaps.planner import SwapPlanner
 from gateway.swaps.victims import load_seconds
-
-if TYPE_CHECKING:
-    from gateway.admission.room import WaitingRoom
-    from gateway.swaps.planner import SwapPlanner
 
 __all__ = ["swap_wait", "waits"]
 
 
-def swap_wait(room: WaitingRoom, ticket: Ticket, hold: float) -> SwapWait | None:
+def swap_wait(room: RoomState, ticket: Ticket, hold: float) -> SwapWait | None:
     """Why ``ticket``'s model keeps its request waiting, if memory does, on the first
     backend serving it where it does (``waits``); when a swap would make room but none is
     started for its user (``swap_bar``), that, and when they will be again."""

@@ -18,14 +18,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from gateway.admission.room_state import RoomState
 from gateway.admission.tickets import Ticket, Waiter
 from gateway.backends.pool import Backend, model_key
 from gateway.core.vocabulary import BACKGROUND, Lane
-
-if TYPE_CHECKING:
-    from gateway.admission.room import WaitingRoom
 
 __all__ = ["Offer", "free_backends", "free_now", "free_to_start", "next_offer", "waits"]
 
@@ -42,7 +39,7 @@ class Offer:
     swap: bool = False
 
 
-def next_offer(room: WaitingRoom, lane: Lane) -> Offer | None:
+def next_offer(room: RoomState, lane: Lane) -> Offer | None:
     """The request of ``lane`` the ordering picks among each user's first that could go."""
     offers = _offers(room, lane)
     if not offers:
@@ -51,7 +48,7 @@ def next_offer(room: WaitingRoom, lane: Lane) -> Offer | None:
     return offers[chosen.seq]
 
 
-def _offers(room: WaitingRoom, lane: Lane) -> dict[int, Offer]:
+def _offers(room: RoomState, lane: Lane) -> dict[int, Offer]:
     """Each user's offer in ``lane`` (users at their cap make none), by candidate seq."""
     offers: dict[int, Offer] = {}
     for user, queue in room.lines.queues(lane).items():
@@ -63,7 +60,7 @@ def _offers(room: WaitingRoom, lane: Lane) -> dict[int, Offer]:
     return offers
 
 
-def _first_offer(room: WaitingRoom, queue: Iterable[Waiter], lane: Lane) -> Offer | None:
+def _first_offer(room: RoomState, queue: Iterable[Waiter], lane: Lane) -> Offer | None:
     # A user's first request that could go offers itself, so that one stuck request (a
     # model that does not fit, a heavy lane that is full) does not hold back the rest.
     for waiter in queue:
@@ -80,7 +77,7 @@ def _first_offer(room: WaitingRoom, queue: Iterable[Waiter], lane: Lane) -> Offe
 
 
 def free_now(
-    room: WaitingRoom, ticket: Ticket, serving: Sequence[Backend], single: bool
+    room: RoomState, ticket: Ticket, serving: Sequence[Backend], single: bool
 ) -> Backend | None:
     """The backend the quick yes (``WaitingRoom.start_at_once``) starts ``ticket``'s
     request on, what memory holds aside when ``single``; None if none has room for it now."""
@@ -99,7 +96,7 @@ def free_now(
 
 
 def free_to_start(
-    room: WaitingRoom, ticket: Ticket, serving: Sequence[Backend] | None = None, memory: bool = True
+    room: RoomState, ticket: Ticket, serving: Sequence[Backend] | None = None, memory: bool = True
 ) -> list[Backend]:
     """The backends ``ticket``'s request may start on now: a free slot, and for a heavy
     request an open prefill gate (``serving``: the pool's for it, when known already;
@@ -111,7 +108,7 @@ def free_to_start(
 
 
 def free_backends(
-    room: WaitingRoom, ticket: Ticket, serving: Sequence[Backend] | None = None, memory: bool = True
+    room: RoomState, ticket: Ticket, serving: Sequence[Backend] | None = None, memory: bool = True
 ) -> list[Backend]:
     """The backends serving ``ticket`` with a slot it may take now (the gate aside).
     ``memory=False``: what their memory holds is not asked (``SwapPlanner.admitted`` asks
@@ -136,7 +133,7 @@ def free_backends(
     ]
 
 
-def _share_full(room: WaitingRoom, ticket: Ticket, backend: Backend, group: str) -> bool:
+def _share_full(room: RoomState, ticket: Ticket, backend: Backend, group: str) -> bool:
     """Whether the heavy, or background, share of ``backend``'s slots that ``ticket``'s
     request would take a place in is full."""
     policy, slots = room.policy, room.slots
@@ -147,7 +144,7 @@ def _share_full(room: WaitingRoom, ticket: Ticket, backend: Backend, group: str)
     return slots.background[group] >= policy.lanes.background.slots_on(backend.slots)
 
 
-def waits(room: WaitingRoom) -> Counter[tuple[str, str]]:
+def waits(room: RoomState) -> Counter[tuple[str, str]]:
     """Waiting requests by (backend key, model key), for each backend serving them."""
     if not room.lines.depth:
         return Counter()  # after every release with nobody waiting: cheaper than the walk
@@ -159,7 +156,7 @@ def waits(room: WaitingRoom) -> Counter[tuple[str, str]]:
     )
 
 
-def _swap_for(room: WaitingRoom, ticket: Ticket) -> Backend | None:
+def _swap_for(room: RoomState, ticket: Ticket) -> Backend | None:
     """A backend where a swap would make room for ``ticket``'s model, if one would."""
     if not room.swaps.may_plan_for(ticket.user):
         return None
@@ -167,7 +164,7 @@ def _swap_for(room: WaitingRoom, ticket: Ticket) -> Backend | None:
     return room.swaps.room_for(backends, ticket.model, ticket.num_ctx, room.slots.busy, waits(room))
 
 
-def _wanted_by_people(room: WaitingRoom) -> frozenset[str]:
+def _wanted_by_people(room: RoomState) -> frozenset[str]:
     """The backends an interactive request waits for (its user has a free place): on
     Ollama too, whatever the model, as they share one GPU."""
     return frozenset(
@@ -180,7 +177,7 @@ def _wanted_by_people(room: WaitingRoom) -> frozenset[str]:
     )
 
 
-def _heavy_may_start(room: WaitingRoom, backend: Backend, model: str) -> bool:
+def _heavy_may_start(room: RoomState, backend: Backend, model: str) -> bool:
     # One batch per slot group: on Ollama each model's runner batches its own slots.
     group = backend.group(model)
     # People first: a title or tag task running here does not hold a person's long prompt.

@@ -20,10 +20,10 @@ from collections.abc import Iterator, Mapping, Sequence
 
 from gateway.config.backends import BackendConfig
 from gateway.config.base import model_key
+from gateway.config.lanes import LaneRule
+from gateway.config.models import ModelPolicy
 from gateway.config.problems import Loc, problem_at
 from gateway.config.users import ANONYMOUS, PERSON_SEPARATOR, UserConfig
-from gateway.intake.lanes import LaneRule
-from gateway.intake.load_options import ModelPolicy
 
 __all__ = ["check_lane_users", "check_model_names"]
 

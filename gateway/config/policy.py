@@ -20,7 +20,10 @@ from gateway.config.backends import BackendConfig, check_backends
 from gateway.config.base import AddressRange, Strict, model_key
 from gateway.config.budgets import Budget, merged_budget
 from gateway.config.cors import CorsPolicy
+from gateway.config.lanes import Lanes
+from gateway.config.models import ModelPolicy, NumCtxPolicy
 from gateway.config.names import check_lane_users, check_model_names
+from gateway.config.network import ForwardedHeader, HostName
 from gateway.config.problems import describe, environment, problem_at
 from gateway.config.scheduling import Classes, Costs, QueueConfig
 from gateway.config.tuning import KeepAlivePolicy, Monitoring, RedisPolicy, Timeouts, Warmth
@@ -34,10 +37,6 @@ from gateway.config.users import (
 )
 from gateway.config.yaml_reader import PolicyError, read_yaml
 from gateway.core.vocabulary import Lane
-from gateway.edge.forwarded import ForwardedHeader
-from gateway.edge.host_names import HostName
-from gateway.intake.lanes import Lanes
-from gateway.intake.load_options import ModelPolicy, NumCtxPolicy
 
 # BackendConfig, KeepAlivePolicy, Timeouts, Warmth re-exported: proxy, pump, relay, warmth use them.
 __all__ = [

@@ -25,14 +25,16 @@ the gateway's own pages only read, which sends no Origin.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import structlog
 from aiohttp import hdrs, web
 from multidict import CIMultiDict
 
+from gateway.config.cors import CorsPolicy
 from gateway.core.errors import GatewayError
 from gateway.core.vocabulary import Reason
 from gateway.edge.identity import Caller
-from gateway.reload import LivePolicy
 
 __all__ = ["Cors", "without_cors"]
 
@@ -51,7 +53,8 @@ _EXPOSED = "Retry-After, X-Request-Id, X-Fairgate-Queue-Wait, X-Fairgate-Queue-P
 class Cors:
     """Preflights, and the CORS headers of replies to listed origins."""
 
-    def __init__(self, policy: LivePolicy) -> None:
+    def __init__(self, policy: Callable[[], CorsPolicy]) -> None:
+        # Asked per request: a reload changes the origins without a new Cors.
         self._policy = policy
 
     def preflight(self, request: web.Request) -> web.Response | None:
@@ -79,7 +82,7 @@ class Cors:
     def add_headers(self, request: web.Request, headers: CIMultiDict[str]) -> None:
         """A reply to a listed origin says it may read it (as the reply is prepared)."""
         origin = request.headers.get(hdrs.ORIGIN)
-        if origin is None or not self._policy.current.policy.cors.origins:
+        if origin is None or not self._policy().origins:
             return
         # Caches must not give one origin's reply to another.
         headers.add(hdrs.VARY, hdrs.ORIGIN)
@@ -107,7 +110,7 @@ class Cors:
         )
 
     def _allows(self, origin: str) -> bool:
-        return origin in self._policy.current.policy.cors.origins
+        return origin in self._policy().origins
 
 
 def without_cors(headers: CIMultiDict[str]) -> None:

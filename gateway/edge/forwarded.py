@@ -22,13 +22,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address
-from typing import Literal, Protocol
+from typing import Protocol
 
-__all__ = ["FORWARDING_HEADERS", "Client", "ForwardedHeader", "ProxyTrust", "address_of"]
+from gateway.config.network import ForwardedHeader
+
+__all__ = ["FORWARDING_HEADERS", "Client", "ProxyTrust", "address_of"]
 
 Address = IPv4Address | IPv6Address
 Network = IPv4Network | IPv6Network
-ForwardedHeader = Literal["x-forwarded-for", "forwarded"]
 
 FORWARDING_HEADERS = ("X-Forwarded-For", "Forwarded", "X-Real-IP")
 """Headers by which some proxy says it forwards for someone else."""

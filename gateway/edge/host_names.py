@@ -20,51 +20,23 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping
 from functools import lru_cache
-from typing import Annotated
 
 import structlog
-from pydantic import AfterValidator
 
+from gateway.config.network import ANY_HOST, is_host_name
 from gateway.core.errors import GatewayError
 from gateway.core.logs import printable
 from gateway.core.vocabulary import Reason
 
-__all__ = ["HostName", "names_gateway", "refuse_unknown_host"]
+__all__ = ["names_gateway", "refuse_unknown_host"]
 
 log = structlog.get_logger("fairgate.hosts")
 
 # Suffixes no public DNS name can have: RFC 6761 (localhost), RFC 6762 (local, mDNS),
 # RFC 8375 (home.arpa), ICANN's private-use internal, and what home routers name hosts.
 _LOCAL_SUFFIXES = (".localhost", ".local", ".home.arpa", ".internal", ".lan", ".localdomain")
-_ANY = "*"
 _HOST = "Host"  # looked up in a case-insensitive mapping (the request's headers)
 _LOGGED = 100  # characters of a refused name kept for the log and the error
-
-
-def _host_name(text: str) -> str:
-    """A name as it is matched (lower case, no trailing dot), or ``*``, or ``*.`` and a
-    name; anything else could never match a Host header and is an error instead."""
-    name = text.strip().lower()
-    if name == _ANY:
-        return name
-    name = name.removesuffix(".")
-    if not _is_name(name.removeprefix("*.")):
-        raise ValueError(
-            "a host is a name such as gpu.example.com (or *.example.com, or * for any name): "
-            "no scheme, port or path"
-        )
-    return name
-
-
-def _is_name(name: str) -> bool:
-    """Dot-separated labels of letters, digits, ``-`` and ``_``, none empty."""
-    return all(
-        part and part.replace("-", "").replace("_", "").isalnum() and part.isascii()
-        for part in name.split(".")
-    )
-
-
-HostName = Annotated[str, AfterValidator(_host_name)]
 
 
 def names_gateway(headers: Mapping[str, str], listed: tuple[str, ...]) -> bool:
@@ -91,7 +63,7 @@ def refuse_unknown_host(headers: Mapping[str, str], listed: tuple[str, ...]) -> 
 @lru_cache(maxsize=256)  # a few names a household uses; a flood of others only evicts
 def answers_to(host: str, listed: tuple[str, ...]) -> bool:
     """Whether a ``Host`` header (``name[:port]``, ``[v6]:port``) names the gateway."""
-    if _ANY in listed:
+    if ANY_HOST in listed:
         return True
     name = _name_of(host)
     if name is None:
@@ -116,7 +88,7 @@ def _name_of(host: str) -> str | None:
     if colon and not port.isdigit():
         return None
     name = name.rstrip(".")
-    return name if _is_name(name) else None
+    return name if is_host_name(name) else None
 
 
 def _is_address(name: str) -> bool:

@@ -11,8 +11,9 @@ from __future__ import annotations
 from aiohttp import hdrs, web
 from multidict import CIMultiDict, istr
 
-from gateway.edge.access_log import RECORD, X_REQUEST_ID
+from gateway.edge.access_log import X_REQUEST_ID
 from gateway.edge.cors import Cors, without_cors
+from gateway.edge.record import RECORD
 
 __all__ = ["ReplyHeaders", "put"]
 

@@ -17,136 +17,14 @@ rule), else interactive.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping
-from functools import cached_property
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import Field, field_validator
-
-from gateway.config.base import HeaderName, SlotShare, Strict, model_key, slots_on
-from gateway.config.problems import problem_at
-from gateway.config.users import PERSON_SEPARATOR
-from gateway.core.units import Duration
-from gateway.core.vocabulary import GENERATION_PATHS, Lane
+from gateway.config.lanes import PRESETS, Lanes
+from gateway.core.vocabulary import Lane
 from gateway.wire.ambiguity import canonical_keys
 
-__all__ = [
-    "BackgroundLane",
-    "InteractiveLane",
-    "LaneRule",
-    "Lanes",
-    "lane_from_header",
-    "lane_of",
-    "possible_lanes",
-]
-
-# The prompts of Open WebUI's tasks (title, tags, follow-ups, queries, autocomplete).
-_PRESETS = {"open-webui": "### Task:"}
-
-
-class LaneRule(Strict):
-    """A rule that puts matching requests in ``lane``; every field given must match."""
-
-    lane: Lane
-    users: list[str] | None = None
-    models: list[str] | None = None
-    paths: list[str] | None = Field(default=None, description="Such as /api/embed.")
-    prompt_prefix: str | None = Field(
-        default=None, description="The last message (or the prompt) starts with this."
-    )
-
-    def matches(self, user: str, model: str, path: str, prompt: str | None) -> bool:
-        return (
-            (self.users is None or _names_user(self.users, user))
-            and (self.models is None or _names_model(self.models, model))
-            and (self.paths is None or path in self.paths)
-            and (
-                self.prompt_prefix is None
-                or (prompt is not None and prompt.startswith(self.prompt_prefix))
-            )
-        )
-
-    @field_validator("users", "models", "paths")
-    @classmethod
-    def _not_empty(cls, names: list[str] | None) -> list[str] | None:
-        # Every field given must match, and nothing is in an empty list: the rule would
-        # match no request.
-        if names == []:
-            raise ValueError("an empty list matches no request: leave it out to match any")
-        return names
-
-    @field_validator("paths")
-    @classmethod
-    def _generation_paths(cls, paths: list[str] | None) -> list[str] | None:
-        # A request's path is compared as it is routed, exactly: "/api/embed/" or "api/chat"
-        # would match no request, and the rule would do nothing without a word.
-        for position, path in enumerate(paths or ()):
-            if path not in GENERATION_PATHS:
-                close = difflib.get_close_matches(path, GENERATION_PATHS, n=1)
-                guess = f"did you mean {close[0]!r}? " if close else ""
-                listed = ", ".join(GENERATION_PATHS)
-                message = f"{path!r} is no model's route: {guess}the routes are {listed}"
-                raise problem_at((position,), message)
-        return paths
-
-
-def _names_user(users: list[str], user: str) -> bool:
-    """Whether ``users`` names ``user``, or the front end that names this person
-    (``owui`` for ``owui/alice@example.com``): the people a front end names have its limits
-    and models, and its lane rules too. A name holding the separator is always such a
-    person: no configured user's name may hold it."""
-    return user in users or (
-        PERSON_SEPARATOR in user and user.partition(PERSON_SEPARATOR)[0] in users
-    )
-
-
-def _names_model(models: list[str], model: str) -> bool:
-    """Whether ``models`` names ``model`` in any of Ollama's spellings of it."""
-    key = model_key(model)
-    return any(model_key(named) == key for named in models)
-
-
-class InteractiveLane(Strict):
-    """A person waiting in front of a screen: the user's own limits apply."""
-
-    max_wait: Duration | None = Field(
-        default=None, gt=0, description="Longest wait before a 503; unset: queue.max_wait."
-    )
-
-
-class BackgroundLane(Strict):
-    """Work nobody is watching: its own bounds, the slots interactive work leaves."""
-
-    max_slots: SlotShare = Field(
-        default="50%", description="Slots of each backend background work may hold."
-    )
-    max_concurrent: int = Field(default=1, ge=1, description="Running at once, per user.")
-    max_queued: int = Field(default=4, ge=0, description="Waiting at once, per user.")
-    max_wait: Duration = Field(default=120.0, gt=0, description="Longest wait before a 503.")
-
-    def slots_on(self, backend_slots: int) -> int:
-        return slots_on(self.max_slots, backend_slots)
-
-
-class Lanes(Strict):
-    header: HeaderName | None = Field(
-        default=None,
-        description="A request header naming the lane (e.g. X-OWUI-Task set to {{TASK}} in "
-        "Open WebUI): 'interactive', 'background', or any other non-empty value: background.",
-    )
-    presets: list[Literal["open-webui"]] = Field(
-        default_factory=list, description="Built-in rules: open-webui (### Task: prompts)."
-    )
-    rules: list[LaneRule] = Field(default_factory=list)
-    interactive: InteractiveLane = InteractiveLane()
-    background: BackgroundLane = BackgroundLane()
-
-    @cached_property
-    def all_interactive(self) -> bool:
-        """No header, no rules, no presets (most policies): every request is interactive,
-        known without a look at it."""
-        return self.header is None and not self.rules and not self.presets
+__all__ = ["lane_from_header", "lane_of", "possible_lanes"]
 
 
 def possible_lanes(lanes: Lanes, headers: Mapping[str, str]) -> tuple[Lane, ...]:
@@ -192,7 +70,7 @@ def lane_of(
         if rule.matches(user, model, path, prompt):
             return rule.lane
     for preset in lanes.presets:
-        if prompt is not None and prompt.startswith(_PRESETS[preset]):
+        if prompt is not None and prompt.startswith(PRESETS[preset]):
             return Lane.BACKGROUND
     return Lane.INTERACTIVE
 

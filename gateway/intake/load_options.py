@@ -11,59 +11,15 @@ clamps or replaces the value, and the gateway forwards exactly the value it chec
 
 from __future__ import annotations
 
-from functools import cached_property
-from typing import Any, Literal, Self, TypeGuard
+from typing import Any, Literal, TypeGuard
 
-from pydantic import Field, model_validator
-
-from gateway.config.base import Strict
+from gateway.config.models import MIN_NUM_CTX, NumCtxPolicy
 from gateway.core.errors import GatewayError
 from gateway.core.vocabulary import Reason
 
-__all__ = ["ModelPolicy", "NumCtxPolicy", "apply_num_ctx_policy", "num_ctx_of"]
+__all__ = ["apply_num_ctx_policy", "num_ctx_of"]
 
 _INT64 = 2**63
-_MIN_NUM_CTX = 4  # getRunner raises a smaller num_ctx to 4
-
-
-class NumCtxPolicy(Strict):
-    """What Ollama requests may ask of ``options.num_ctx`` (a differing one reloads the
-    model for everybody)."""
-
-    min: int | None = Field(default=None, ge=_MIN_NUM_CTX, description="Raise smaller to this.")
-    max: int | None = Field(default=None, ge=_MIN_NUM_CTX, description="Lower larger to this.")
-    override: int | Literal["default"] | None = Field(
-        default=None,
-        description="Replace whatever the client sent (or did not send); 'default' removes "
-        "it, so that every request gets the server's context, as OpenAI-API requests do.",
-    )
-
-    @model_validator(mode="after")
-    def _ordered(self) -> Self:
-        if self.min is not None and self.max is not None and self.min > self.max:
-            raise ValueError(f"min ({self.min}) is above max ({self.max})")
-        if isinstance(self.override, int) and self.override < _MIN_NUM_CTX:
-            raise ValueError(f"override must be at least {_MIN_NUM_CTX}, or 'default'")
-        return self
-
-    @cached_property  # asked by every Ollama request
-    def active(self) -> bool:
-        return (self.min, self.max, self.override) != (None, None, None)
-
-
-class ModelPolicy(Strict):
-    """Rules for one model's requests."""
-
-    num_ctx: NumCtxPolicy | None = Field(
-        default=None, description="Replaces the top-level num_ctx rules for this model."
-    )
-
-    @model_validator(mode="after")
-    def _some_rule(self) -> Self:
-        # {} would read as "this model has rules" and change nothing.
-        if self.num_ctx is None:
-            raise ValueError("gives no rules: give num_ctx, or remove the entry")
-        return self
 
 
 def num_ctx_of(fields: dict[str, Any]) -> int | None:
@@ -76,7 +32,7 @@ def num_ctx_of(fields: dict[str, Any]) -> int | None:
     if not _is_number(value):
         return None
     number = int(value)
-    return max(_MIN_NUM_CTX, number if -_INT64 <= number < _INT64 else _MIN_NUM_CTX)
+    return max(MIN_NUM_CTX, number if -_INT64 <= number < _INT64 else MIN_NUM_CTX)
 
 
 def apply_num_ctx_policy(fields: dict[str, Any], rules: NumCtxPolicy) -> bool:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gateway.core.vocabulary import REFUSALS, Reason
-from gateway.edge.access_log import RequestRecord
+from gateway.edge.record import RequestRecord
 
 __all__ = ["History", "HistorySnapshot", "MinuteFigures", "RecentRefusal"]
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from time import monotonic
 from typing import cast
 
@@ -29,10 +28,11 @@ from aiohttp.http_writer import StreamWriter
 
 from gateway.config.policy import Timeouts
 from gateway.core.vocabulary import Reason
+from gateway.edge.record import Progress
 from gateway.relay.upstream_reply import Reply
 from gateway.wire.tallies import TALLY_WINDOW, FinalCounts, TokenEvents, final_counts
 
-__all__ = ["Progress", "pump"]
+__all__ = ["pump"]
 
 log = structlog.get_logger("fairgate.relay")
 
@@ -40,20 +40,6 @@ _METER_EVERY = 8  # tokens between charges to the fair scheduler
 # Bytes the client's socket buffer may hold before the backend is paused (uvloop's and
 # asyncio's high-water mark): a client that reads slowly holds the backend, not our memory.
 _CLIENT_HIGH_WATER = 64 * 1024
-
-
-@dataclass(slots=True)
-class Progress:
-    """What happened to one relayed reply, for the handler to read when it ends."""
-
-    first_byte_at: float | None = None
-    bytes_out: int = 0
-    gaps: list[float] = field(default_factory=list)  # seconds between reads of the reply
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    load_seconds: float | None = None  # Ollama's load_duration: the reply paid for a load
-    failure: Reason | None = None  # the reply was cut after its first byte
-    client_gone: bool = False
 
 
 async def pump(

@@ -22,9 +22,10 @@ from gateway.config.policy import Timeouts
 from gateway.core.errors import BackendFailure, GatewayError, error_body, inband_error
 from gateway.core.vocabulary import Reason, api_of
 from gateway.edge.headers import forwarded_headers
+from gateway.edge.record import Progress
 from gateway.edge.reply_headers import ReplyHeaders
 from gateway.relay.client_reply import start
-from gateway.relay.pump import Progress, pump
+from gateway.relay.pump import pump
 from gateway.relay.upstream_client import BackendClient, ConnectTimeout
 from gateway.relay.upstream_connection import UpstreamError
 from gateway.relay.upstream_reply import Reply

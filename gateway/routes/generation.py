@@ -17,8 +17,8 @@ from gateway.backends.warmth import apply_keep_alive_policy, kept_alive
 from gateway.config.policy import Policy
 from gateway.core.errors import BackendFailure, GatewayError
 from gateway.core.vocabulary import GENERATION_PATHS, Api, Reason, api_of
-from gateway.edge.access_log import RECORD
 from gateway.edge.hot_routes import HOT_PATHS
+from gateway.edge.record import RECORD
 from gateway.intake.bodies import Fields, defer_continue, parsed, read_body
 from gateway.intake.classify import classify
 from gateway.intake.lanes import lane_of, possible_lanes

@@ -25,8 +25,8 @@ from gateway.backends import Backend, model_key
 from gateway.backends.probes import entries_of
 from gateway.core.errors import GatewayError
 from gateway.core.vocabulary import Api, Reason
-from gateway.edge.access_log import RECORD
 from gateway.edge.headers import NO_STORE
+from gateway.edge.record import RECORD
 from gateway.intake.bodies import defer_continue, parsed, read_body
 from gateway.intake.model_errors import checked_name, model_forbidden, model_not_found, no_backend
 from gateway.relay.relay import Relay, Target

@@ -29,7 +29,7 @@ from gateway.config.users import PERSON_SEPARATOR
 from gateway.core.calendar import Calendar, Windows
 from gateway.core.tasks import Background, repeat
 from gateway.core.vocabulary import REFUSALS
-from gateway.edge.access_log import RequestRecord
+from gateway.edge.record import RequestRecord
 from gateway.usage.budgets import BudgetState, budget_states, over_budget, requests_room
 from gateway.usage.stores import Batch, Counts, StoreError, Tally, UsageStore
 
