@@ -30,11 +30,10 @@ import time
 from pathlib import Path
 
 from gateway.admission.admission import Admission, Permit, Ticket
-from gateway.admission.holds import HoldStore
+from gateway.admission.holds.base import HoldStore
 from gateway.admission.holds.redis import RedisHolds
 from gateway.app import new_event_loop
-from gateway.backends import BackendStates
-from gateway.backends.pool import LoadedModel
+from gateway.backends.pool import BackendStates, LoadedModel
 from gateway.config.policy import parse_policy
 from gateway.core.vocabulary import Api, Lane
 from gateway.reload import PolicyView
@@ -113,7 +112,7 @@ async def _at_once(admission: Admission, ticket: Ticket, n: int) -> tuple[float,
 async def cpu_per_request(requests: int) -> list[tuple[str, float]]:
     """The best of ``ROUNDS`` rounds of each, in microseconds of CPU per request."""
     admission = _admission(None, UNCONTENDED)
-    ticket = Ticket("alice", MODEL, Api.OLLAMA, 12.0)
+    ticket = Ticket("alice", MODEL, Api.OLLAMA, input_tokens=12.0)
     await _requests(admission, ticket, 200)  # warm up
     pair = min([await _pairs(admission, ticket, requests) for _ in range(ROUNDS)])
     whole = min([await _requests(admission, ticket, requests) for _ in range(ROUNDS)])

@@ -64,7 +64,7 @@ async def aiohttp_server_relay(request: web.Request) -> web.StreamResponse:
     url = request.app[UPSTREAM] + request.path_qs
     client = request.app[CLIENT]
     async with await client.request(
-        request.method, url, headers, body, _CONNECT, _FIRST_BYTE
+        request.method, url, headers, body, connect_timeout=_CONNECT, first_byte=_FIRST_BYTE
     ) as upstream:
         first = await upstream.first()
         response = _HeadWithBody(status=upstream.status)
@@ -111,7 +111,9 @@ class ProtocolRelay(asyncio.Protocol):
     async def _relay(self, method: str, target: str, body: bytes) -> None:
         headers = CIMultiDict({"Content-Type": "application/json"})
         url = self._upstream + target
-        reply = await self._client.request(method, url, headers, body, _CONNECT, _FIRST_BYTE)
+        reply = await self._client.request(
+            method, url, headers, body, connect_timeout=_CONNECT, first_byte=_FIRST_BYTE
+        )
         async with reply:
             first = await reply.first()
             transport = self._transport

@@ -27,8 +27,8 @@ from fairplan.sources import (
     ollama_model_cost,
     ollama_shape,
 )
-from gateway.core import sizes
-from gateway.core.units import parse_duration
+from gateway.core import parse_duration
+from gateway.core import parse_size as parse_bytes
 
 __all__ = ["DEFAULT_URLS", "add_plan_arguments", "parse_size", "run_plan"]
 
@@ -42,7 +42,7 @@ def parse_size(text: str) -> int:
     """Bytes from ``6GiB``, ``512MiB``, ``6GB`` (1000-based) or ``6G`` (1024-based, like
     llama.cpp and Docker)."""
     try:
-        return sizes.parse_size(text)
+        return parse_bytes(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

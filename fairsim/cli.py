@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from gateway.core.sizes import parse_size
+from gateway.core import parse_size
 
 from .config import SimConfig
 from .wire import parse_keep_alive

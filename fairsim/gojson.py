@@ -39,8 +39,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.wire.ambiguity import go_fold
-from gateway.wire.json_decode import NestedTooDeeply, Pairs, parse_object_pairs
+from gateway.wire import NestedTooDeeply, Pairs, go_fold, parse_object_pairs
 
 __all__ = ["go_decode"]
 

@@ -10,8 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.wire.json_decode import NestedTooDeeply
-from gateway.wire.ollama_fields import STRUCTS, field_type_error
+from gateway.wire import STRUCTS, NestedTooDeeply, field_type_error
 
 from .config import LoadOptions
 from .gojson import go_decode

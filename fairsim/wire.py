@@ -11,8 +11,8 @@ import struct
 import time
 from typing import Any
 
-from gateway.core.units import fits_go_duration, parse_go_duration
-from gateway.wire.ollama_fields import go_type_name
+from gateway.core import fits_go_duration, parse_go_duration
+from gateway.wire import go_type_name
 
 __all__ = [
     "FOREVER",

@@ -20,9 +20,15 @@ from gateway.cli.first_run import listen_problem, warn_about_example_keys
 from gateway.cli.keys import add_keys_arguments
 from gateway.cli.status import add_status_arguments, run_status
 from gateway.cli.usage import add_usage_arguments, run_usage
-from gateway.config.policy import PolicyError, load_policy
-from gateway.config.settings import Settings, describe_settings, settings_errors, unknown_variables
-from gateway.core.logs import configure_logging
+from gateway.config import (
+    PolicyError,
+    Settings,
+    describe_settings,
+    load_policy,
+    settings_errors,
+    unknown_variables,
+)
+from gateway.core import configure_logging
 
 __all__ = ["main"]
 
@@ -141,7 +147,7 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     warn_about_example_keys(policy)
     from gateway.app import run_app
-    from gateway.usage.stores import StoreError
+    from gateway.usage import StoreError
 
     try:
         run_app(settings, policy, sighup_before=lambda: latch.received)

@@ -14,19 +14,13 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
-from gateway.admission.refusals import Refusal
-from gateway.config.policy import Policy
-from gateway.config.settings import Settings
-from gateway.core.errors import STOPPING_MESSAGE, STOPPING_RETRY_AFTER
-from gateway.core.vocabulary import Reason
-from gateway.edge.access_log import access_log
-from gateway.edge.connections import Listener
-from gateway.observe.metrics import Metrics
+from gateway.admission import Refusal
+from gateway.config import Policy, Settings
+from gateway.core import STOPPING_MESSAGE, STOPPING_RETRY_AFTER, Reason
+from gateway.edge import Listener, access_log
+from gateway.observe import Metrics
 from gateway.reload import OPEN_GATEWAY
-from gateway.routes.generation import Generation
-from gateway.routes.house import House
-from gateway.routes.reads import Reads
-from gateway.routes.status import Status
+from gateway.routes import Generation, House, Reads, Status
 from gateway.services import Services
 
 __all__ = ["SERVICES", "bound_url", "create_app", "drain", "run_app", "serve", "start_server"]

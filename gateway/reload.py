@@ -14,9 +14,9 @@ from pathlib import Path
 import structlog
 
 from gateway.backends import BackendPool, BackendStates
-from gateway.config.policy import Policy, PolicyError, load_policy
-from gateway.core.tasks import repeat
-from gateway.edge.identity import Directory
+from gateway.config import Policy, PolicyError, load_policy
+from gateway.core import repeat
+from gateway.edge import Directory
 
 __all__ = ["OPEN_GATEWAY", "LivePolicy", "PolicyView", "ReloadSnapshot", "policy_changes"]
 

@@ -15,30 +15,26 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
-from gateway.admission.admission import Admission
-from gateway.admission.holds import HoldStore
-from gateway.admission.holds.redis import RedisHolds
+from gateway.admission import Admission, HoldStore, RedisHolds
 from gateway.backends import BackendStates
-from gateway.backends.monitor import BackendMonitor
-from gateway.backends.warmth import KeepWarm
-from gateway.config.policy import Policy
-from gateway.config.settings import Settings
-from gateway.core.calendar import Calendar, zone_named
-from gateway.core.tasks import Background, repeat
-from gateway.edge.connections import Connections
-from gateway.edge.cors import Cors
-from gateway.edge.forwarded import Client
-from gateway.edge.host_names import names_gateway, refuse_unknown_host
-from gateway.edge.identity import Caller
-from gateway.edge.record import RECORD, Listener
-from gateway.edge.reply_headers import ReplyHeaders
-from gateway.observe.history import History
-from gateway.observe.snapshot import GatewaySnapshot, UserUsage, take
-from gateway.relay.clients import Upstream
-from gateway.relay.relay import Relay
+from gateway.backends.watch import BackendMonitor, KeepWarm
+from gateway.config import Policy, Settings
+from gateway.core import Background, Calendar, repeat, zone_named
+from gateway.edge import (
+    RECORD,
+    Caller,
+    Client,
+    Connections,
+    Cors,
+    RecordListener,
+    ReplyHeaders,
+    names_gateway,
+    refuse_unknown_host,
+)
+from gateway.observe import GatewaySnapshot, History, UserUsage, take
+from gateway.relay import Relay, Upstream
 from gateway.reload import LivePolicy, PolicyView
-from gateway.usage.ledger import Ledger
-from gateway.usage.stores import RedisUsage, SqliteUsage, UsageStore
+from gateway.usage import Ledger, RedisUsage, SqliteUsage, UsageStore
 
 __all__ = ["Services"]
 
@@ -59,7 +55,7 @@ class Services:
     usage: Ledger  # who used what, kept across restarts; budgets read it
     cors: Cors  # browser apps on other origins
     reply_headers: ReplyHeaders  # what the gateway says on every reply (relays say it too)
-    on_finished: list[Listener] = field(default_factory=list)  # told of each request's end
+    on_finished: list[RecordListener] = field(default_factory=list)  # told of each request's end
     connections: Connections = field(default_factory=Connections)
     streams: set[Relay] = field(default_factory=set)  # generation replies under way
     history: History = field(default_factory=History)  # the last hour, for the house page
@@ -138,10 +134,10 @@ class Services:
         view = self.policy.current
         return take(
             view.pool,
-            self.admission.snapshot(),
-            self.warmth.snapshot(),
-            self.admission.holds,
-            self.policy.snapshot(),
+            room=self.admission.snapshot(),
+            warmth=self.warmth.snapshot(),
+            holds=self.admission.holds,
+            reloads=self.policy.snapshot(),
             policy=view.policy,
             hold_seconds=self.admission.hold_timer.seconds,
             history=self.history.snapshot(),

@@ -26,8 +26,9 @@ from gateway.core.vocabulary import Reason, RequestClass
 from gateway.edge.connections import Listener
 from gateway.edge.record import RequestRecord
 from gateway.usage.ledger import Ledger
-from gateway.usage.stores import RedisUsage, SqliteUsage
 from gateway.usage.stores.base import Batch, Tally
+from gateway.usage.stores.redis import RedisUsage
+from gateway.usage.stores.sqlite import SqliteUsage
 from tests.conftest import Gateway, StartGateway, StartSim
 from tests.processes import free_port, until_answers
 from tests.redis_server import RedisServer, redis_server  # noqa: F401 (fixture)

@@ -36,7 +36,9 @@ async def _body(reply: Reply) -> bytes:
 
 async def _post(client: BackendClient, url: str, close: bool = False) -> Reply:
     headers = CIMultiDict({"Content-Type": "application/json"})
-    return await client.request("POST", url + "/api/chat", headers, b"{}", 5, 5, close=close)
+    return await client.request(
+        "POST", url + "/api/chat", headers, b"{}", connect_timeout=5, first_byte=5, close=close
+    )
 
 
 class TestReplies:
@@ -121,7 +123,12 @@ class TestReplies:
 
         async with raw_backend(answer) as backend:
             reply = await client.request(
-                "HEAD", backend.url + "/api/version", CIMultiDict(), None, 5, 5
+                "HEAD",
+                backend.url + "/api/version",
+                CIMultiDict(),
+                None,
+                connect_timeout=5,
+                first_byte=5,
             )
             assert reply.status == 200
             assert await asyncio.wait_for(_body(reply), timeout=5) == b""
@@ -137,7 +144,9 @@ class TestReplies:
         async with raw_backend(answer) as backend:
             headers = CIMultiDict({"Content-Type": "application/json"})
             url = backend.url + "/api/chat"
-            reply = await client.request("POST", url, headers, b"{}", 5, 0.2)
+            reply = await client.request(
+                "POST", url, headers, b"{}", connect_timeout=5, first_byte=0.2
+            )
             async with reply:
                 with pytest.raises(TimeoutError):
                     await reply.first()
@@ -171,14 +180,26 @@ class TestReplies:
 
             headers = CIMultiDict({"Content-Type": "application/json"})
             reply = await client.request(
-                "POST", backend.url + "/api/chat", headers, b"{}", 5, 5, arrived=took
+                "POST",
+                backend.url + "/api/chat",
+                headers,
+                b"{}",
+                connect_timeout=5,
+                first_byte=5,
+                arrived=took,
             )
             assert arrived == [(reply, b"first")]
             rest.set()
             assert await _body(reply) == b"rest"
 
             alone = await client.request(
-                "POST", backend.url + "/alone", headers, b"{}", 5, 5, arrived=took
+                "POST",
+                backend.url + "/alone",
+                headers,
+                b"{}",
+                connect_timeout=5,
+                first_byte=5,
+                arrived=took,
             )
             go_on.set()
             assert await _body(alone) == b"firstrest"
@@ -292,7 +313,14 @@ class TestHostileBackends:
         async with raw_backend(answer) as backend:
             headers = CIMultiDict({"X-Note": "a\r\nX-Admin: yes"})
             with pytest.raises(ValueError, match="line break"):
-                await client.request("POST", backend.url + "/api/chat", headers, b"{}", 5, 5)
+                await client.request(
+                    "POST",
+                    backend.url + "/api/chat",
+                    headers,
+                    b"{}",
+                    connect_timeout=5,
+                    first_byte=5,
+                )
             assert backend.requests == []
 
     async def test_header_pairs_go_out_as_given_and_their_type_is_found_in_any_case(
@@ -306,7 +334,9 @@ class TestHostileBackends:
 
         pairs = [("content-TYPE", "application/json"), ("X-Trace", "t"), ("X-Trace", "u")]
         async with raw_backend(answer) as backend:
-            reply = await client.request("POST", backend.url + "/api/chat", pairs, b"{}", 5, 5)
+            reply = await client.request(
+                "POST", backend.url + "/api/chat", pairs, b"{}", connect_timeout=5, first_byte=5
+            )
             assert await _body(reply) == b"ok"
         head = backend.requests[0].split(b"\r\n\r\n")[0].split(b"\r\n")
         assert head[2:] == [
@@ -328,7 +358,9 @@ class TestHostileBackends:
             for pair in [("X-Note", "a\nX-Admin: yes"), ("X-Admin: yes\r\nX-Note", "a")]:
                 with pytest.raises(ValueError, match="line break"):
                     url = backend.url + "/api/chat"
-                    await client.request("POST", url, [pair], b"{}", 5, 5)
+                    await client.request(
+                        "POST", url, [pair], b"{}", connect_timeout=5, first_byte=5
+                    )
             assert backend.requests == []
 
     async def test_not_http_is_a_malformed_reply(self, client: BackendClient) -> None:

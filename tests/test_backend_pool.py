@@ -49,7 +49,9 @@ async def _backend() -> AsyncIterator[_Backend]:
 
 async def _ask(client: BackendClient, url: str) -> bytes:
     headers = CIMultiDict({"Content-Type": "application/json"})
-    async with await client.request("POST", url, headers, b"{}", 5, 5) as reply:
+    async with await client.request(
+        "POST", url, headers, b"{}", connect_timeout=5, first_byte=5
+    ) as reply:
         return await reply.read_up_to(100)
 
 

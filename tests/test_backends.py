@@ -15,7 +15,7 @@ from aiohttp.typedefs import Handler
 from fairsim import SimConfig, Simulator
 from gateway.admission.admission import Admission
 from gateway.app import bound_url, start_server
-from gateway.backends import Backend
+from gateway.backends.pool import Backend
 from tests.conftest import Gateway, StartGateway, StartSim, serve
 from tests.test_admission import until
 

@@ -18,7 +18,7 @@ import pytest
 from multidict import CIMultiDict
 
 from gateway.__main__ import main
-from gateway.backends import BackendStates
+from gateway.backends.pool import BackendStates
 from gateway.config.policy import PolicyError, load_policy, parse_policy
 from gateway.edge.identity import Directory
 from gateway.reload import LivePolicy

@@ -25,7 +25,7 @@ import yaml
 
 from fairsim import SimConfig, Simulator, add_sim_arguments, sim_config_from_args
 from gateway.app import bound_url, start_server
-from gateway.backends.probes import ProbeFailed, probe
+from gateway.backends.watch.probes import ProbeFailed, probe
 from gateway.cli.first_run import EXAMPLE_KEYS, example_keys_in
 from gateway.config.policy import parse_policy
 from gateway.config.settings import Settings

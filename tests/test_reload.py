@@ -11,7 +11,7 @@ from pathlib import Path
 
 from structlog.testing import capture_logs
 
-from gateway.backends import BackendStates
+from gateway.backends.pool import BackendStates
 from gateway.config.policy import load_policy
 from gateway.reload import LivePolicy, PolicyView
 from tests.conftest import Gateway, StartGateway, StartSim

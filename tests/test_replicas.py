@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 
 from gateway.admission.admission import Admission, Permit, Ticket
 from gateway.admission.holds.redis import RedisHolds
-from gateway.backends import BackendStates
+from gateway.backends.pool import BackendStates
 from gateway.config.policy import parse_policy
 from gateway.core.vocabulary import Api, Reason
 from gateway.reload import PolicyView

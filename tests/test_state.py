@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway.admission.holds import Hold, HoldStore, MemoryHolds, StoreUnavailable
+from gateway.admission.holds.base import Hold, HoldStore, StoreUnavailable
+from gateway.admission.holds.memory import MemoryHolds
 from gateway.admission.holds.redis import RedisHolds
 from tests.redis_server import RedisServer, redis_server, redis_url  # noqa: F401 (fixtures)
 

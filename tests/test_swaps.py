@@ -14,7 +14,7 @@ from aiohttp.typedefs import Handler
 
 from fairsim import SimConfig, Simulator
 from gateway.admission.swap_waits import waits
-from gateway.backends import Backend, BackendState, LoadedModel
+from gateway.backends.pool import Backend, BackendState, LoadedModel
 from gateway.swaps.planner import SwapPlanner
 from tests.conftest import Finished, Gateway, StartGateway, StartSim, serve
 from tests.test_admission import until

@@ -9,8 +9,9 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.core.calendar import Calendar, zone_named
-from gateway.usage.stores import Batch, Counts, RedisUsage, SqliteUsage, StoreError, UsageStore
-from gateway.usage.stores.redis import APPLIED_SECONDS
+from gateway.usage.stores.base import Batch, Counts, StoreError, UsageStore
+from gateway.usage.stores.redis import APPLIED_SECONDS, RedisUsage
+from gateway.usage.stores.sqlite import SqliteUsage
 from tests.redis_server import RedisServer, redis_server, redis_url  # noqa: F401 (fixtures)
 from tests.tcp_relay import Relay
 

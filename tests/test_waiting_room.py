@@ -8,7 +8,7 @@ import random
 from gateway.admission.room import Ticket, Waiter, WaitingRoom
 from gateway.admission.scheduler import Candidate
 from gateway.admission.slot_ledger import SlotLedger
-from gateway.backends import Backend, BackendPool, BackendStates
+from gateway.backends.pool import Backend, BackendPool, BackendStates
 from gateway.config.policy import parse_policy
 from gateway.core.vocabulary import Api, Lane, RequestClass
 
@@ -37,7 +37,9 @@ class Room:
 
     def join(self, user: str, heavy: bool) -> Waiter:
         request_class = RequestClass.HEAVY if heavy else RequestClass.LIGHT
-        ticket = Ticket(user, "m", Api.OLLAMA, 3000 if heavy else 40, request_class)
+        ticket = Ticket(
+            user, "m", Api.OLLAMA, input_tokens=3000 if heavy else 40, request_class=request_class
+        )
         waiter = self.room.join(ticket, self.now, asyncio.get_running_loop().create_future())
         self.room.dispatch()
         return waiter
@@ -113,7 +115,9 @@ async def test_a_hold_is_forgotten_when_the_held_request_leaves() -> None:
 
 def _arrive_at_once_or_join(room: Room, user: str, heavy: bool) -> Waiter:
     request_class = RequestClass.HEAVY if heavy else RequestClass.LIGHT
-    ticket = Ticket(user, "m", Api.OLLAMA, 3000 if heavy else 40, request_class)
+    ticket = Ticket(
+        user, "m", Api.OLLAMA, input_tokens=3000 if heavy else 40, request_class=request_class
+    )
     turn = asyncio.get_running_loop().create_future()
     started = room.room.start_at_once(ticket, room.now)
     if started is not None:  # no waiter: one standing for it, its turn done
@@ -169,7 +173,7 @@ async def test_nobody_starts_at_once_past_a_request_that_waits() -> None:
     room.join("bob", heavy=False)
     held = room.join("ann", heavy=True)  # held for the light request beside it
     assert not held.turn.done()
-    ticket = Ticket("cy", "m", Api.OLLAMA, 40)
+    ticket = Ticket("cy", "m", Api.OLLAMA, input_tokens=40)
     assert room.room.start_at_once(ticket, room.now) is None
     assert room.room.depth == 1
 
@@ -178,7 +182,14 @@ async def test_background_work_beside_does_not_hold_a_persons_heavy_request() ->
     """The gate keeps a long prefill off people's streams: a title task (light, in the
     background lane) running on the backend does not hold a person's long prompt."""
     room = Room()
-    task = Ticket("bob", "m", Api.OLLAMA, 40, RequestClass.LIGHT, lane=Lane.BACKGROUND)
+    task = Ticket(
+        "bob",
+        "m",
+        Api.OLLAMA,
+        input_tokens=40,
+        request_class=RequestClass.LIGHT,
+        lane=Lane.BACKGROUND,
+    )
     running = room.room.join(task, room.now, asyncio.get_running_loop().create_future())
     room.room.dispatch()
     assert running.turn.done()
@@ -205,7 +216,7 @@ async def test_a_backends_running_count_agrees_with_its_slot_groups_at_every_ste
         else:
             model = chooser.choice(["m1", "m2", "M1:latest", "m3"])
             heavy = RequestClass.HEAVY if chooser.random() < 0.3 else RequestClass.LIGHT
-            ticket = Ticket("ann", model, Api.OLLAMA, 40, heavy)
+            ticket = Ticket("ann", model, Api.OLLAMA, input_tokens=40, request_class=heavy)
             backend = chooser.choice(backends)
             ledger.take(ticket, backend)
             running.append((ticket, backend))
@@ -218,7 +229,7 @@ async def test_a_backends_running_count_agrees_with_its_slot_groups_at_every_ste
 async def test_a_backend_marked_down_or_no_longer_listing_the_model_is_no_longer_chosen() -> None:
     """Who serves a model is remembered between requests, but not past a probe that changes it."""
     room = Room().room
-    ticket = Ticket("ann", "m", Api.OLLAMA, 40)
+    ticket = Ticket("ann", "m", Api.OLLAMA, input_tokens=40)
     (gpu,) = room.pool.backends
     assert room.free_backends(ticket) == [gpu]
     gpu.state.healthy = False  # as the monitor writes it, in place

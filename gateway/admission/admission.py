@@ -21,22 +21,21 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from gateway.admission.holds import HoldStore
+from gateway.admission.holds.base import HoldStore
 from gateway.admission.local import LocalTurns
 from gateway.admission.permit import Permit
-from gateway.admission.refusals import HoldTimer, Refusal, refusal
+from gateway.admission.refusals import REVOKED, HoldTimer, Refusal, refusal, turn_away
 from gateway.admission.replicas import ReplicaHolds
 from gateway.admission.room import WaitingRoom
-from gateway.admission.room_bounds import refuses_unseen
 from gateway.admission.room_snapshot import RoomSnapshot
 from gateway.admission.slot_ledger import decrement, increment
 from gateway.admission.tickets import Ticket
-from gateway.admission.turn_away import REVOKED, turn_away
+from gateway.admission.turns import refuses_unseen
 from gateway.admission.wakeups import Changes, WakeTimer
-from gateway.backends.pool import Backend, BackendPool
-from gateway.config.policy import Policy
-from gateway.core.vocabulary import Api, Lane, Reason
-from gateway.swaps.outcomes import SwapWait
+from gateway.backends import Backend, BackendPool
+from gateway.config import Policy
+from gateway.core import Api, Lane, Reason
+from gateway.swaps import SwapWait
 
 __all__ = ["Admission", "Permit", "Refusal", "Ticket"]
 

@@ -16,13 +16,12 @@ import asyncio
 from dataclasses import replace
 
 from gateway.admission.permit import Issuer, Permit
-from gateway.admission.refusals import HoldTimer, Refusal, Refuse
-from gateway.admission.room_bounds import cannot_start, over_bound
+from gateway.admission.refusals import HoldTimer, Refusal, Refuse, TurnedAway
 from gateway.admission.room_snapshot import position_of
 from gateway.admission.swap_waits import swap_wait
 from gateway.admission.tickets import Ticket, Waiter
-from gateway.admission.turn_away import TurnedAway
-from gateway.core.vocabulary import Lane, Reason
+from gateway.admission.turns import cannot_start, over_bound
+from gateway.core import Lane, Reason
 
 __all__ = ["LocalTurns"]
 

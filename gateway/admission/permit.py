@@ -11,11 +11,11 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Protocol
 
-from gateway.admission.holds import Hold
+from gateway.admission.holds.base import Hold
 from gateway.admission.room import WaitingRoom
 from gateway.admission.tickets import Ticket, Waiter
-from gateway.backends.pool import Backend
-from gateway.swaps.outcomes import Placement
+from gateway.backends import Backend
+from gateway.swaps import Placement
 
 __all__ = ["Issuer", "Permit"]
 

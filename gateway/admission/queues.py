@@ -15,9 +15,8 @@ from collections.abc import Iterator
 
 from gateway.admission.slot_ledger import decrement
 from gateway.admission.tickets import Ticket, Waiter
-from gateway.config.policy import Policy
-from gateway.config.users import Limits
-from gateway.core.vocabulary import BACKGROUND, Lane, Reason
+from gateway.config import Limits, Policy
+from gateway.core import BACKGROUND, Lane, Reason
 
 __all__ = ["UserQueues"]
 

@@ -7,16 +7,17 @@ that could take them. Good enough to keep clients from retrying into the same fu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from gateway.admission.room import WaitingRoom
 from gateway.admission.room_state import RoomState
 from gateway.admission.tickets import Ticket
-from gateway.core.errors import GatewayError, retry_after_header
-from gateway.core.vocabulary import Lane, Reason
-from gateway.swaps.outcomes import SwapWait
+from gateway.core import GatewayError, Lane, Reason, retry_after_header
+from gateway.swaps import SwapWait
 
-__all__ = ["HoldTimer", "Refusal", "Refuse", "refusal"]
+__all__ = ["REVOKED", "HoldTimer", "Refusal", "Refuse", "TurnedAway", "refusal", "turn_away"]
 
 # Until real requests have been timed, assume a reply holds its slot this long.
 _DEFAULT_HOLD_SECONDS = 5.0
@@ -95,3 +96,39 @@ def refusal(
     # In words as well as in Retry-After: chat front ends show the text, not the header.
     message = f"{said}; try again in about {retry_after_header(retry_after)} s"
     return Refusal(reason, message, retry_after)
+
+
+# Turning away requests that already wait: a revoked key, a shutdown, displaced background work.
+#
+# The refusal is set as the exception of the waiter's turn, the future its ``acquire`` awaits
+# (``local.py``), which returns it as the outcome: the request leaves with its 401 or
+# 503 at once rather than at the end of its ``max_wait``. Running requests are not touched:
+# a reload promises that they finish.
+
+
+class TurnedAway(Exception):
+    """The request was refused while it waited (its key was revoked, or a shutdown)."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(refusal.message)
+        self.refusal = refusal
+
+
+REVOKED = Refusal(
+    Reason.KEY_REVOKED,
+    "this key or user was removed from the policy while the request waited",
+    retry_after=0.0,
+    status=401,
+)
+
+
+def turn_away(room: WaitingRoom, refused: Callable[[Ticket], bool], refusal: Refusal) -> None:
+    """Refuse with ``refusal`` every waiting request, of either lane, whose ticket is
+    ``refused``; their places go to whoever waits behind them. (Background work too: a
+    revoked key's title generation must not run later, nor make a shutdown wait.)"""
+    for queue in [*room.waiting.values(), *room.background.values()]:
+        for waiter in list(queue):
+            if not waiter.turn.done() and refused(waiter.ticket):
+                room.leave(waiter)
+                waiter.turn.set_exception(TurnedAway(refusal))
+    room.dispatch()

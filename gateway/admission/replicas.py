@@ -14,12 +14,12 @@ import uuid
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 
-from gateway.admission.holds import Hold, HoldStore, StoreUnavailable
+from gateway.admission.holds.base import Hold, HoldStore, StoreUnavailable
 from gateway.admission.permit import Permit
 from gateway.admission.refusals import Refusal, Refuse
 from gateway.admission.room import WaitingRoom
 from gateway.admission.tickets import Ticket
-from gateway.core.vocabulary import Lane, Reason
+from gateway.core import Lane, Reason
 
 __all__ = ["LocalTurn", "ReplicaHolds"]
 

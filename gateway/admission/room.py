@@ -32,12 +32,10 @@ from gateway.admission.scheduler import Candidate, Fair, Fifo, Ordering
 from gateway.admission.slot_ledger import SlotLedger
 from gateway.admission.tickets import Ticket, Waiter
 from gateway.admission.turns import Offer, free_backends, free_now, next_offer, waits
-from gateway.backends.pool import Backend, BackendPool, model_key
-from gateway.config.policy import Policy
-from gateway.config.users import Limits
-from gateway.core.vocabulary import Lane
-from gateway.swaps.outcomes import Placement
-from gateway.swaps.planner import SwapPlanner
+from gateway.backends import Backend, BackendPool, model_key
+from gateway.config import Limits, Policy
+from gateway.core import Lane
+from gateway.swaps import Placement, SwapPlanner
 
 __all__ = ["QuickYes", "Ticket", "Waiter", "WaitingRoom", "ordering_for"]
 

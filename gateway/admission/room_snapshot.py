@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 from gateway.admission.room_state import RoomState
 from gateway.admission.scheduler import Ordering
 from gateway.admission.tickets import Ticket, Waiter
-from gateway.core.vocabulary import Lane, RequestClass
-from gateway.swaps.outcomes import SwapsSnapshot
-from gateway.swaps.residency import ResidentsSnapshot
+from gateway.core import Lane, RequestClass
+from gateway.swaps import ResidentsSnapshot, SwapsSnapshot
 
 __all__ = [
     "RoomSnapshot",

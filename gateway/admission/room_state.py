@@ -17,10 +17,10 @@ from gateway.admission.queues import UserQueues
 from gateway.admission.scheduler import Ordering
 from gateway.admission.slot_ledger import SlotLedger
 from gateway.admission.tickets import Ticket, Waiter
-from gateway.backends.pool import Backend, BackendPool
-from gateway.config.policy import Policy
-from gateway.core.vocabulary import Lane
-from gateway.swaps.planner import SwapPlanner
+from gateway.backends import Backend, BackendPool
+from gateway.config import Policy
+from gateway.core import Lane
+from gateway.swaps import SwapPlanner
 
 __all__ = ["RoomState"]
 

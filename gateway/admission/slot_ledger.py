@@ -16,8 +16,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 
 from gateway.admission.tickets import Ticket
-from gateway.backends.pool import Backend
-from gateway.core.vocabulary import BACKGROUND
+from gateway.backends import Backend
+from gateway.core import BACKGROUND
 
 __all__ = ["SlotLedger", "decrement", "increment"]
 

@@ -15,10 +15,8 @@ from collections.abc import Mapping
 
 from gateway.admission.room_state import RoomState
 from gateway.admission.tickets import Ticket
-from gateway.backends.pool import Backend, model_key
-from gateway.swaps.outcomes import SwapWait
-from gateway.swaps.planner import SwapPlanner
-from gateway.swaps.victims import load_seconds
+from gateway.backends import Backend, model_key
+from gateway.swaps import SwapPlanner, SwapWait, load_seconds
 
 __all__ = ["swap_wait", "waits"]
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from gateway.admission.scheduler import Candidate
-from gateway.backends.pool import Backend
-from gateway.core.vocabulary import Api, Lane, RequestClass
-from gateway.swaps.outcomes import RESIDENT, Placement
+from gateway.backends import Backend
+from gateway.core import Api, Lane, RequestClass
+from gateway.swaps import RESIDENT, Placement
 
 __all__ = ["Ticket", "Waiter"]
 
@@ -35,9 +35,9 @@ class _TicketFields(NamedTuple):
 class Ticket(_TicketFields):
     """What admission needs to know about a request.
 
-    Immutable, as the frozen dataclass it was, but a tuple: one is made for every request,
-    and a frozen dataclass sets each of its ten fields through ``object.__setattr__`` (2 us
-    of the request's path, where this takes 0.4)."""
+    Immutable, and a tuple: one is made for every request, and a tuple is built in one
+    step where a frozen dataclass sets each field through ``object.__setattr__``. Built by
+    keyword beyond who, what and which API."""
 
     __slots__ = ()
 
@@ -46,6 +46,7 @@ class Ticket(_TicketFields):
         user: str,
         model: str,
         api: Api,
+        *,
         input_tokens: float = 0.0,
         request_class: RequestClass = RequestClass.LIGHT,
         class_weight: float = 1.0,

@@ -2,15 +2,15 @@
 a lane the ordering picks among those that could go.
 
 A request may start on a backend that serves it where its slot group has a free slot; a
-heavy request also needs a free heavy slot and an open prefill gate (``admission/prefill_gate.py``),
-a background request a free background slot and no person waiting for that backend; on
-Ollama, memory must hold its model (``swaps/planner.py``). Each user offers its first request
+heavy request also needs a free heavy slot and an open prefill gate (``prefill_gate.py``), a
+background request a free background slot and no person waiting for that backend; on Ollama,
+memory must hold its model (``gateway.swaps``). Each user offers its first request
 that could go (a person's request also when a swap would make room for it), and the
 ordering (FIFO or fair) chooses among the offers.
 
-Questions put to a ``WaitingRoom``, as ``admission/room_snapshot.py`` puts its own: they change no
-count of the room (only the prefill gate notes since when a heavy request is held). The
-room acts on the answers: it plans the swap, or starts the chosen request.
+Questions put to the room's state (``RoomState``), with the room's bounds at the end: they
+change no count of the room (only the prefill gate notes since when a heavy request is
+held). The room acts on the answers: it plans the swap, or starts the chosen request.
 """
 
 from __future__ import annotations
@@ -21,11 +21,20 @@ from dataclasses import dataclass
 
 from gateway.admission.room_state import RoomState
 from gateway.admission.tickets import Ticket, Waiter
-from gateway.backends.pool import Backend, model_key
-from gateway.core.vocabulary import BACKGROUND, Lane
+from gateway.backends import Backend, model_key
+from gateway.core import BACKGROUND, Lane, Reason
 
-__all__ = ["Offer", "free_backends", "free_now", "free_to_start", "next_offer", "waits"]
-
+__all__ = [
+    "Offer",
+    "cannot_start",
+    "free_backends",
+    "free_now",
+    "free_to_start",
+    "next_offer",
+    "over_bound",
+    "refuses_unseen",
+    "waits",
+]
 
 _NOBODY: frozenset[str] = frozenset()
 
@@ -184,3 +193,42 @@ def _heavy_may_start(room: RoomState, backend: Backend, model: str) -> bool:
     light_running = room.slots.people_light[group]
     wait = room.policy.classes.heavy.wait_for_light
     return room.gate.may_start(group, light_running, wait, room.clock())
+
+
+# The waiting room's bounds: which one a request would pass, asked before it joins the
+# room, as it joins, and before its body is even read (the quick no). What a full room
+# refuses, and when a person's request is let in all the same (background work gives way),
+# reads here in one place; the refusal's words and its Retry-After are ``refusals.py``'s.
+
+
+def over_bound(room: RoomState, user: str, lane: Lane, joining: bool) -> Reason | None:
+    """Which bound the room passes with this request in it (``joining``: not yet)."""
+    return room.lines.over_bound(user, lane, extra=1 if joining else 0)
+
+
+def cannot_start(room: RoomState, ticket: Ticket) -> bool:
+    """Whether a request arriving now would have to wait."""
+    return room.lines.at_cap(ticket.user, ticket.lane) or not free_backends(room, ticket)
+
+
+def refuses_unseen(room: RoomState, user: str, lanes: tuple[Lane, ...]) -> Reason | None:
+    """The bound a request of ``user`` would pass, when it would pass it whatever its
+    body says: the user's own places are all taken, or no backend has a free slot.
+    Checked before the body is read, so a user at cap cannot make the gateway read,
+    and hold, body after body only to refuse each. Requests of the user still reading
+    their bodies count as waiting. ``lanes``: those the request may turn out to be in
+    (its lane may depend on its prompt); only what every one of them would refuse."""
+    first = _refuses_unseen_in(room, user, lanes[0])
+    if first is None or not all(_refuses_unseen_in(room, user, lane) for lane in lanes[1:]):
+        return None
+    return first
+
+
+def _refuses_unseen_in(room: RoomState, user: str, lane: Lane) -> Reason | None:
+    lines = room.lines
+    if not lines.at_cap(user, lane) and room.slots.has_free_slot(room.pool.backends):
+        return None  # it may start at once, whatever its waiting would pass: asked first
+    reason = lines.over_bound(user, lane, extra=1 + lines.arriving.get(user, 0))
+    if reason is Reason.GATEWAY_BUSY and lane is Lane.INTERACTIVE and lines.background:
+        return None  # a person's request would displace background work
+    return reason

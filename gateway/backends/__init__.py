@@ -1,6 +1,7 @@
 """The inference servers behind the gateway: their state, their health, and routing."""
 
 from gateway.backends.pool import (
+    OLLAMA_AUTOMATIC_MAX_LOADED,
     Backend,
     BackendPool,
     BackendState,
@@ -9,6 +10,12 @@ from gateway.backends.pool import (
     model_key,
 )
 
-# The monitor and the probes (HTTP) are imported from their own modules, so that routing
-# (the pool) can be used without loading the HTTP client.
-__all__ = ["Backend", "BackendPool", "BackendState", "BackendStates", "LoadedModel", "model_key"]
+__all__ = [
+    "OLLAMA_AUTOMATIC_MAX_LOADED",
+    "Backend",
+    "BackendPool",
+    "BackendState",
+    "BackendStates",
+    "LoadedModel",
+    "model_key",
+]

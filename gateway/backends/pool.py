@@ -6,9 +6,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from gateway.config.backends import BackendConfig
-from gateway.config.base import model_key
-from gateway.core.vocabulary import Api
+from gateway.config import BackendConfig, model_key
+from gateway.core import Api
 
 __all__ = [
     "OLLAMA_AUTOMATIC_MAX_LOADED",

@@ -20,11 +20,17 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from gateway.config.environment_file import EnvironmentFileError, read_environment_file
-from gateway.config.policy import PolicyError, load_policy
-from gateway.config.problems import environment
-from gateway.config.settings import settings_errors, settings_from, unknown_variables
-from gateway.config.users import KeyVariables
+from gateway.config import (
+    EnvironmentFileError,
+    KeyVariables,
+    PolicyError,
+    environment,
+    load_policy,
+    read_environment_file,
+    settings_errors,
+    settings_from,
+    unknown_variables,
+)
 
 __all__ = ["add_check_arguments"]
 

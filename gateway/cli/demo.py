@@ -11,10 +11,8 @@ import aiohttp
 
 from fairsim import SimConfig, Simulator
 from gateway.app import bound_url, create_app, start_server
-from gateway.config.backends import BackendConfig
-from gateway.config.policy import Policy
-from gateway.config.settings import IN_MEMORY, Settings
-from gateway.core.logs import configure_logging
+from gateway.config import IN_MEMORY, BackendConfig, Policy, Settings
+from gateway.core import configure_logging
 
 __all__ = ["run_demo"]
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import structlog
 
-from gateway.config.policy import Policy
+from gateway.config import Policy
 
 __all__ = ["EXAMPLE_KEYS", "example_keys_in", "listen_problem", "warn_about_example_keys"]
 

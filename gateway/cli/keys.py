@@ -16,7 +16,7 @@ import sys
 
 import yaml
 
-from gateway.config.users import UNKNOWN, hashed_key
+from gateway.config import UNKNOWN, hashed_key
 
 __all__ = ["add_keys_arguments", "new_key"]
 

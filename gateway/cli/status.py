@@ -17,8 +17,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from gateway.core.logs import printable
-from gateway.core.sizes import format_size
+from gateway.core import format_size, printable
 
 __all__ = ["add_status_arguments", "duration_text", "render_text", "run_status", "table"]
 

@@ -23,16 +23,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from gateway.cli.status import duration_text, table
-from gateway.config.settings import Settings, settings_errors
-from gateway.core.calendar import Calendar, zone_named
-from gateway.usage.stores import (
-    RedisUsage,
-    RefusalRow,
-    SqliteUsage,
-    StoreError,
-    UsageRow,
-    UsageStore,
-)
+from gateway.config import Settings, settings_errors
+from gateway.core import Calendar, zone_named
+from gateway.usage import RedisUsage, RefusalRow, SqliteUsage, StoreError, UsageRow, UsageStore
 
 __all__ = ["Line", "add_usage_arguments", "report", "run_usage"]
 

@@ -1,1 +1,72 @@
 """config."""
+
+from gateway.config.backends import BackendConfig
+from gateway.config.base import model_key
+from gateway.config.budgets import Budget
+from gateway.config.cors import CorsPolicy
+from gateway.config.environment_file import EnvironmentFileError, read_environment_file
+from gateway.config.lanes import PRESETS, Lanes
+from gateway.config.models import MIN_NUM_CTX, NumCtxPolicy
+from gateway.config.network import ANY_HOST, ForwardedHeader, is_host_name
+from gateway.config.policy import (
+    KeepAlivePolicy,
+    Policy,
+    PolicyError,
+    Timeouts,
+    Warmth,
+    load_policy,
+)
+from gateway.config.problems import environment
+from gateway.config.settings import (
+    IN_MEMORY,
+    Settings,
+    describe_settings,
+    settings_errors,
+    settings_from,
+    unknown_variables,
+)
+from gateway.config.tuning import Monitoring
+from gateway.config.users import (
+    ANONYMOUS,
+    PERSON_SEPARATOR,
+    UNKNOWN,
+    KeyVariables,
+    Limits,
+    hashed_key,
+)
+
+__all__ = [
+    "ANONYMOUS",
+    "ANY_HOST",
+    "IN_MEMORY",
+    "MIN_NUM_CTX",
+    "PERSON_SEPARATOR",
+    "PRESETS",
+    "UNKNOWN",
+    "BackendConfig",
+    "Budget",
+    "CorsPolicy",
+    "EnvironmentFileError",
+    "ForwardedHeader",
+    "KeepAlivePolicy",
+    "KeyVariables",
+    "Lanes",
+    "Limits",
+    "Monitoring",
+    "NumCtxPolicy",
+    "Policy",
+    "PolicyError",
+    "Settings",
+    "Timeouts",
+    "Warmth",
+    "describe_settings",
+    "environment",
+    "hashed_key",
+    "is_host_name",
+    "load_policy",
+    "model_key",
+    "read_environment_file",
+    "settings_errors",
+    "settings_from",
+    "unknown_variables",
+]

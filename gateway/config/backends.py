@@ -14,8 +14,7 @@ from pydantic import Field, field_validator, model_validator
 
 from gateway.config.base import Strict
 from gateway.config.problems import problem_at
-from gateway.core.sizes import Size
-from gateway.core.units import Duration
+from gateway.core import Duration, Size
 
 __all__ = ["BackendConfig", "check_backends"]
 

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from gateway.core.units import parse_duration
+from gateway.core import parse_duration
 
 __all__ = ["UNLIMITED", "Budget", "BudgetConfig", "merged_budget"]
 

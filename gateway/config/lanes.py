@@ -14,8 +14,7 @@ from pydantic import Field, field_validator
 from gateway.config.base import HeaderName, SlotShare, Strict, model_key, slots_on
 from gateway.config.problems import problem_at
 from gateway.config.users import PERSON_SEPARATOR
-from gateway.core.units import Duration
-from gateway.core.vocabulary import GENERATION_PATHS, Lane
+from gateway.core import GENERATION_PATHS, Duration, Lane
 
 __all__ = ["PRESETS", "BackgroundLane", "InteractiveLane", "LaneRule", "Lanes"]
 

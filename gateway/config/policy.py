@@ -36,7 +36,7 @@ from gateway.config.users import (
     check_users,
 )
 from gateway.config.yaml_reader import PolicyError, read_yaml
-from gateway.core.vocabulary import Lane
+from gateway.core import Lane
 
 # BackendConfig, KeepAlivePolicy, Timeouts, Warmth re-exported: proxy, pump, relay, warmth use them.
 __all__ = [

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pydantic import ConfigDict, Field
 
 from gateway.config.base import SlotShare, Strict, Weight, slots_on
-from gateway.core.units import Duration
+from gateway.core import Duration
 
 __all__ = ["Classes", "Costs", "HeavyClass", "QueueConfig"]
 

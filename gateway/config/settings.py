@@ -15,7 +15,7 @@ from typing import Any, Literal, get_args, get_origin
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from gateway.core.calendar import zone_named
+from gateway.core import zone_named
 
 __all__ = [
     "IN_MEMORY",

@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import Field
 
 from gateway.config.base import Strict
-from gateway.core.units import Duration
+from gateway.core import Duration
 
 __all__ = ["KeepAlivePolicy", "Monitoring", "RedisPolicy", "Timeouts", "Warmth"]
 

@@ -1,4 +1,7 @@
-"""Errors in each API's own shape, decided in this one place.
+"""Errors in each API's own shape, decided in this one place: the body and the headers.
+
+The edge turns them into HTTP (``gateway.edge.access_log.error_response``), and the relay
+into a reply's last event when its bytes have begun (``inband_error``).
 
 Ollama answers ``{"error": "..."}``; the OpenAI API answers
 ``{"error": {"message", "type", "code"}}``; Anthropic's Messages API answers
@@ -20,6 +23,7 @@ __all__ = [
     "BackendFailure",
     "GatewayError",
     "error_body",
+    "error_headers",
     "inband_error",
     "retry_after_header",
     "shutting_down",
@@ -92,6 +96,22 @@ def error_body(api: Api, status: int, reason: Reason, message: str) -> bytes:
         return json.dumps(_anthropic_error(status, message)).encode()
     kind = _OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
     return json.dumps({"error": {"message": message, "type": kind, "code": reason}}).encode()
+
+
+_WORTH_WAITING = 60.0  # seconds: a client may well wait for a minute's budget to renew
+
+
+def error_headers(error: GatewayError) -> dict[str, str]:
+    """The headers a refusal carries beside its body."""
+    headers = {}
+    if error.retry_after is not None:
+        headers["Retry-After"] = retry_after_header(error.retry_after)
+        if error.status == 429 and error.retry_after > _WORTH_WAITING:
+            # The anthropic SDK sleeps through any Retry-After before it tries again (a
+            # budget that renews at midnight: hours), the openai SDK tries again at once:
+            # both obey this header, and the 429's text says when the budget renews.
+            headers["X-Should-Retry"] = "false"
+    return headers
 
 
 def retry_after_header(seconds: float) -> str:

@@ -1,4 +1,5 @@
-"""Durations as admins and Ollama write them: ``30s``, ``5m``, ``1h30m``, ``250ms``, or seconds.
+"""Units as admins and Ollama write them: durations (``30s``, ``5m``, ``1h30m``, ``250ms``,
+or seconds) and sizes (``24GiB``, ``8GB``, or bytes).
 
 Ollama's ``keep_alive`` uses Go's duration syntax and treats a negative value as "forever"
 (https://github.com/ollama/ollama/blob/main/docs/faq.md), so negative values are kept as they are.
@@ -16,11 +17,21 @@ from __future__ import annotations
 import functools
 import json
 import re
+from fractions import Fraction
 from typing import Annotated
 
 from pydantic import BeforeValidator
 
-__all__ = ["Duration", "fits_go_duration", "parse_duration", "parse_go_duration"]
+__all__ = [
+    "Duration",
+    "Size",
+    "fits_go_duration",
+    "format_size",
+    "parse_duration",
+    "parse_go_duration",
+    "parse_size",
+    "whole_seconds",
+]
 
 _LONGEST_GO_DURATION = 2**63 / 1e9  # seconds: time.Duration is an int64 of nanoseconds
 
@@ -105,3 +116,41 @@ def parse_duration(value: object) -> float:
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 """A duration in seconds that also accepts ``30s``-style strings in the YAML."""
+
+
+# Sizes as admins write them: ``24GiB``, ``512MiB``, ``8GB`` or a count of bytes.
+#
+# ``G`` alone is 1024-based, as llama.cpp and Docker read it; ``GB`` is 1000-based.
+
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)(b?)", re.IGNORECASE)
+
+
+def parse_size(value: object) -> int:
+    """Bytes from ``6GiB``, ``512MiB``, ``6GB`` (1000-based), ``6G`` (1024-based) or a
+    whole number; ValueError otherwise."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    match = _SIZE.fullmatch(value.strip()) if isinstance(value, str) else None
+    if match is None:
+        raise ValueError(f"{value!r} is not a size such as 24GiB, 512MiB or 8GB")
+    number, unit, binary, byte = match.groups()
+    power = "kmgt".index(unit.lower()) + 1 if unit else 0
+    base = 1000 if byte and not binary and unit else 1024
+    return int(Fraction(number) * base**power)
+
+
+def format_size(size: float) -> str:
+    """``23.4 GiB``: bytes as an admin reads them."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(size) >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size:.0f} B"
+
+
+Size = Annotated[int, BeforeValidator(parse_size)]
+"""Bytes that also accept ``24GiB``-style strings in the YAML."""
+
+
+def whole_seconds(value: float) -> int | float:
+    """Seconds as Ollama reads a number of them; whole numbers keep the JSON tidy."""
+    return int(value) if float(value).is_integer() else value

@@ -17,23 +17,25 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 from multidict import istr
 
-from gateway.core.errors import GatewayError, error_body, retry_after_header, shutting_down
-from gateway.core.logs import REQUEST_ID, info_writer, printable
-from gateway.core.vocabulary import Api, Reason, api_of
+from gateway.core import (
+    REQUEST_ID,
+    Api,
+    GatewayError,
+    Reason,
+    api_of,
+    error_body,
+    error_headers,
+    info_writer,
+    printable,
+    shutting_down,
+)
 from gateway.edge.connection_handler import ARRIVED
 from gateway.edge.connections import Connections
 from gateway.edge.cors import Cors
 from gateway.edge.forwarded import Client
-from gateway.edge.record import RECORD, Listener, RequestRecord
+from gateway.edge.record import RECORD, RecordListener, RequestRecord
 
-__all__ = [
-    "RECORD",
-    "X_REQUEST_ID",
-    "Listener",
-    "RequestRecord",
-    "access_log",
-    "error_response",
-]
+__all__ = ["X_REQUEST_ID", "access_log", "error_response"]
 
 _LOGGER_NAME = "fairgate.access"
 log = structlog.get_logger(_LOGGER_NAME)
@@ -41,24 +43,13 @@ log = structlog.get_logger(_LOGGER_NAME)
 Locate = Callable[[web.Request], Client]
 
 
-_WORTH_WAITING = 60.0  # seconds: a client may well wait for a minute's budget to renew
-
-
 def error_response(api: Api, error: GatewayError) -> web.Response:
-    """The one place where the gateway's own refusals become HTTP."""
-    headers = {}
-    if error.retry_after is not None:
-        headers["Retry-After"] = retry_after_header(error.retry_after)
-        if error.status == 429 and error.retry_after > _WORTH_WAITING:
-            # The anthropic SDK sleeps through any Retry-After before it tries again (a
-            # budget that renews at midnight: hours), the openai SDK tries again at once:
-            # both obey this header, and the 429's text says when the budget renews.
-            headers["X-Should-Retry"] = "false"
+    """A refusal as HTTP, its body and headers as ``gateway.core.errors`` shapes them."""
     return web.Response(
         status=error.status,
         body=error_body(api, error.status, error.reason, error.message),
         content_type="application/json",
-        headers=headers,
+        headers=error_headers(error),
     )
 
 
@@ -84,7 +75,7 @@ def _new_id() -> str:
 
 
 def access_log(
-    listeners: list[Listener], locate: Locate, connections: Connections, cors: Cors
+    listeners: list[RecordListener], locate: Locate, connections: Connections, cors: Cors
 ) -> Middleware:
     """The gateway's one middleware. It places the client (``locate``: behind trusted
     proxies), names the request in the logs, counts it on its connection (``connections``:

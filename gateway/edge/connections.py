@@ -28,8 +28,8 @@ import structlog
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from gateway.config.settings import Settings
-from gateway.core.errors import shutting_down
+from gateway.config import Settings
+from gateway.core import shutting_down
 from gateway.edge.connection_handler import STARTS_PER_TURN, ConnectionHandler, Starts
 from gateway.edge.hot_routes import HOT_PATHS, HotRoutes
 

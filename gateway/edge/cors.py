@@ -31,9 +31,8 @@ import structlog
 from aiohttp import hdrs, web
 from multidict import CIMultiDict
 
-from gateway.config.cors import CorsPolicy
-from gateway.core.errors import GatewayError
-from gateway.core.vocabulary import Reason
+from gateway.config import CorsPolicy
+from gateway.core import GatewayError, Reason
 from gateway.edge.identity import Caller
 
 __all__ = ["Cors", "without_cors"]

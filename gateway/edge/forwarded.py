@@ -24,7 +24,7 @@ from functools import lru_cache
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address
 from typing import Protocol
 
-from gateway.config.network import ForwardedHeader
+from gateway.config import ForwardedHeader
 
 __all__ = ["FORWARDING_HEADERS", "Client", "ProxyTrust", "address_of"]
 

@@ -23,10 +23,8 @@ from functools import lru_cache
 
 import structlog
 
-from gateway.config.network import ANY_HOST, is_host_name
-from gateway.core.errors import GatewayError
-from gateway.core.logs import printable
-from gateway.core.vocabulary import Reason
+from gateway.config import ANY_HOST, is_host_name
+from gateway.core import GatewayError, Reason, printable
 
 __all__ = ["names_gateway", "refuse_unknown_host"]
 

@@ -13,10 +13,8 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gateway.config.policy import Policy
-from gateway.config.users import ANONYMOUS, PERSON_SEPARATOR
-from gateway.core.errors import GatewayError
-from gateway.core.vocabulary import Reason
+from gateway.config import ANONYMOUS, PERSON_SEPARATOR, Policy
+from gateway.core import GatewayError, Reason
 from gateway.edge.forwarded import Address, ProxyTrust, address_of
 
 if TYPE_CHECKING:  # the core loads without the web stack (test_vocabulary)

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from gateway.core.vocabulary import Lane, Reason, RequestClass
+from gateway.core import Lane, Reason, RequestClass
 from gateway.edge.forwarded import Client
 
-__all__ = ["NOWHERE", "RECORD", "Listener", "Progress", "RequestRecord"]
+__all__ = ["NOWHERE", "RECORD", "Progress", "RecordListener", "RequestRecord"]
 
 
 @dataclass(slots=True)
@@ -119,4 +119,4 @@ class RequestRecord:
 
 
 RECORD = web.RequestKey("record", RequestRecord)
-Listener = Callable[[RequestRecord], None]
+RecordListener = Callable[[RequestRecord], None]

@@ -25,12 +25,17 @@ from aiohttp import hdrs, web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
-from gateway.core.errors import GatewayError
-from gateway.core.vocabulary import Reason
-from gateway.wire.ambiguity import AmbiguousField, NotAnObject, canonical_keys, load_checked
-from gateway.wire.json_counts import TooManyValues
-from gateway.wire.json_decode import TooManyObjects
-from gateway.wire.ollama_fields import field_type_error, option_type_error
+from gateway.core import GatewayError, Reason
+from gateway.wire import (
+    AmbiguousField,
+    NotAnObject,
+    TooManyObjects,
+    TooManyValues,
+    canonical_keys,
+    field_type_error,
+    load_checked,
+    option_type_error,
+)
 
 __all__ = [
     "ON_LOOP_BYTES",

@@ -21,10 +21,10 @@ from typing import Any
 
 import orjson
 
-from gateway.config.policy import Policy
-from gateway.core.vocabulary import RequestClass
+from gateway.config import Policy
+from gateway.core import RequestClass
 from gateway.intake.load_options import num_ctx_of
-from gateway.wire.ambiguity import canonical_keys
+from gateway.wire import canonical_keys
 
 __all__ = ["Estimate", "classify"]
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.config.lanes import PRESETS, Lanes
-from gateway.core.vocabulary import Lane
-from gateway.wire.ambiguity import canonical_keys
+from gateway.config import PRESETS, Lanes
+from gateway.core import Lane
+from gateway.wire import canonical_keys
 
 __all__ = ["lane_from_header", "lane_of", "possible_lanes"]
 

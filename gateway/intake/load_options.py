@@ -1,5 +1,6 @@
-"""The options Ollama fixes when it loads a model, read from a request body as Ollama reads
-them, and the admin's say over them.
+"""The options Ollama fixes when it loads a model (``num_ctx``) or that decide how long it
+stays loaded (``keep_alive``), read from a request body as Ollama reads them, and the
+admin's say over them.
 
 Ollama starts a model's runner with the request's ``num_ctx`` (one of the ``api.Runner``
 options); a request whose ``num_ctx`` differs from the loaded runner's reloads the model,
@@ -13,13 +14,30 @@ from __future__ import annotations
 
 from typing import Any, Literal, TypeGuard
 
-from gateway.config.models import MIN_NUM_CTX, NumCtxPolicy
-from gateway.core.errors import GatewayError
-from gateway.core.vocabulary import Reason
+from gateway.backends import model_key
+from gateway.config import MIN_NUM_CTX, BackendConfig, KeepAlivePolicy, NumCtxPolicy, Policy
+from gateway.core import GatewayError, Reason, fits_go_duration, parse_go_duration, whole_seconds
 
-__all__ = ["apply_num_ctx_policy", "num_ctx_of"]
+__all__ = [
+    "apply_keep_alive_policy",
+    "apply_load_policy",
+    "apply_num_ctx_policy",
+    "kept_alive",
+    "num_ctx_of",
+]
 
 _INT64 = 2**63
+# Go's longest duration, spelt out, is 25 characters ("-2562047h47m16.854775807s").
+_LONGEST_KEEP_ALIVE = 64
+
+
+def apply_load_policy(fields: dict[str, Any], policy: Policy, model: str) -> bool:
+    """The keep_alive and num_ctx rules applied to an Ollama body in place; True when it
+    changed. Both are applied before the one re-encoding, so that what they checked is
+    what Ollama reads."""
+    kept = kept_alive(policy.backends, model)
+    changed = apply_keep_alive_policy(fields, policy.keep_alive, kept)
+    return apply_num_ctx_policy(fields, policy.num_ctx_for(model)) or changed
 
 
 def num_ctx_of(fields: dict[str, Any]) -> int | None:
@@ -77,3 +95,104 @@ def _wanted(asked: int | None, rules: NumCtxPolicy) -> int | Literal["default"] 
     if rules.min is not None and asked < rules.min:
         return rules.min
     return asked
+
+
+def apply_keep_alive_policy(
+    fields: dict[str, Any], rules: KeepAlivePolicy, kept: float | None = None
+) -> bool:
+    """Clamp or override ``fields["keep_alive"]`` in place; True when the body changed.
+
+    ``kept`` (``kept_alive``): a model the policy keeps loaded is protected from a
+    client's shorter keep_alive, a ``0`` above all, which would unload it for everybody."""
+    given = fields.get("keep_alive")
+    if given is None and rules.override is None and kept is None:
+        return False  # nothing asked, nothing imposed: most requests, on their first byte's path
+    wanted = _wanted_keep_alive(given, rules)
+    if kept is not None:
+        wanted = _protected(given if wanted is None else wanted, kept) or wanted
+    if wanted is None:
+        return False
+    fields["keep_alive"] = whole_seconds(wanted)
+    return True
+
+
+def kept_alive(backends: list[BackendConfig], model: str) -> float | None:
+    """How long ``model`` must stay loaded after a request: forever (-1) when a backend
+    holds it ``resident``, the longest keep-warm ``keep_alive`` when one keeps it warm."""
+    key, floors = "", []
+    for backend in backends:
+        if not backend.resident and not backend.keep_warm:  # most: nothing kept
+            continue
+        key = key or model_key(model)  # only then: on every request's path
+        if key in map(model_key, backend.resident):
+            return -1.0
+        if key in map(model_key, backend.keep_warm):
+            floors.append(backend.keep_alive)
+    if not floors:
+        return None
+    return -1.0 if min(floors) < 0 else max(floors)
+
+
+def _protected(given: object, kept: float) -> float | None:
+    """The keep_alive that keeps the model loaded for ``kept``, or None if ``given`` does.
+
+    Pinned (``kept`` negative): always -1, as a request without keep_alive leaves the
+    runner's, which a load without one sets to Ollama's 5 minutes. Kept warm: only a
+    shorter one is raised; without one the runner keeps the keep-warm pings' value."""
+    asked = _asked(given)
+    if kept < 0:
+        return None if asked is not None and asked < 0 else kept
+    return kept if asked is not None and 0 <= asked < kept else None
+
+
+def _wanted_keep_alive(given: object, rules: KeepAlivePolicy) -> float | None:
+    """The keep_alive to send instead of ``given``, or None to leave the request alone."""
+    if rules.override is not None:
+        return rules.override
+    asked = _asked(given)
+    if asked is None:
+        return None
+    forever = asked < 0
+    if rules.max is not None and (forever or asked > rules.max):
+        return rules.max
+    if rules.min is not None and not forever and asked < rules.min:
+        return rules.min
+    return None
+
+
+def _asked(given: object) -> float | None:
+    """The client's keep_alive in seconds; None when absent or malformed: Ollama answers
+    those itself (a string longer than Go's durations too: ``time.ParseDuration`` refuses it).
+
+    A number that long is refused here (400): Ollama does not refuse it but overflows it
+    (``Duration.UnmarshalJSON``), to "unload when idle" on amd64 and to its "forever" on
+    arm64. Read as "very long" it would pass ``min``, and a ``keep_warm`` model would not be
+    raised, while Ollama unloaded it for everybody; read as either of Ollama's meanings it
+    would depend on the backend's CPU. Refused, nothing is forwarded, so no rule and no kept
+    model depends on it; and the client learns that -1 says "forever"."""
+    if given is None or isinstance(given, bool) or not isinstance(given, int | float | str):
+        return None
+    if isinstance(given, str):
+        if len(given) > _LONGEST_KEEP_ALIVE:
+            # Parsed on the event loop in time that grows with its square: a client's
+            # 32 MiB of "1s" (valid Go) would hold every stream for hours.
+            raise GatewayError(
+                400,
+                Reason.BAD_REQUEST,
+                f"keep_alive is {len(given):,} characters long; a duration such as 5m or "
+                f"24h is at most {_LONGEST_KEEP_ALIVE}",
+            )
+        try:
+            return parse_go_duration(given)
+        except ValueError:
+            return None
+    if given < 0:
+        return -1.0  # forever, however large
+    if not fits_go_duration(given):
+        raise GatewayError(
+            400,
+            Reason.BAD_REQUEST,
+            "keep_alive is longer than Ollama's durations can hold (about 292 years): "
+            "use -1 to keep the model loaded",
+        )
+    return float(given)

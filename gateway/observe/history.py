@@ -17,8 +17,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gateway.core.vocabulary import REFUSALS, Reason
-from gateway.edge.record import RequestRecord
+from gateway.core import REFUSALS, Reason
+from gateway.edge import RequestRecord
 
 __all__ = ["History", "HistorySnapshot", "MinuteFigures", "RecentRefusal"]
 

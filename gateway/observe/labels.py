@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from gateway.backends import BackendState, model_key
-from gateway.config.users import ANONYMOUS, UNKNOWN
+from gateway.config import ANONYMOUS, UNKNOWN
 from gateway.reload import LivePolicy, PolicyView
 
 __all__ = ["OTHER", "MetricLabels", "add_merged"]

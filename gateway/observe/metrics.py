@@ -20,9 +20,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from gateway.core.vocabulary import REFUSALS, Lane, Reason, RequestClass
-from gateway.edge.host_names import names_gateway, refuse_unknown_host
-from gateway.edge.record import RequestRecord
+from gateway.core import REFUSALS, Lane, Reason, RequestClass
+from gateway.edge import RequestRecord, names_gateway, refuse_unknown_host
 from gateway.observe.counts import LabelledCounts, LabelledHistogram
 from gateway.observe.labels import MetricLabels, add_merged
 from gateway.observe.model_families import model_families

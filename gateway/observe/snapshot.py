@@ -10,16 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gateway.admission.holds import HoldStore
-from gateway.admission.room_snapshot import RoomSnapshot
-from gateway.backends.pool import Backend, BackendPool
-from gateway.backends.warmth import WarmthSnapshot
-from gateway.config.policy import Policy
+from gateway.admission import HoldStore, RoomSnapshot
+from gateway.backends import Backend, BackendPool
+from gateway.backends.watch import WarmthSnapshot
+from gateway.config import Policy
 from gateway.observe.history import HistorySnapshot
 from gateway.reload import ReloadSnapshot
-from gateway.swaps.residency import ResidentsSnapshot
-from gateway.usage.budgets import BudgetState
-from gateway.usage.stores import Tally
+from gateway.swaps import ResidentsSnapshot
+from gateway.usage import BudgetState, Tally
 
 __all__ = [
     "BackendSnapshot",
@@ -126,11 +124,11 @@ class GatewaySnapshot:
 
 def take(
     pool: BackendPool,
+    *,
     room: RoomSnapshot,
     warmth: WarmthSnapshot,
     holds: HoldStore | None,
     reloads: ReloadSnapshot,
-    *,
     policy: Policy | None = None,
     hold_seconds: float = 0.0,
     history: HistorySnapshot | None = None,

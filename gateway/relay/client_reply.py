@@ -25,8 +25,7 @@ from aiohttp.http_writer import StreamWriter
 from aiohttp.web_response import REASON_PHRASES
 from multidict import CIMultiDict
 
-from gateway.edge.headers import decoded, returned_pairs
-from gateway.edge.reply_headers import put
+from gateway.edge import decoded, put, returned_pairs
 from gateway.relay.upstream_reply import Reply
 
 __all__ = ["Relayed", "start"]

@@ -26,11 +26,11 @@ import structlog
 from aiohttp import web
 from aiohttp.http_writer import StreamWriter
 
-from gateway.config.policy import Timeouts
-from gateway.core.vocabulary import Reason
-from gateway.edge.record import Progress
+from gateway.config import Timeouts
+from gateway.core import Reason
+from gateway.edge import Progress
 from gateway.relay.upstream_reply import Reply
-from gateway.wire.tallies import TALLY_WINDOW, FinalCounts, TokenEvents, final_counts
+from gateway.wire import TALLY_WINDOW, FinalCounts, TokenEvents, final_counts
 
 __all__ = ["pump"]
 

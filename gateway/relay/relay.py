@@ -18,18 +18,15 @@ import structlog
 from aiohttp import web
 from multidict import CIMultiDict
 
-from gateway.config.policy import Timeouts
-from gateway.core.errors import BackendFailure, GatewayError, error_body, inband_error
-from gateway.core.vocabulary import Reason, api_of
-from gateway.edge.headers import forwarded_headers
-from gateway.edge.record import Progress
-from gateway.edge.reply_headers import ReplyHeaders
+from gateway.config import Timeouts
+from gateway.core import BackendFailure, GatewayError, Reason, api_of, inband_error
+from gateway.edge import Progress, ReplyHeaders, error_response, forwarded_headers
 from gateway.relay.client_reply import start
 from gateway.relay.pump import pump
 from gateway.relay.upstream_client import BackendClient, ConnectTimeout
 from gateway.relay.upstream_connection import UpstreamError
 from gateway.relay.upstream_reply import Reply
-from gateway.wire.tallies import TokenEvents
+from gateway.wire import TokenEvents
 
 __all__ = ["Interrupted", "Relay", "Target"]
 
@@ -205,8 +202,8 @@ async def _open(
             target.url,
             headers,
             body,
-            timeouts.connect,
-            timeouts.first_byte,
+            connect_timeout=timeouts.connect,
+            first_byte=timeouts.first_byte,
             close=target.close_connection,
             sent=sent,
             arrived=arrived,
@@ -291,11 +288,8 @@ async def _wrapped_error(request: web.Request, upstream: Reply, first: bytes) ->
         excerpt=excerpt.decode("utf-8", "replace"),
     )
     message = f"the backend answered {upstream.status} {upstream.reason or ''}".rstrip()
-    return web.Response(
-        status=upstream.status,
-        body=error_body(api_of(request.path), upstream.status, Reason.BACKEND_FAILED, message),
-        content_type="application/json",
-    )
+    error = GatewayError(upstream.status, Reason.BACKEND_FAILED, message)
+    return error_response(api_of(request.path), error)
 
 
 async def _fail_inband(

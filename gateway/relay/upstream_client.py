@@ -124,6 +124,7 @@ class BackendClient:
         url: str,
         headers: Headers,
         body: bytes | None,
+        *,
         connect_timeout: float,
         first_byte: float,
         close: bool = False,

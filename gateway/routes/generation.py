@@ -10,26 +10,29 @@ from dataclasses import replace
 import structlog
 from aiohttp import web
 
-from gateway.admission.admission import Permit, Refusal, Ticket
-from gateway.admission.turn_away import REVOKED
+from gateway.admission import REVOKED, Permit, Refusal, Ticket
 from gateway.backends import Backend, BackendPool
-from gateway.backends.warmth import apply_keep_alive_policy, kept_alive
-from gateway.config.policy import Policy
-from gateway.core.errors import BackendFailure, GatewayError
-from gateway.core.vocabulary import GENERATION_PATHS, Api, Reason, api_of
-from gateway.edge.hot_routes import HOT_PATHS
-from gateway.edge.record import RECORD
-from gateway.intake.bodies import Fields, defer_continue, parsed, read_body
-from gateway.intake.classify import classify
-from gateway.intake.lanes import lane_of, possible_lanes
-from gateway.intake.load_options import apply_num_ctx_policy
-from gateway.intake.model_errors import checked_name, model_forbidden, model_not_found, no_backend
-from gateway.relay.relay import Relay, Target
+from gateway.config import Policy
+from gateway.core import GENERATION_PATHS, Api, BackendFailure, GatewayError, Reason, api_of
+from gateway.edge import HOT_PATHS, RECORD
+from gateway.intake import (
+    Fields,
+    apply_load_policy,
+    checked_name,
+    classify,
+    defer_continue,
+    lane_of,
+    model_forbidden,
+    model_not_found,
+    no_backend,
+    parsed,
+    possible_lanes,
+    read_body,
+)
+from gateway.relay import Relay, Target
 from gateway.services import Services
-from gateway.usage.in_flight import InFlight
-from gateway.wire.openai_fields import openai_refusal
-from gateway.wire.server_tools import server_tools
-from gateway.wire.tallies import token_events
+from gateway.usage import InFlight
+from gateway.wire import openai_refusal, server_tools, token_events
 
 __all__ = ["Generation"]
 
@@ -80,11 +83,7 @@ class Generation:
             raise GatewayError(400, Reason.BAD_REQUEST, refused)
         if api is Api.OLLAMA:
             _check_field_types(fields)
-            policy = view.policy
-            kept = kept_alive(policy.backends, model)
-            # Both run, then one re-encoding: what they checked is what Ollama reads.
-            changed = apply_keep_alive_policy(fields.values, policy.keep_alive, kept)
-            if apply_num_ctx_policy(fields.values, policy.num_ctx_for(model)) or changed:
+            if apply_load_policy(fields.values, view.policy, model):
                 fields.changed()
         estimate = classify(fields.values, view.policy)
         record.request_class, record.input_estimate = estimate.request_class, estimate.input_tokens
@@ -93,12 +92,12 @@ class Generation:
             user,
             model,
             api,
-            estimate.input_tokens,
-            estimate.request_class,
-            estimate.weight,
-            caller.credential,
-            lane,
-            estimate.num_ctx if api is Api.OLLAMA else None,
+            input_tokens=estimate.input_tokens,
+            request_class=estimate.request_class,
+            class_weight=estimate.weight,
+            credential=caller.credential,
+            lane=lane,
+            num_ctx=estimate.num_ctx if api is Api.OLLAMA else None,
         )
         # Again, right before joining the room, and counted as in flight until the request
         # ends: with replicas, in the shared store, so that together they keep the budget.

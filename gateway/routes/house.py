@@ -15,9 +15,9 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.config.users import ANONYMOUS, PERSON_SEPARATOR
-from gateway.edge.headers import NO_STORE
-from gateway.observe.snapshot import GatewaySnapshot
+from gateway.config import ANONYMOUS, PERSON_SEPARATOR
+from gateway.edge import NO_STORE
+from gateway.observe import GatewaySnapshot
 from gateway.routes.status import render_budget, render_today
 from gateway.services import Services
 

@@ -22,14 +22,19 @@ import structlog
 from aiohttp import web
 
 from gateway.backends import Backend, model_key
-from gateway.backends.probes import entries_of
-from gateway.core.errors import GatewayError
-from gateway.core.vocabulary import Api, Reason
-from gateway.edge.headers import NO_STORE
-from gateway.edge.record import RECORD
-from gateway.intake.bodies import defer_continue, parsed, read_body
-from gateway.intake.model_errors import checked_name, model_forbidden, model_not_found, no_backend
-from gateway.relay.relay import Relay, Target
+from gateway.backends.watch import entries_of
+from gateway.core import Api, GatewayError, Reason
+from gateway.edge import NO_STORE, RECORD
+from gateway.intake import (
+    checked_name,
+    defer_continue,
+    model_forbidden,
+    model_not_found,
+    no_backend,
+    parsed,
+    read_body,
+)
+from gateway.relay import Relay, Target
 from gateway.routes.token_counting import COUNT_TOKENS, counting_backends
 from gateway.services import Services
 

@@ -11,13 +11,17 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.admission.room_snapshot import RunningRequest, WaitingRequest
+from gateway.admission import RunningRequest, WaitingRequest
 from gateway.backends import Backend
-from gateway.core.errors import GatewayError
-from gateway.core.vocabulary import Reason
-from gateway.edge.headers import NO_STORE
-from gateway.observe.history import MinuteFigures, RecentRefusal
-from gateway.observe.snapshot import BackendSnapshot, GatewaySnapshot, UserUsage
+from gateway.core import GatewayError, Reason
+from gateway.edge import NO_STORE
+from gateway.observe import (
+    BackendSnapshot,
+    GatewaySnapshot,
+    MinuteFigures,
+    RecentRefusal,
+    UserUsage,
+)
 from gateway.services import Services
 
 __all__ = ["Status", "answering", "render", "render_budget", "render_today"]

@@ -8,9 +8,8 @@ Ollama's bare 404 page. A read, like ``/api/show``: no turn, under the per-user 
 from __future__ import annotations
 
 from gateway.backends import Backend, BackendPool
-from gateway.core.errors import GatewayError
-from gateway.core.vocabulary import Api, Reason
-from gateway.intake.model_errors import model_not_found, no_backend
+from gateway.core import Api, GatewayError, Reason
+from gateway.intake import model_not_found, no_backend
 
 __all__ = ["COUNT_TOKENS", "counting_backends"]
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from gateway.backends.pool import OLLAMA_AUTOMATIC_MAX_LOADED, Backend, LoadedModel, model_key
+from gateway.backends import OLLAMA_AUTOMATIC_MAX_LOADED, Backend, LoadedModel, model_key
 
 __all__ = ["Residency", "Resident", "ResidentsSnapshot"]
 

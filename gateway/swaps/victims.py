@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
-from gateway.backends.pool import OLLAMA_AUTOMATIC_MAX_LOADED, Backend
+from gateway.backends import OLLAMA_AUTOMATIC_MAX_LOADED, Backend
 from gateway.swaps.residency import Residency, Resident
 
 __all__ = ["BackendPlans", "fits", "fits_beside", "load_seconds", "victims"]

@@ -1,1 +1,21 @@
 """usage."""
+
+from gateway.usage.budgets import BudgetState
+from gateway.usage.in_flight import InFlight
+from gateway.usage.ledger import Ledger
+from gateway.usage.stores.base import RefusalRow, StoreError, Tally, UsageRow, UsageStore
+from gateway.usage.stores.redis import RedisUsage
+from gateway.usage.stores.sqlite import SqliteUsage
+
+__all__ = [
+    "BudgetState",
+    "InFlight",
+    "Ledger",
+    "RedisUsage",
+    "RefusalRow",
+    "SqliteUsage",
+    "StoreError",
+    "Tally",
+    "UsageRow",
+    "UsageStore",
+]

@@ -15,11 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.admission.refusals import Refusal
-from gateway.config.budgets import Budget
-from gateway.config.users import PERSON_SEPARATOR
-from gateway.core.calendar import Calendar, Windows
-from gateway.core.vocabulary import Reason
+from gateway.admission import Refusal
+from gateway.config import PERSON_SEPARATOR, Budget
+from gateway.core import Calendar, Reason, Windows
 from gateway.usage.stores.base import Tally
 
 __all__ = ["BudgetState", "budget_states", "over_budget", "requests_room"]

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import uuid
 
-from gateway.admission.admission import Admission
-from gateway.admission.holds import HoldStore, StoreUnavailable
-from gateway.config.budgets import Budget
+from gateway.admission import Admission, HoldStore, StoreUnavailable
+from gateway.config import Budget
 from gateway.usage.ledger import Ledger
 
 __all__ = ["InFlight"]

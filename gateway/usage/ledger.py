@@ -22,16 +22,13 @@ import contextlib
 
 import structlog
 
-from gateway.admission.refusals import Refusal
+from gateway.admission import Refusal
 from gateway.backends import model_key
-from gateway.config.budgets import Budget
-from gateway.config.users import PERSON_SEPARATOR
-from gateway.core.calendar import Calendar, Windows
-from gateway.core.tasks import Background, repeat
-from gateway.core.vocabulary import REFUSALS
-from gateway.edge.record import RequestRecord
+from gateway.config import PERSON_SEPARATOR, Budget
+from gateway.core import REFUSALS, Background, Calendar, Windows, repeat
+from gateway.edge import RequestRecord
 from gateway.usage.budgets import BudgetState, budget_states, over_budget, requests_room
-from gateway.usage.stores import Batch, Counts, StoreError, Tally, UsageStore
+from gateway.usage.stores.base import Batch, Counts, StoreError, Tally, UsageStore
 
 __all__ = ["Ledger"]
 

@@ -1,1 +1,38 @@
 """wire."""
+
+from gateway.wire.ambiguity import (
+    AmbiguousField,
+    NotAnObject,
+    canonical_keys,
+    go_fold,
+    load_checked,
+)
+from gateway.wire.json_counts import TooManyValues
+from gateway.wire.json_decode import NestedTooDeeply, Pairs, TooManyObjects, parse_object_pairs
+from gateway.wire.ollama_fields import STRUCTS, field_type_error, go_type_name, option_type_error
+from gateway.wire.server_tools import openai_refusal, server_tools
+from gateway.wire.tallies import TALLY_WINDOW, FinalCounts, TokenEvents, final_counts, token_events
+
+__all__ = [
+    "STRUCTS",
+    "TALLY_WINDOW",
+    "AmbiguousField",
+    "FinalCounts",
+    "NestedTooDeeply",
+    "NotAnObject",
+    "Pairs",
+    "TokenEvents",
+    "TooManyObjects",
+    "TooManyValues",
+    "canonical_keys",
+    "field_type_error",
+    "final_counts",
+    "go_fold",
+    "go_type_name",
+    "load_checked",
+    "openai_refusal",
+    "option_type_error",
+    "parse_object_pairs",
+    "server_tools",
+    "token_events",
+]

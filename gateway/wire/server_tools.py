@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from gateway.wire.ambiguity import canonical_keys
 
-__all__ = ["server_tools"]
+__all__ = ["openai_refusal", "server_tools", "several_completions"]
 
 # Anthropic's hasWebSearchTool: strings.HasPrefix(tool.Type, "web_search"); the Responses
 # API's isWebSearchTool: tool.Type == "web_search", which the prefix covers.
@@ -36,3 +36,36 @@ def server_tools(values: dict[str, object]) -> str | None:
                 "past this gateway's turns: not available here; give the model your own tools"
             )
     return None
+
+
+# What the OpenAI routes take: one completion a request, and no tool the server runs.
+#
+# A chat or completion that asks for several (``n`` or llama.cpp's ``n_cmpl`` over 1, or a
+# list of prompts) is run by llama.cpp on a slot for each, and its usage counts one of them,
+# where the gateway admits, and charges, one request for one slot. Ollama makes one
+# completion whatever ``n`` says and refuses a list of prompts. So the gateway refuses them,
+# with a message saying what to do.
+
+
+def openai_refusal(values: dict[str, object]) -> str | None:
+    """Why an OpenAI route's request is not taken here (several completions, a tool the
+    server would run itself: /v1/responses' web_search), or None."""
+    return several_completions(values) or server_tools(values)
+
+
+def several_completions(values: dict[str, object]) -> str | None:
+    """Why the request asks for more than one completion, or None. A prompt of token ids is
+    one prompt; a list holding one prompt is one too."""
+    # llama.cpp reads n_cmpl too, of which n is its alias (server's params_from_json).
+    for name in ("n", "n_cmpl"):
+        count = values.get(name)
+        if isinstance(count, int) and not isinstance(count, bool) and count > 1:
+            return f"{name} must be 1 here: send one request for each completion"
+    prompt = values.get("prompt")
+    if isinstance(prompt, list) and len(prompt) > 1 and not _token_ids(prompt):
+        return "prompt must be one prompt here: send one request for each"
+    return None
+
+
+def _token_ids(prompt: list[object]) -> bool:
+    return all(isinstance(item, int) and not isinstance(item, bool) for item in prompt)

@@ -4,8 +4,3 @@
 user's cap and a backend's slots hold across all of them. ``MemoryHolds`` keeps them in
 one process. A single gateway uses neither: its waiting room is its only ledger.
 """
-
-from gateway.admission.holds.base import Hold, HoldStore, StoreUnavailable
-from gateway.admission.holds.memory import MemoryHolds
-
-__all__ = ["Hold", "HoldStore", "MemoryHolds", "StoreUnavailable"]

@@ -25,8 +25,7 @@ import structlog
 from redis.exceptions import RedisError
 
 from gateway.admission.holds.base import Hold, StoreUnavailable
-from gateway.core.redis_client import connect
-from gateway.core.tasks import Background, repeat
+from gateway.core import Background, connect, repeat
 
 __all__ = ["RedisHolds"]
 

@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gateway.core.calendar import Windows
+from gateway.core import Windows
 
 __all__ = [
     "Batch",

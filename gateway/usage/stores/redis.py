@@ -26,8 +26,7 @@ from typing import Any
 import structlog
 from redis.exceptions import RedisError
 
-from gateway.core.calendar import Windows
-from gateway.core.redis_client import connect
+from gateway.core import Windows, connect
 from gateway.usage.stores.base import Batch, RefusalRow, StoreError, Tally, Totals, UsageRow
 
 __all__ = ["APPLIED_SECONDS", "KEEP_DAYS", "RedisUsage"]

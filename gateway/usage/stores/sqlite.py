@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from gateway.core.calendar import Windows
+from gateway.core import Windows
 from gateway.usage.stores.base import Batch, RefusalRow, StoreError, Tally, Totals, UsageRow
 
 __all__ = ["SqliteUsage"]

@@ -15,8 +15,8 @@ from typing import Any
 
 import aiohttp
 
-from gateway.backends.failures import cause_of, http_cause
 from gateway.backends.pool import LoadedModel, model_key
+from gateway.backends.watch.failures import cause_of, http_cause
 
 __all__ = ["Observation", "ProbeFailed", "entries_of", "probe"]
 

@@ -12,13 +12,12 @@ from collections.abc import Callable
 
 import structlog
 
-from gateway.backends.failures import sentence
 from gateway.backends.pool import BackendState, BackendStates, LoadedModel
-from gateway.backends.probes import Observation, ProbeFailed, probe
-from gateway.config.backends import BackendConfig
-from gateway.config.tuning import Monitoring
-from gateway.core.tasks import KeyedTasks, repeat
-from gateway.relay.clients import Upstream
+from gateway.backends.watch.failures import sentence
+from gateway.backends.watch.probes import Observation, ProbeFailed, probe
+from gateway.config import BackendConfig, Monitoring
+from gateway.core import KeyedTasks, repeat
+from gateway.relay import Upstream
 
 __all__ = ["BackendMonitor"]
 
