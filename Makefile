@@ -81,6 +81,7 @@ lint: $(DEV_STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 demo: $(RUNTIME_STAMP)
 	$(BIN)/fairgate demo

@@ -29,9 +29,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from gateway.admission.admission import Admission, Permit, Ticket
+from gateway.admission.admission import Admission
 from gateway.admission.holds.base import HoldStore
 from gateway.admission.holds.redis import RedisHolds
+from gateway.admission.permit import Permit
+from gateway.admission.tickets import Ticket
 from gateway.app import new_event_loop
 from gateway.backends.pool import BackendStates, LoadedModel
 from gateway.config.policy import parse_policy

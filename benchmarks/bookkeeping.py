@@ -45,7 +45,8 @@ from gateway.config.policy import parse_policy
 from gateway.config.settings import Settings
 from gateway.core.logs import configure_logging
 from gateway.core.vocabulary import Lane, RequestClass
-from gateway.edge.record import RECORD, Progress, RequestRecord
+from gateway.edge.http.access_log import RECORD
+from gateway.edge.record import Progress, RequestRecord
 
 _PEER = ("127.0.0.1", 51234)
 _HEADERS = {

@@ -43,11 +43,14 @@ from multidict import CIMultiDict, CIMultiDictProxy, istr
 from yarl import URL
 
 from benchmarks import bookkeeping
-from gateway.admission.admission import Permit, Refusal, Ticket
+from gateway.admission.permit import Permit
+from gateway.admission.refusals import Refusal
+from gateway.admission.tickets import Ticket
 from gateway.app import SERVICES, create_app
 from gateway.config.policy import parse_policy
 from gateway.config.settings import Settings
-from gateway.edge.record import RECORD, RequestRecord
+from gateway.edge.http.access_log import RECORD
+from gateway.edge.record import RequestRecord
 from gateway.routes.generation import Generation
 
 _HEADERS = {

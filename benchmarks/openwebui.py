@@ -36,7 +36,7 @@ from gateway.app import SERVICES, bound_url, create_app, start_server
 from gateway.config.policy import parse_policy
 from gateway.config.settings import Settings
 from gateway.core.logs import configure_logging
-from gateway.edge.connections import Listener
+from gateway.edge.http.connections import Listener
 
 MODEL = "llama3.2:3b"
 SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples" / "open-webui"

@@ -42,7 +42,7 @@ from gateway.config.policy import parse_policy
 from gateway.config.settings import Settings
 from gateway.core.logs import configure_logging
 from gateway.core.vocabulary import Lane, RequestClass
-from gateway.edge.record import RECORD
+from gateway.edge.http.access_log import RECORD
 from gateway.relay.relay import Relay, Target
 
 _TOKENS = 64

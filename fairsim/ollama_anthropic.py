@@ -17,7 +17,7 @@ from .ollama_common import (
     RequestError,
     chat_text,
 )
-from .ollama_v1 import job_for, read_v1_body, streamed_or_whole
+from .ollama_v1_common import job_for, read_v1_body, streamed_or_whole
 from .recording import TapStream
 from .wire import go_json, tokens_in
 

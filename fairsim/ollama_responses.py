@@ -15,7 +15,7 @@ from aiohttp import web
 from .config import GenJob, GenResult
 from .ollama import OllamaAPI
 from .ollama_common import RequestError, chat_text
-from .ollama_v1 import encoded, job_for, openai_error, read_v1_body, streamed_or_whole
+from .ollama_v1_common import encoded, job_for, openai_error, read_v1_body, streamed_or_whole
 from .recording import TapStream
 from .wire import go_json
 

@@ -17,7 +17,7 @@ from aiohttp import web
 from gateway.admission import Refusal
 from gateway.config import Policy, Settings
 from gateway.core import STOPPING_MESSAGE, STOPPING_RETRY_AFTER, Reason
-from gateway.edge import Listener, access_log
+from gateway.edge.http import Listener, access_log
 from gateway.observe import Metrics
 from gateway.reload import OPEN_GATEWAY
 from gateway.routes import Generation, House, Reads, Status

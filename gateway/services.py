@@ -20,17 +20,8 @@ from gateway.backends import BackendStates
 from gateway.backends.watch import BackendMonitor, KeepWarm
 from gateway.config import Policy, Settings
 from gateway.core import Background, Calendar, repeat, zone_named
-from gateway.edge import (
-    RECORD,
-    Caller,
-    Client,
-    Connections,
-    Cors,
-    RecordListener,
-    ReplyHeaders,
-    names_gateway,
-    refuse_unknown_host,
-)
+from gateway.edge import Caller, Client, RecordListener, names_gateway, refuse_unknown_host
+from gateway.edge.http import RECORD, Connections, Cors, ReplyHeaders
 from gateway.observe import GatewaySnapshot, History, UserUsage, take
 from gateway.relay import Relay, Upstream
 from gateway.reload import LivePolicy, PolicyView

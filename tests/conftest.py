@@ -21,7 +21,7 @@ from fairsim import SimConfig, Simulator
 from gateway.app import SERVICES, bound_url, create_app, start_server
 from gateway.config.policy import Policy, load_policy, parse_policy
 from gateway.config.settings import Settings
-from gateway.edge.connections import Listener
+from gateway.edge.http.connections import Listener
 from gateway.edge.record import RequestRecord
 from gateway.services import Services
 from tests.processes import required_binary, stop

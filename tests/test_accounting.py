@@ -23,7 +23,7 @@ from gateway.config.policy import parse_policy
 from gateway.config.settings import Settings
 from gateway.core.calendar import Calendar, Windows, zone_named
 from gateway.core.vocabulary import Reason, RequestClass
-from gateway.edge.connections import Listener
+from gateway.edge.http.connections import Listener
 from gateway.edge.record import RequestRecord
 from gateway.usage.ledger import Ledger
 from gateway.usage.stores.base import Batch, Tally

@@ -15,7 +15,8 @@ import ollama
 import openai
 import pytest
 
-from gateway.config.policy import PolicyError, parse_policy
+from gateway.config.policy import parse_policy
+from gateway.config.yaml_reader import PolicyError
 from tests.conftest import Gateway, StartGateway, StartSim
 from tests.redis_server import redis_url  # noqa: F401 (fixture)
 from tests.test_admission import MODEL, held, idle, queued, until

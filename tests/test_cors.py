@@ -276,7 +276,8 @@ class TestOriginsInThePolicy:
 
     def test_an_origin_with_a_path_is_refused_with_what_was_meant(self) -> None:
         """A URL is not an origin: the error names the line and the origin to write."""
-        from gateway.config.policy import PolicyError, parse_policy
+        from gateway.config.policy import parse_policy
+        from gateway.config.yaml_reader import PolicyError
 
         with pytest.raises(PolicyError) as refused:
             parse_policy(policy("http://127.0.0.1:1", "[https://chat.lan/app]"), source="p.yaml")

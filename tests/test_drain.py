@@ -12,7 +12,7 @@ from yarl import URL
 from gateway.app import SERVICES, create_app, drain
 from gateway.config.policy import parse_policy
 from gateway.config.settings import Settings
-from gateway.edge.connections import Listener
+from gateway.edge.http.connections import Listener
 from tests.conftest import Finished, StartGateway, StartSim, one_backend
 from tests.test_admission import MODEL
 

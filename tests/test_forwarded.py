@@ -219,7 +219,8 @@ class TestBehindAProxy:
 
 def test_a_trusted_proxy_entry_that_is_not_a_range_is_refused_at_its_line() -> None:
     """trusted_proxies takes addresses or CIDR ranges; a host name is refused, with its line."""
-    from gateway.config.policy import PolicyError, parse_policy
+    from gateway.config.policy import parse_policy
+    from gateway.config.yaml_reader import PolicyError
 
     text = one_backend("http://127.0.0.1:1", extra="trusted_proxies: [caddy.lan]\n")
     with pytest.raises(PolicyError) as refused:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from gateway.edge.headers import decoded, forwarded_headers, returned_pairs
+from gateway.edge.http.headers import decoded, forwarded_headers, returned_pairs
 
 
 def _proxy(pairs: list[tuple[str, str]]) -> CIMultiDictProxy[str]:

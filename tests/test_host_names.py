@@ -13,7 +13,8 @@ import pytest
 import structlog
 from playwright.async_api import Browser, async_playwright
 
-from gateway.config.policy import PolicyError, parse_policy
+from gateway.config.policy import parse_policy
+from gateway.config.yaml_reader import PolicyError
 from gateway.edge.host_names import answers_to
 from tests.conftest import Gateway, StartGateway, StartSim, one_backend, required_binary
 from tests.test_admission import MODEL

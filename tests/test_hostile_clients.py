@@ -310,7 +310,7 @@ class TestHttpHygiene:
         self, start_sim: StartSim, start_gateway: StartGateway
     ) -> None:
         """/api%2Fchat is not /api/chat to aiohttp's router, nor to the generation routes'
-        shortcut past it (edge/hot_routes.py): a 404, and nothing reaches the backend."""
+        shortcut past it (edge/http/hot_routes.py): a 404, and nothing reaches the backend."""
         sim, url = await start_sim(record_replies=True)
         gateway = await start_gateway(POLICY + one_backend(url, slots=2))
         reader, writer = await open_raw(gateway)

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 import structlog
 
-from gateway.edge.connections import descriptor_cap
+from gateway.edge.http.connections import descriptor_cap
 from tests.conftest import StartSim
 from tests.processes import free_port
 from tests.test_admission import MODEL

@@ -195,7 +195,8 @@ class TestModelsRetrieve:
 class TestAliasesInThePolicy:
     def test_an_alias_of_an_alias_is_refused_at_its_line(self) -> None:
         """One step only: family: smart, smart: qwen is an error naming family's line."""
-        from gateway.config.policy import PolicyError, parse_policy
+        from gateway.config.policy import parse_policy
+        from gateway.config.yaml_reader import PolicyError
 
         text = one_backend(
             "http://127.0.0.1:1", extra="aliases:\n  family: smart\n  smart: qwen2.5:7b\n"
@@ -208,7 +209,8 @@ class TestAliasesInThePolicy:
 
     def test_an_alias_kept_warm_is_refused_with_its_model_named(self) -> None:
         """keep_warm pings go to the backend as written, so they must name the model."""
-        from gateway.config.policy import PolicyError, parse_policy
+        from gateway.config.policy import parse_policy
+        from gateway.config.yaml_reader import PolicyError
 
         text = (
             "aliases: {family: llama3.2:3b}\nbackends:\n"
@@ -223,7 +225,8 @@ class TestAliasesInThePolicy:
 
     def test_a_misspelt_aliases_section_gets_a_suggestion(self) -> None:
         """alias: is an unknown field; did you mean 'aliases'?"""
-        from gateway.config.policy import PolicyError, parse_policy
+        from gateway.config.policy import parse_policy
+        from gateway.config.yaml_reader import PolicyError
 
         with pytest.raises(PolicyError) as refused:
             parse_policy(one_backend("http://127.0.0.1:1", extra="alias: {a: b}\n"))

@@ -14,7 +14,8 @@ from aiohttp.typedefs import Handler
 
 from fairsim import SimConfig, Simulator
 from gateway.config.models import NumCtxPolicy
-from gateway.config.policy import PolicyError, parse_policy
+from gateway.config.policy import parse_policy
+from gateway.config.yaml_reader import PolicyError
 from gateway.core.errors import GatewayError
 from gateway.intake.load_options import apply_num_ctx_policy, num_ctx_of
 from tests.conftest import Gateway, StartGateway, StartSim, serve

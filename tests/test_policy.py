@@ -11,7 +11,8 @@ from pydantic import BaseModel, ValidationError
 
 from gateway.__main__ import main
 from gateway.config.base import _remembered_key, model_key
-from gateway.config.policy import Policy, PolicyError, load_policy, parse_policy
+from gateway.config.policy import Policy, load_policy, parse_policy
+from gateway.config.yaml_reader import PolicyError
 
 REPO = Path(__file__).resolve().parent.parent
 

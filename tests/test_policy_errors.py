@@ -19,7 +19,8 @@ from multidict import CIMultiDict
 
 from gateway.__main__ import main
 from gateway.backends.pool import BackendStates
-from gateway.config.policy import PolicyError, load_policy, parse_policy
+from gateway.config.policy import load_policy, parse_policy
+from gateway.config.yaml_reader import PolicyError
 from gateway.edge.identity import Directory
 from gateway.reload import LivePolicy
 

@@ -15,8 +15,10 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.admission.admission import Admission, Permit, Ticket
+from gateway.admission.admission import Admission
 from gateway.admission.holds.redis import RedisHolds
+from gateway.admission.permit import Permit
+from gateway.admission.tickets import Ticket
 from gateway.backends.pool import BackendStates
 from gateway.config.policy import parse_policy
 from gateway.core.vocabulary import Api, Reason

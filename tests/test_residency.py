@@ -12,7 +12,8 @@ import pytest
 from prometheus_client.utils import floatToGoString
 
 from fairsim.catalog import runner_size
-from gateway.config.policy import PolicyError, parse_policy
+from gateway.config.policy import parse_policy
+from gateway.config.yaml_reader import PolicyError
 from tests.conftest import Gateway, StartGateway, StartSim
 from tests.test_admission import until
 from tests.test_hostile_clients import status_of

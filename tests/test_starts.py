@@ -15,7 +15,7 @@ from aiohttp.typedefs import Handler
 from gateway.app import SERVICES, create_app, drain
 from gateway.config.policy import parse_policy
 from gateway.config.settings import Settings
-from gateway.edge.connections import Listener
+from gateway.edge.http.connections import Listener
 from tests.conftest import Finished, Gateway, StartSim, one_backend
 from tests.test_hostile_clients import (
     POLICY,

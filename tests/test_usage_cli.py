@@ -21,7 +21,7 @@ import pytest
 from gateway.app import SERVICES, create_app
 from gateway.config.policy import parse_policy
 from gateway.config.settings import Settings
-from gateway.edge.connections import Listener
+from gateway.edge.http.connections import Listener
 from tests.conftest import StartSim
 from tests.redis_server import redis_url  # noqa: F401 (fixture)
 from tests.test_admission import idle, until

@@ -14,7 +14,7 @@ from fairsim import SimConfig, Simulator
 from gateway.app import SERVICES, create_app
 from gateway.config.policy import parse_policy
 from gateway.config.settings import Settings
-from gateway.edge.connections import Listener
+from gateway.edge.http.connections import Listener
 from tests.conftest import Finished, Gateway, one_backend, serve
 from tests.test_admission import MODEL
 

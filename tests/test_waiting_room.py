@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import random
 
-from gateway.admission.room import Ticket, Waiter, WaitingRoom
+from gateway.admission.room import WaitingRoom
 from gateway.admission.scheduler import Candidate
 from gateway.admission.slot_ledger import SlotLedger
+from gateway.admission.tickets import Ticket, Waiter
 from gateway.backends.pool import Backend, BackendPool, BackendStates
 from gateway.config.policy import parse_policy
 from gateway.core.vocabulary import Api, Lane, RequestClass

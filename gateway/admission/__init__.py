@@ -1,10 +1,17 @@
-"""admission."""
+"""The gateway owns the queue: the waiting room and whose turn it is, permits held with
+``async with``, refusals as values, the replicas' shared holds, and the pure scheduler.
 
-from gateway.admission.admission import Admission, Permit, Ticket
+May import: ``swaps``, ``backends`` (the pool), ``config``, ``wire``, ``core`` (never
+aiohttp); ``admission.scheduler`` imports only ``core``.
+"""
+
+from gateway.admission.admission import Admission
 from gateway.admission.holds.base import HoldStore, StoreUnavailable
 from gateway.admission.holds.redis import RedisHolds
+from gateway.admission.permit import Permit
 from gateway.admission.refusals import REVOKED, Refusal
 from gateway.admission.room_snapshot import RoomSnapshot, RunningRequest, WaitingRequest
+from gateway.admission.tickets import Ticket
 
 __all__ = [
     "REVOKED",

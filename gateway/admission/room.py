@@ -32,8 +32,8 @@ from gateway.admission.scheduler import Candidate, Fair, Fifo, Ordering
 from gateway.admission.slot_ledger import SlotLedger
 from gateway.admission.tickets import Ticket, Waiter
 from gateway.admission.turns import Offer, free_backends, free_now, next_offer, waits
-from gateway.backends import Backend, BackendPool, model_key
-from gateway.config import Limits, Policy
+from gateway.backends import Backend, BackendPool
+from gateway.config import Limits, Policy, model_key
 from gateway.core import Lane
 from gateway.swaps import Placement, SwapPlanner
 

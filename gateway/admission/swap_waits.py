@@ -15,7 +15,8 @@ from collections.abc import Mapping
 
 from gateway.admission.room_state import RoomState
 from gateway.admission.tickets import Ticket
-from gateway.backends import Backend, model_key
+from gateway.backends import Backend
+from gateway.config import model_key
 from gateway.swaps import SwapPlanner, SwapWait, load_seconds
 
 __all__ = ["swap_wait", "waits"]

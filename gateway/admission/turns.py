@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 from gateway.admission.room_state import RoomState
 from gateway.admission.tickets import Ticket, Waiter
-from gateway.backends import Backend, model_key
+from gateway.backends import Backend
+from gateway.config import model_key
 from gateway.core import BACKGROUND, Lane, Reason
 
 __all__ = [

@@ -1,4 +1,9 @@
-"""The inference servers behind the gateway: their state, their health, and routing."""
+"""The backends that exist: each as configured plus what its monitor has seen, and the
+choice among them (the pool). Pure: routing loads without aiohttp; the watch over the
+backends (HTTP) is ``backends.watch``.
+
+May import: ``config``, ``wire``, ``core``.
+"""
 
 from gateway.backends.pool import (
     OLLAMA_AUTOMATIC_MAX_LOADED,
@@ -7,7 +12,7 @@ from gateway.backends.pool import (
     BackendState,
     BackendStates,
     LoadedModel,
-    model_key,
+    unavailable,
 )
 
 __all__ = [
@@ -17,5 +22,5 @@ __all__ = [
     "BackendState",
     "BackendStates",
     "LoadedModel",
-    "model_key",
+    "unavailable",
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -17,6 +17,7 @@ __all__ = [
     "BackendStates",
     "LoadedModel",
     "model_key",
+    "unavailable",
 ]
 
 OLLAMA_AUTOMATIC_MAX_LOADED = 3
@@ -226,3 +227,12 @@ class BackendPool:
 
     def healthy(self, api: Api) -> list[Backend]:
         return [b for b in self.backends if b.state.healthy and b.speaks(api)]
+
+
+def unavailable(backends: Iterable[Backend]) -> str:
+    """Each backend out of rotation with its last error, for a 503 that says what to check.
+    By name only: any key holder reads this, and backend addresses stay in the log."""
+    return "; ".join(
+        f"backend {b.name}: {b.state.last_error or 'out of rotation until its probes pass'}"
+        for b in backends
+    )

@@ -1,4 +1,9 @@
-"""config."""
+"""How the gateway is configured: the environment (``settings``) and the admin's policy file,
+one schema module per section, read without surprises and explained as
+``file:line: field: sentence``. Schemas only: what acts on a section lives where it acts.
+
+May import: ``wire``, ``core`` (never aiohttp).
+"""
 
 from gateway.config.backends import BackendConfig
 from gateway.config.base import model_key
@@ -8,14 +13,7 @@ from gateway.config.environment_file import EnvironmentFileError, read_environme
 from gateway.config.lanes import PRESETS, Lanes
 from gateway.config.models import MIN_NUM_CTX, NumCtxPolicy
 from gateway.config.network import ANY_HOST, ForwardedHeader, is_host_name
-from gateway.config.policy import (
-    KeepAlivePolicy,
-    Policy,
-    PolicyError,
-    Timeouts,
-    Warmth,
-    load_policy,
-)
+from gateway.config.policy import Policy, load_policy
 from gateway.config.problems import environment
 from gateway.config.settings import (
     IN_MEMORY,
@@ -25,7 +23,7 @@ from gateway.config.settings import (
     settings_from,
     unknown_variables,
 )
-from gateway.config.tuning import Monitoring
+from gateway.config.tuning import KeepAlivePolicy, Monitoring, Timeouts, Warmth
 from gateway.config.users import (
     ANONYMOUS,
     PERSON_SEPARATOR,
@@ -34,6 +32,7 @@ from gateway.config.users import (
     Limits,
     hashed_key,
 )
+from gateway.config.yaml_reader import PolicyError
 
 __all__ = [
     "ANONYMOUS",

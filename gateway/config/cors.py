@@ -1,4 +1,4 @@
-"""Browser origins as the policy names them (``cors.origins``), for ``edge/cors.py`` to match.
+"""Browser origins as the policy names them (``cors.origins``), for ``edge/http/cors.py`` to match.
 
 A browser's ``Origin`` header is ``scheme://host[:port]``, lower case, without a default port
 or a path; an origin written any other way in the policy could never match, so it is either

@@ -22,8 +22,9 @@ from gateway.config.backends import BackendConfig
 from gateway.config.base import model_key
 from gateway.config.lanes import LaneRule
 from gateway.config.models import ModelPolicy
-from gateway.config.problems import Loc, problem_at
+from gateway.config.problems import problem_at
 from gateway.config.users import ANONYMOUS, PERSON_SEPARATOR, UserConfig
+from gateway.config.yaml_reader import Loc
 
 __all__ = ["check_lane_users", "check_model_names"]
 

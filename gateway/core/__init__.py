@@ -1,4 +1,9 @@
-"""core."""
+"""The gateway's words and basic parts: one vocabulary (APIs, reasons, request classes,
+lanes), errors in each API's shape, units and the calendar, named tasks, logs, and the one
+Redis client.
+
+May import: nothing else of the gateway (and never aiohttp).
+"""
 
 from gateway.core.calendar import Calendar, Windows, zone_named
 from gateway.core.errors import (

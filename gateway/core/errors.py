@@ -1,6 +1,6 @@
 """Errors in each API's own shape, decided in this one place: the body and the headers.
 
-The edge turns them into HTTP (``gateway.edge.access_log.error_response``), and the relay
+The edge turns them into HTTP (``gateway.edge.http.access_log.error_response``), and the relay
 into a reply's last event when its bytes have begun (``inband_error``).
 
 Ollama answers ``{"error": "..."}``; the OpenAI API answers

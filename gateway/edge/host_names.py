@@ -3,7 +3,7 @@ rebinding.
 
 A site a household member opens can point its own name at the gateway's address once the
 page has loaded (DNS rebinding). The page's requests then go to the gateway as requests to
-the site itself: same origin, so a read carries no ``Origin`` (``edge/cors.py`` refuses a write
+the site itself: same origin, so a read carries no ``Origin`` (``edge/http/cors.py`` refuses a write
 from a page without a key by the ``Origin`` it carries) and the page reads the reply. A key
 is something such a page does not have. An address (``clients:``), this machine's loopback
 (``/status``, the house page), an open gateway (no users) and ``/metrics`` are what its

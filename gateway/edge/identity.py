@@ -38,7 +38,7 @@ class Caller:
     @property
     def by_key(self) -> bool:
         """Known by a key it sent, not by where it comes from (an address, or anyone): a
-        browser adds no key of its own to a page's request (``edge/cors.py``)."""
+        browser adds no key of its own to a page's request (``edge/http/cors.py``)."""
         return self.credential.startswith(_KEY_CREDENTIAL)
 
 

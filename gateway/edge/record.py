@@ -11,12 +11,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from aiohttp import web
-
 from gateway.core import Lane, Reason, RequestClass
 from gateway.edge.forwarded import Client
 
-__all__ = ["NOWHERE", "RECORD", "Progress", "RecordListener", "RequestRecord"]
+__all__ = ["NOWHERE", "Progress", "RecordListener", "RequestRecord"]
 
 
 @dataclass(slots=True)
@@ -118,5 +116,4 @@ class RequestRecord:
         return fields
 
 
-RECORD = web.RequestKey("record", RequestRecord)
 RecordListener = Callable[[RequestRecord], None]

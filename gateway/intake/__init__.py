@@ -1,6 +1,12 @@
-"""intake."""
+"""What a request asks for, read from its body before it runs: the body as every backend will
+read it, its class (the prompt it carries), its lane, and the load options the admin's
+rules allow; and what is answered about its model.
 
-from gateway.intake.bodies import Fields, defer_continue, parsed, read_body
+May import: ``admission``, ``swaps``, ``backends``, ``relay``, ``edge``, ``config``,
+``wire``, ``core``.
+"""
+
+from gateway.intake.bodies import Fields, parsed
 from gateway.intake.classify import classify
 from gateway.intake.lanes import lane_of, possible_lanes
 from gateway.intake.load_options import apply_load_policy
@@ -11,12 +17,10 @@ __all__ = [
     "apply_load_policy",
     "checked_name",
     "classify",
-    "defer_continue",
     "lane_of",
     "model_forbidden",
     "model_not_found",
     "no_backend",
     "parsed",
     "possible_lanes",
-    "read_body",
 ]

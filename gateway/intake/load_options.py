@@ -14,8 +14,14 @@ from __future__ import annotations
 
 from typing import Any, Literal, TypeGuard
 
-from gateway.backends import model_key
-from gateway.config import MIN_NUM_CTX, BackendConfig, KeepAlivePolicy, NumCtxPolicy, Policy
+from gateway.config import (
+    MIN_NUM_CTX,
+    BackendConfig,
+    KeepAlivePolicy,
+    NumCtxPolicy,
+    Policy,
+    model_key,
+)
 from gateway.core import GatewayError, Reason, fits_go_duration, parse_go_duration, whole_seconds
 
 __all__ = [

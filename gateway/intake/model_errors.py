@@ -4,8 +4,7 @@ handler, the reads and the token counting all raise these."""
 
 from __future__ import annotations
 
-from gateway.backends import BackendPool
-from gateway.backends.watch import unavailable
+from gateway.backends import BackendPool, unavailable
 from gateway.core import Api, GatewayError, Reason
 
 __all__ = ["MAX_MODEL_NAME", "checked_name", "model_forbidden", "model_not_found", "no_backend"]

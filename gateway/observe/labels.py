@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from gateway.backends import BackendState, model_key
-from gateway.config import ANONYMOUS, UNKNOWN
+from gateway.backends import BackendState
+from gateway.config import ANONYMOUS, UNKNOWN, model_key
 from gateway.reload import LivePolicy, PolicyView
 
 __all__ = ["OTHER", "MetricLabels", "add_merged"]

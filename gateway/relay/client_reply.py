@@ -5,8 +5,8 @@ aiohttp's ``prepare`` gathers a reply's headers into a CIMultiDict, looks up eac
 own in it (keep-alive, length, type, date, server) and then serializes them: with the
 backend's headers decoded into one CIMultiDict and copied into another, ~20 us of a
 stream's way back, stamped in the gateway. The head written here is the same bytes: the
-backend's headers that go on (``edge/headers.py``, as they came), the gateway's own
-(``edge/reply_headers.py``), then aiohttp's Transfer-Encoding, Date and Server. What would make
+backend's headers that go on (``edge/http/headers.py``, as they came), the gateway's own
+(``edge/http/reply_headers.py``), then aiohttp's Transfer-Encoding, Date and Server. What would make
 aiohttp write anything else (HTTP/1.0, a connection to close, a declared length, an empty
 body, a CORS reply whose Vary joins the backend's, a header of the gateway's the backend
 also sent, no Content-Type) is left to aiohttp's ``prepare``.
@@ -25,7 +25,7 @@ from aiohttp.http_writer import StreamWriter
 from aiohttp.web_response import REASON_PHRASES
 from multidict import CIMultiDict
 
-from gateway.edge import decoded, put, returned_pairs
+from gateway.edge.http import decoded, put, returned_pairs
 from gateway.relay.upstream_reply import Reply
 
 __all__ = ["Relayed", "start"]

@@ -20,7 +20,8 @@ from multidict import CIMultiDict
 
 from gateway.config import Timeouts
 from gateway.core import BackendFailure, GatewayError, Reason, api_of, inband_error
-from gateway.edge import Progress, ReplyHeaders, error_response, forwarded_headers
+from gateway.edge import Progress
+from gateway.edge.http import ReplyHeaders, error_response, forwarded_headers
 from gateway.relay.client_reply import start
 from gateway.relay.pump import pump
 from gateway.relay.upstream_client import BackendClient, ConnectTimeout

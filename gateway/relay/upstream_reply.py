@@ -15,7 +15,7 @@ from types import TracebackType
 
 from multidict import CIMultiDict
 
-from gateway.edge import decoded
+from gateway.edge.http import decoded
 from gateway.relay.deadlines import Deadline
 from gateway.relay.upstream_connection import Connection
 

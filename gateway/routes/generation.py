@@ -14,20 +14,18 @@ from gateway.admission import REVOKED, Permit, Refusal, Ticket
 from gateway.backends import Backend, BackendPool
 from gateway.config import Policy
 from gateway.core import GENERATION_PATHS, Api, BackendFailure, GatewayError, Reason, api_of
-from gateway.edge import HOT_PATHS, RECORD
+from gateway.edge.http import HOT_PATHS, RECORD, defer_continue, read_body
 from gateway.intake import (
     Fields,
     apply_load_policy,
     checked_name,
     classify,
-    defer_continue,
     lane_of,
     model_forbidden,
     model_not_found,
     no_backend,
     parsed,
     possible_lanes,
-    read_body,
 )
 from gateway.relay import Relay, Target
 from gateway.services import Services

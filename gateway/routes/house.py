@@ -16,7 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.config import ANONYMOUS, PERSON_SEPARATOR
-from gateway.edge import NO_STORE
+from gateway.edge.http import NO_STORE
 from gateway.observe import GatewaySnapshot
 from gateway.routes.status import render_budget, render_today
 from gateway.services import Services

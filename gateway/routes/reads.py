@@ -21,19 +21,12 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from gateway.backends import Backend, model_key
+from gateway.backends import Backend
 from gateway.backends.watch import entries_of
+from gateway.config import model_key
 from gateway.core import Api, GatewayError, Reason
-from gateway.edge import NO_STORE, RECORD
-from gateway.intake import (
-    checked_name,
-    defer_continue,
-    model_forbidden,
-    model_not_found,
-    no_backend,
-    parsed,
-    read_body,
-)
+from gateway.edge.http import NO_STORE, RECORD, defer_continue, read_body
+from gateway.intake import checked_name, model_forbidden, model_not_found, no_backend, parsed
 from gateway.relay import Relay, Target
 from gateway.routes.token_counting import COUNT_TOKENS, counting_backends
 from gateway.services import Services

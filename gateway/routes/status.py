@@ -14,7 +14,7 @@ from aiohttp import web
 from gateway.admission import RunningRequest, WaitingRequest
 from gateway.backends import Backend
 from gateway.core import GatewayError, Reason
-from gateway.edge import NO_STORE
+from gateway.edge.http import NO_STORE
 from gateway.observe import (
     BackendSnapshot,
     GatewaySnapshot,

@@ -30,7 +30,8 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
-from gateway.backends import Backend, model_key
+from gateway.backends import Backend
+from gateway.config import model_key
 from gateway.swaps.outcomes import RESIDENT, DoneSwap, Placement, SwapsSnapshot
 from gateway.swaps.residency import Residency
 from gateway.swaps.victims import BackendPlans, fits_beside, victims

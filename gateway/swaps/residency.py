@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from gateway.backends import OLLAMA_AUTOMATIC_MAX_LOADED, Backend, LoadedModel, model_key
+from gateway.backends import OLLAMA_AUTOMATIC_MAX_LOADED, Backend, LoadedModel
+from gateway.config import model_key
 
 __all__ = ["Residency", "Resident", "ResidentsSnapshot"]
 

@@ -1,4 +1,8 @@
-"""usage."""
+"""Who used the box: the ledger of finished requests, budgets and their 429s, and requests in
+flight counted across replicas.
+
+May import: every package below it (``intake`` down to ``core``).
+"""
 
 from gateway.usage.budgets import BudgetState
 from gateway.usage.in_flight import InFlight

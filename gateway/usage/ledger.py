@@ -23,8 +23,7 @@ import contextlib
 import structlog
 
 from gateway.admission import Refusal
-from gateway.backends import model_key
-from gateway.config import PERSON_SEPARATOR, Budget
+from gateway.config import PERSON_SEPARATOR, Budget, model_key
 from gateway.core import REFUSALS, Background, Calendar, Windows, repeat
 from gateway.edge import RequestRecord
 from gateway.usage.budgets import BudgetState, budget_states, over_budget, requests_room

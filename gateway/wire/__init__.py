@@ -1,4 +1,9 @@
-"""wire."""
+"""What the backends' wire formats demand of a body: JSON decoded as Go's ``encoding/json``
+decodes it, bodies whose meaning depends on the reader refused, Ollama's field types, the
+tools a server would run itself, and the token tallies at the end of a reply.
+
+May import: ``core`` (never aiohttp).
+"""
 
 from gateway.wire.ambiguity import (
     AmbiguousField,

@@ -1,8 +1,11 @@
-"""watch."""
+"""The watch over every backend, off the request path: probes on an interval, the monitor
+that applies them, keep-warm pings, and failures put in words an admin can act on.
 
-from gateway.backends.watch.failures import unavailable
+May import: ``backends``, ``relay``, ``edge``, ``config``, ``wire``, ``core``.
+"""
+
 from gateway.backends.watch.monitor import BackendMonitor
 from gateway.backends.watch.probes import entries_of
 from gateway.backends.watch.warmth import KeepWarm, WarmthSnapshot
 
-__all__ = ["BackendMonitor", "KeepWarm", "WarmthSnapshot", "entries_of", "unavailable"]
+__all__ = ["BackendMonitor", "KeepWarm", "WarmthSnapshot", "entries_of"]

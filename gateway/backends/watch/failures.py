@@ -9,13 +9,10 @@ hyphen, not a dash: JSON log lines would show a dash as ``\u2014``.)
 from __future__ import annotations
 
 import errno
-from collections.abc import Iterable
 
 import aiohttp
 
-from gateway.backends.pool import Backend
-
-__all__ = ["cause_of", "http_cause", "sentence", "unavailable"]
+__all__ = ["cause_of", "http_cause", "sentence"]
 
 _SERVERS = {"ollama": "Ollama", "llamacpp": "llama-server", "openai": "the server"}
 
@@ -59,12 +56,3 @@ def http_cause(path: str, status: int, text: str, kind: str) -> str:
 def sentence(name: str, url: str, cause: str) -> str:
     """``backend gpu at http://127.0.0.1:11434: connection refused - is Ollama running?``"""
     return f"backend {name} at {url}: {cause}"
-
-
-def unavailable(backends: Iterable[Backend]) -> str:
-    """Each backend out of rotation with its last error, for a 503 that says what to check.
-    By name only: any key holder reads this, and backend addresses stay in the log."""
-    return "; ".join(
-        f"backend {b.name}: {b.state.last_error or 'out of rotation until its probes pass'}"
-        for b in backends
-    )

@@ -15,8 +15,9 @@ from typing import Any
 
 import aiohttp
 
-from gateway.backends.pool import LoadedModel, model_key
+from gateway.backends.pool import LoadedModel
 from gateway.backends.watch.failures import cause_of, http_cause
+from gateway.config import model_key
 
 __all__ = ["Observation", "ProbeFailed", "entries_of", "probe"]
 

@@ -22,8 +22,8 @@ from datetime import UTC, datetime
 import aiohttp
 import structlog
 
-from gateway.backends.pool import Backend, BackendState, BackendStates, model_key
-from gateway.config import BackendConfig, Warmth
+from gateway.backends.pool import Backend, BackendState, BackendStates
+from gateway.config import BackendConfig, Warmth, model_key
 from gateway.core import KeyedTasks, whole_seconds
 from gateway.relay import Upstream
 

@@ -49,7 +49,8 @@ def forwarded_headers(
     headers: CIMultiDictProxy[str], keep_origin: bool = True
 ) -> list[tuple[str, str]]:
     """The request's headers that go on to the backend, as pairs: the backend client writes
-    them into the head as they are (a CIMultiDict made of them cost ~1 us of the path).
+    them into the head as they are (a CIMultiDict made of them would be one more copy on
+    every request's path).
     Without ``keep_origin``, a browser's Origin stays here too (the gateway answers for
     CORS: Ollama would refuse every origin its own OLLAMA_ORIGINS does not list)."""
     dropped = _dropped(_NOT_FORWARDED if keep_origin else _NOT_FORWARDED_NOR_ORIGIN, headers)

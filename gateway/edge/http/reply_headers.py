@@ -1,8 +1,8 @@
 """What the gateway says on every reply: the request's id, its wait for a turn, a listed
 origin's CORS headers (``ReplyHeaders``); and how a relayed reply is given them (``put``).
 
-Apart from the access log (edge/access_log.py), which fills the request's record and writes it when
-the request ends: this only reads the record, as a reply is made, and its callers are the
+Apart from the access log (``access_log.py``), which fills the request's record and writes it
+when the request ends: this only reads the record, as a reply is made, and its callers are the
 app's hook (app.py) and the relay (relay/relay.py), not the middleware.
 """
 
@@ -11,9 +11,8 @@ from __future__ import annotations
 from aiohttp import hdrs, web
 from multidict import CIMultiDict, istr
 
-from gateway.edge.access_log import X_REQUEST_ID
-from gateway.edge.cors import Cors, without_cors
-from gateway.edge.record import RECORD
+from gateway.edge.http.access_log import RECORD, X_REQUEST_ID
+from gateway.edge.http.cors import Cors, without_cors
 
 __all__ = ["ReplyHeaders", "put"]
 

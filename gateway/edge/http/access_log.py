@@ -1,6 +1,6 @@
 """One record per request, filled along its path and written as one access log line, by
 the gateway's one middleware (which also turns refusals into HTTP: ``error_response``).
-What every reply says of its request is edge/reply_headers.py's."""
+What every reply says of its request is edge/http/reply_headers.py's."""
 
 from __future__ import annotations
 
@@ -29,17 +29,18 @@ from gateway.core import (
     printable,
     shutting_down,
 )
-from gateway.edge.connection_handler import ARRIVED
-from gateway.edge.connections import Connections
-from gateway.edge.cors import Cors
 from gateway.edge.forwarded import Client
-from gateway.edge.record import RECORD, RecordListener, RequestRecord
+from gateway.edge.http.connection_handler import ARRIVED
+from gateway.edge.http.connections import Connections
+from gateway.edge.http.cors import Cors
+from gateway.edge.record import RecordListener, RequestRecord
 
-__all__ = ["X_REQUEST_ID", "access_log", "error_response"]
+__all__ = ["RECORD", "X_REQUEST_ID", "access_log", "error_response"]
 
 _LOGGER_NAME = "fairgate.access"
 log = structlog.get_logger(_LOGGER_NAME)
 
+RECORD = web.RequestKey("record", RequestRecord)
 Locate = Callable[[web.Request], Client]
 
 
@@ -57,7 +58,7 @@ def error_response(api: Api, error: GatewayError) -> web.Response:
 # cannot forge a log field or a header: letters, digits and . _ : - , at most 64.
 _SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 # istr: a header name looked up and set without case folding each time. Read from a
-# client here, said on every reply (edge/reply_headers.py).
+# client here, said on every reply (edge/http/reply_headers.py).
 X_REQUEST_ID = istr("X-Request-Id")
 
 

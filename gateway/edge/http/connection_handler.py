@@ -4,20 +4,20 @@ the event loop sooner, and errors that echo nothing.
 aiohttp serves a connection's requests from one coroutine per connection (``start``): the
 parser queues a request and wakes that coroutine, which makes a task for the request and
 waits for it, two turns of the event loop and the code of both before a handler runs. A
-request for one of the hot routes (``edge/hot_routes.py``) whose head and body came whole, on a
+request for one of the hot routes (``edge/http/hot_routes.py``) whose head and body came whole, on a
 connection where nothing else is queued or running, is given its task here, from the
 parser's callback, and the reply is finished as ``start`` would finish it: prepared, ended,
 the keep-alive deadline set again. Requests behind it on the connection (pipelined) wait
 in aiohttp's queue and ``start`` takes them, in order, once it has ended; every other
-request goes through ``start`` as before, so what answers a request is the same either way.
+request goes through ``start``, so what answers a request is the same either way.
 
 A burst of such requests (a household's streams that ended on the same decode step and ask
 again at once) is started a few per turn of the event loop (``Starts``), in the order they
 came. The event loop runs everything ready before it looks at its sockets again: a hundred
-requests made ready in one turn were each taken to its upstream write before any reply that
-came meanwhile was passed on, so every first token waited for the last arrival's way in.
-Started a few per turn, the replies of those already sent go out between them: measured
-with 100 streams asking at once, the added TTFT p50 halves (benchmarks/README.md).
+requests made ready in one turn would each be taken to its upstream write before any reply
+that came meanwhile is passed on, so every first token would wait for the last arrival's
+way in. Started a few per turn, the replies of those already sent go out between them
+(benchmarks/README.md has the measurements).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from aiohttp.web_exceptions import HTTPException
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 from aiohttp.web_server import Server
 
-from gateway.edge.hot_routes import HotRoutes
+from gateway.edge.http.hot_routes import HotRoutes
 
 __all__ = ["ARRIVED", "STARTS_PER_TURN", "ConnectionHandler", "Starts"]
 
@@ -49,10 +49,11 @@ ARRIVED = web.RequestKey("arrived", float)
 """When a request started here was read (``time.monotonic``): its record counts from then,
 its wait for a turn (``Starts``) and for the loop included, not from when it began."""
 
-# Hot requests started in one turn of the event loop, at most: each takes ~0.1 ms to its
-# upstream write, so about half a millisecond passes between two looks at the sockets. Of
-# 1, 3, 6, 12 and 24 (100 streams asking at once, benchmarks/README.md) 24 was worst and
-# 1 to 6 alike; fewer costs a look at the sockets (a syscall) for every few requests.
+# Hot requests started in one turn of the event loop, at most: each runs to its upstream
+# write before the loop looks at its sockets again, so the more a turn starts, the longer a
+# reply that came meanwhile waits. Fewer costs a look at the sockets (a syscall) for every
+# few requests; six does no worse than one under a burst of 100 streams asking at once, and
+# more does (the values tried are in benchmarks/README.md).
 STARTS_PER_TURN = 6
 
 
@@ -133,8 +134,8 @@ class ConnectionHandler(RequestHandler):
     def resume_reading(self, resume_parser: bool = True) -> None:
         # aiohttp's body reader asks for this after each read that leaves it under its low
         # water mark, paused or not (every chat body, read whole). Unpaused, nothing waits
-        # to be resumed: no bytes held from the parser, the transport reading; the parse of
-        # nothing aiohttp does on its way cost ~3 us of every request.
+        # to be resumed: no bytes held from the parser, the transport reading; so the parse
+        # of nothing aiohttp would do on its way is left off every request's path.
         if self._reading_paused:
             super().resume_reading(resume_parser)
 

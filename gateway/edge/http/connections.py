@@ -30,8 +30,8 @@ from aiohttp.web_protocol import RequestHandler
 
 from gateway.config import Settings
 from gateway.core import shutting_down
-from gateway.edge.connection_handler import STARTS_PER_TURN, ConnectionHandler, Starts
-from gateway.edge.hot_routes import HOT_PATHS, HotRoutes
+from gateway.edge.http.connection_handler import STARTS_PER_TURN, ConnectionHandler, Starts
+from gateway.edge.http.hot_routes import HOT_PATHS, HotRoutes
 
 __all__ = ["Connections", "Listener", "descriptor_cap"]
 

@@ -1,0 +1,74 @@
+"""Request bodies read off the connection: only for a request that may run, within a
+deadline and a bound.
+
+aiohttp would answer ``Expect: 100-continue`` itself, before any handler ran: a wrong key
+got ``100 Continue`` and then a 401, and a body too large got ``100 Continue`` and was then
+awaited. Here the interim answer goes out only once the request has passed every check
+that needs no body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import hdrs, web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
+
+from gateway.core import GatewayError, Reason
+
+__all__ = ["defer_continue", "read_body"]
+
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+async def defer_continue(request: web.Request) -> None:
+    """The routes' expect handler: say nothing yet; ``read_body`` decides."""
+
+
+async def read_body(request: web.Request, limit: int, deadline: float) -> bytes:
+    """The whole body, or GatewayError: 413 over ``limit`` (before a byte of it is read),
+    417 for an expectation other than 100-continue, 408 when it takes over ``deadline``."""
+    declared = request.content_length
+    if declared is not None and declared > limit:
+        # The body on its way is not read: nothing after it on the connection can be.
+        raise GatewayError(
+            413,
+            Reason.BODY_TOO_LARGE,
+            f"the body is {declared} bytes; the limit is {limit}",
+            close=True,
+        )
+    # hdrs' names: looked up without folding their case each time.
+    expect = request.headers.get(hdrs.EXPECT)
+    if expect is not None:
+        if expect.lower() != "100-continue":
+            raise GatewayError(417, Reason.BAD_REQUEST, "only Expect: 100-continue is supported")
+        if request.version >= (1, 1):
+            await request.writer.write(_CONTINUE)
+            request.writer.output_size = 0  # the interim reply is not the reply's body
+    content = request.content
+    try:
+        if content.is_eof():  # all here already (a chat's body comes with its head)
+            if declared is not None and hdrs.CONTENT_ENCODING not in request.headers:
+                # Exactly the declared bytes (none decoded into more), within the limit:
+                # taken as they are, without read()'s copy and its two awaits.
+                return content.read_nowait()
+            return await request.read()
+        async with asyncio.timeout(deadline):
+            return await request.read()
+    except (HttpProcessingError, RequestPayloadError) as exc:
+        # e.g. a Content-Encoding the bytes are not in: the rest of the connection's bytes
+        # cannot be trusted to start the next request, so it is closed.
+        raise GatewayError(
+            400,
+            Reason.BAD_REQUEST,
+            "the body cannot be read as its headers describe it",
+            close=True,
+        ) from exc
+    except TimeoutError:
+        raise GatewayError(
+            408,
+            Reason.BODY_TIMEOUT,
+            f"the request body did not arrive within {deadline:g}s",
+            close=True,  # its rest may still come: nothing after it can be read
+        ) from None
