@@ -38,7 +38,7 @@ class _CandidateFields(NamedTuple):
 class Candidate(_CandidateFields):
     """A waiting request as the ordering sees it.
 
-    Immutable, as the frozen dataclass it was, but a tuple: one is made for every request,
+    Immutable, as a frozen dataclass would be, but a tuple: one is made for every request,
     where a frozen dataclass sets each field through ``object.__setattr__``."""
 
     __slots__ = ()

@@ -158,7 +158,7 @@ class Settings(BaseSettings):
     @classmethod
     def _host_and_port(cls, value: str) -> str:
         """Refuse what cannot be bound, rather than binding something else: a port past
-        65535 used to wrap around (99999 bound 34463) while the log said 99999."""
+        65535 would wrap around (99999 binds 34463) while the log said 99999."""
         host, port = parse_listen(value)
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 

@@ -57,7 +57,7 @@ class Calendar:
 
     def at(self, now: float) -> Windows:
         """The windows holding ``now``; the same object again within one minute (a request
-        asks several times, and building one costs a few microseconds)."""
+        asks several times, and building one reads the local time and formats its labels)."""
         last = self._last
         if last is not None and last.minute_starts <= now < last.minute_ends:
             return last

@@ -88,7 +88,7 @@ def _invalid(text: str) -> ValueError:
 
 def _quoted(text: str) -> str:
     # Go quotes the text in its errors. Only for an error: a keep_alive read on each
-    # request would otherwise build a JSON encoder for nothing (a few microseconds).
+    # request would otherwise build a JSON encoder for nothing.
     return json.dumps(text, ensure_ascii=False)
 
 

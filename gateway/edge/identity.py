@@ -210,7 +210,7 @@ def _single(headers: MultiMapping[str], name: str) -> str | None:
     key; with different values it is a 401, as a parser that keeps the last (or joins them)
     would act on another key than the one checked here, which is the first."""
     values = headers.getall(name, ())
-    if len(values) < 2:  # nearly every request: no generator nor set on its path (0.35 us)
+    if len(values) < 2:  # nearly every request: no generator nor set on its path
         return values[0] if values else None
     if len({value.strip() for value in values}) > 1:
         raise GatewayError(

@@ -3,8 +3,8 @@ bytes in one send (``start``), in the common case with a head the gateway writes
 
 aiohttp's ``prepare`` gathers a reply's headers into a CIMultiDict, looks up each of its
 own in it (keep-alive, length, type, date, server) and then serializes them: with the
-backend's headers decoded into one CIMultiDict and copied into another, ~20 us of a
-stream's way back, stamped in the gateway. The head written here is the same bytes: the
+backend's headers decoded into one CIMultiDict and copied into another, all before a
+stream's first byte reaches the client. The head written here is the same bytes: the
 backend's headers that go on (``edge/http/headers.py``, as they came), the gateway's own
 (``edge/http/reply_headers.py``), then aiohttp's Transfer-Encoding, Date and Server. What would make
 aiohttp write anything else (HTTP/1.0, a connection to close, a declared length, an empty

@@ -1,11 +1,11 @@
 """Many deadlines on one loop timer: the first-byte deadlines of the relay's requests.
 
 A timer of its own for every request (``loop.call_at``, then its cancel at the first byte)
-cost ~5 us of wall time on the path to the upstream write (issue #22's critical-path
-probe), although nearly every deadline is disarmed long before it is due. Here arming and
-disarming one is a dict entry; the one timer is set for the earliest deadline armed, and
-moved only when an earlier one is armed. When it fires, what is due by then expires, as
-each would have with its own timer, and it is set again for the earliest left.
+would put a timer handle on the path to the upstream write, although nearly every deadline
+is disarmed long before it is due. Here arming and disarming one is a dict entry; the one
+timer is set for the earliest deadline armed, and moved only when an earlier one is armed.
+When it fires, what is due by then expires, as each would have with its own timer, and it
+is set again for the earliest left.
 """
 
 from __future__ import annotations

@@ -139,7 +139,7 @@ class _Passing:
         self._gaps = progress.gaps
         self._loop = loop
         # The gaps on the system's clock: uvloop's loop.time() is in whole milliseconds,
-        # read once a turn, which made a 0.4 ms gap 0 or 1 ms and two reads of a turn 0.
+        # read once a turn, which would make a 0.4 ms gap 0 or 1 ms and two reads of a turn 0.
         # The first from when the first bytes came (on that clock too), which may be a turn
         # of the loop before this: they went out from the backend's callback (relay/relay.py).
         first = progress.first_byte_at

@@ -184,8 +184,8 @@ class Generation:
 
 class _Targets:
     """Each backend's Target for each generation path, made once for each policy: the
-    request's path made into text (yarl) and a Target built cost every request ~5 us before
-    its upstream write (probe), and only a policy (with its backends) changes them."""
+    request's path made into text (yarl) and a Target built would be on every request's way
+    to its upstream write, and only a policy (with its backends) changes them."""
 
     def __init__(self) -> None:
         self._policy: Policy | None = None

@@ -1,10 +1,11 @@
 """How many values a JSON body holds, counted before Python's parser makes one of them.
 
 Python's ``json`` parser holds the GIL while it makes numbers, strings and arrays in C, and
-each one lives on as a Python object: a 32 MiB body of ``[1,1,1,...]`` held the event loop
-1.35 s and grew the process by 128 MB, ``[[],[],...]`` several times that (an empty list is
-56 bytes for 3 bytes of JSON, and the garbage collector walks every one). So a body may
-hold ``MAX_VALUES`` values and ``MAX_ARRAYS`` arrays, counted here at C speed first.
+each one lives on as a Python object: a 32 MiB body of ``[1,1,1,...]`` holds the event
+loop while 16 million of them are made and grows the process by a pointer for each
+(128 MB), ``[[],[],...]`` several times that (an empty list is 56 bytes for 3 bytes of
+JSON, and the garbage collector walks every one). So a body may hold ``MAX_VALUES`` values and
+``MAX_ARRAYS`` arrays, counted here at C speed first.
 
 The count: every value is either the first in its array or object, which follows its
 opening bracket, or follows a comma; so the values are one (the outermost) plus the commas
@@ -24,12 +25,12 @@ __all__ = ["MAX_ARRAYS", "MAX_VALUES", "TooManyValues", "check_counts", "count_v
 # Ollama's /api/generate `context` holds one token id for each token of the conversation so
 # far, up to num_ctx: 128k for most models today, 1M for the longest. OpenAI's embeddings
 # take at most 300k tokens a request as token ids. Open WebUI's 36 tools are about 500
-# objects, a few thousand values. The C parser makes a value in 40-60 ns, so a million
-# hold it 40-60 ms and take at most about 64 MB (an empty list and its slot).
+# objects, a few thousand values. The C parser makes a million in tens of milliseconds,
+# and they take at most about 64 MB (an empty list and its slot).
 MAX_VALUES = 1_000_000
-# Arrays are what the garbage collector walks (1M empty ones parsed in 211 ms, 43 ms with
-# the collector off): messages, content parts, a schema's lists, the [][]int of a batch of
-# token ids; as many as the objects ``json_decode.MAX_OBJECTS`` allows.
+# Arrays are what the garbage collector walks, which costs more than parsing them:
+# messages, content parts, a schema's lists, the [][]int of a batch of token ids; as many
+# as the objects ``json_decode.MAX_OBJECTS`` allows.
 MAX_ARRAYS = 100_000
 
 # Shorter than this, a body holds no more than the bounds: each value or bracket counted

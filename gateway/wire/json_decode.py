@@ -76,8 +76,8 @@ def decode(
 
     ``in_thread``: the caller is a worker thread beside the event loop. The C parser holds
     the GIL until it calls Python, which it does for each object and fraction but not for
-    an integer; so each integer is made by a Python call too (a million token ids parse in
-    about 150 ms instead of 60), and the loop gets the GIL back every few milliseconds."""
+    an integer; so each integer is made by a Python call too, which slows the parse but
+    gives the loop the GIL back every few milliseconds."""
     left = MAX_OBJECTS
 
     def counted(pairs: list[tuple[str, Any]]) -> Any:
@@ -111,13 +111,12 @@ def scanner(make: Callable[[list[tuple[str, Any]]], Any]) -> Scan:
 
 
 def loads(scan: Scan, text: str) -> Any:
-    """``json.loads(text)`` with a decoder built once (building one per body costs a
-    chat's parse a third again) and ``scan``, its scanner; its BOM check kept, with its
-    words.
+    """``json.loads(text)`` with a decoder built once (building one per body would add
+    much to a chat's parse) and ``scan``, its scanner; its BOM check kept, with its words.
 
     The decoder's ``decode`` itself, without its two calls around the scanner and, for a
     body that starts with its object and ends with it (nearly all), without its two
-    matches of whitespace: the same errors, in the same words, a fifth less time."""
+    matches of whitespace: the same errors, in the same words, in less time."""
     if text.startswith("\ufeff"):
         raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
     # (_WHITESPACE matches the empty string: never None.)

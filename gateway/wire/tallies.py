@@ -2,8 +2,8 @@
 
 The relay keeps only the last few KiB of a reply and this looks for the tallies in them
 once the reply has ended, without parsing the whole JSON: a batch of embeddings can be
-megabytes of floats before its ``prompt_eval_count``, and ``json.loads`` of 700 KB holds
-the event loop (every other stream) for about 20 ms.
+megabytes of floats before its ``prompt_eval_count``, and ``json.loads`` of all of them
+would hold the event loop (every other stream) for tens of milliseconds at its end.
 """
 
 from __future__ import annotations
@@ -130,8 +130,8 @@ def token_events(path: str) -> TokenEvents | None:
 def _last(tail: bytes, name: bytes) -> int | None:
     """The last ``"name": number`` in ``tail``.
 
-    Searched from the end with ``rfind``, where the tallies are: a few microseconds a reply,
-    where a regular expression over the window tried a match at every quote (60 us).
+    Searched from the end with ``rfind``, where the tallies are, rather than with a regular
+    expression over the window, which would try a match at every quote in it, every reply.
     Inside a JSON string every quote is escaped, so a text that merely mentions
     "eval_count" cannot match a quoted name followed by a colon.
     """

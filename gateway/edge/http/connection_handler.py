@@ -52,8 +52,8 @@ its wait for a turn (``Starts``) and for the loop included, not from when it beg
 # Hot requests started in one turn of the event loop, at most: each runs to its upstream
 # write before the loop looks at its sockets again, so the more a turn starts, the longer a
 # reply that came meanwhile waits. Fewer costs a look at the sockets (a syscall) for every
-# few requests; six does no worse than one under a burst of 100 streams asking at once, and
-# more does (the values tried are in benchmarks/README.md).
+# few requests. Six serves a burst of 100 streams asking at once as well as one does (the
+# values tried are in benchmarks/README.md).
 STARTS_PER_TURN = 6
 
 

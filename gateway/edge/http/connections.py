@@ -2,8 +2,8 @@
 does not speak HTTP gets.
 
 aiohttp alone keeps every connection it accepts, for 75 s after its last request, and a
-process under systemd has 1,024 descriptors: 1,015 idle connections that never sent a key
-made a real request fail with a reset, and nothing was logged. Here:
+process under systemd has 1,024 descriptors: 1,015 idle connections that never send a key
+make a real request fail with a reset, and nothing is logged. Here:
 
 - at most ``FAIRGATE_MAX_CONNECTIONS`` client connections are open (fewer if the process
   cannot have that many descriptors); at the cap the oldest connection that is not
@@ -75,8 +75,8 @@ class Connections:
     def enter(self, request: web.Request) -> None:
         """``request``'s connection is busy until ``leave`` (so neither closed for a newcomer
         nor left out of a drain); a 503 instead while draining. The access log calls both,
-        ``leave`` in a ``finally``: a guard object for a ``with`` would cost each request a
-        third of a microsecond more."""
+        ``leave`` in a ``finally``: a guard object for a ``with`` would add an object and its
+        two calls to every request's path."""
         if self.draining and request.path not in _SERVED_WHILE_DRAINING:
             raise shutting_down()
         self.busy[request.protocol] = (request, asyncio.current_task())

@@ -18,7 +18,7 @@ and run a chat as the household member whose machine it is, on their budget, tho
 cannot read the reply. A request that a page on another origin sent (its browser says so in
 ``Origin``) is therefore refused with 403 ``origin_forbidden`` unless it carries a key or the
 policy lists that origin, as Ollama refuses an origin it does not list; extensions' and
-apps' own schemes are left to the backend, as before. A page on the gateway's own host name
+apps' own schemes are left to the backend to judge. A page on the gateway's own host name
 is no exception: a site can rebind its name to the gateway's address (DNS rebinding), and
 the gateway's own pages only read, which sends no Origin.
 """

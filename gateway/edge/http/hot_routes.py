@@ -1,13 +1,13 @@
 """The generation routes found without aiohttp's router: every chat, completion and
 embedding is a POST to one of a few fixed paths, on the path of its first byte.
 
-aiohttp's ``Application._handle`` resolves each request's route (5-6 us in the server),
-asks the event loop for itself (a getpid() syscall on CPython 3.11) and looks up the
-middleware chain in a cache. Here those routes, their middleware chain and their match
-info are worked out once, when the server starts, and a request for one of them is handed
-straight to its chain. Anything else (another path or method, a path written with escapes,
-an ``Expect`` header whose answer the route decides) goes through ``Application._handle``
-as before, so what answers a request is the same either way.
+aiohttp's ``Application._handle`` resolves each request's route anew, asks the event loop
+for itself (a getpid() syscall on CPython 3.11) and looks up the middleware chain in a
+cache. Here those routes, their middleware chain and their match info are worked out once,
+when the server starts, and a request for one of them is handed straight to its chain.
+Anything else (another path or method, a path written with escapes, an ``Expect`` header
+whose answer the route decides) goes through ``Application._handle``, so what answers a
+request is the same either way.
 """
 
 from __future__ import annotations

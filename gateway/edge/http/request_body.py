@@ -2,8 +2,8 @@
 deadline and a bound.
 
 aiohttp would answer ``Expect: 100-continue`` itself, before any handler ran: a wrong key
-got ``100 Continue`` and then a 401, and a body too large got ``100 Continue`` and was then
-awaited. Here the interim answer goes out only once the request has passed every check
+would get ``100 Continue`` and then a 401, and a body too large ``100 Continue`` and then
+be awaited. Here the interim answer goes out only once the request has passed every check
 that needs no body.
 """
 
