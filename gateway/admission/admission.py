@@ -10,7 +10,7 @@ The shape follows paddler's balancer: a quick path, a bound, then a bounded wait
 confirms each local turn across all of them (``admission/replicas.py``); a single replica keeps
 one ledger, the room's, and confirms nothing. This module puts the parts together and is
 what the rest of the gateway calls: the permit (``admission/permit.py``), turning away requests that
-wait (``admission/turn_away.py``), and the loop's wake-ups (``admission/wakeups.py``) are its other
+wait (``refusals.turn_away``), and the loop's wake-ups (``admission/wakeups.py``) are its other
 parts.
 """
 
@@ -121,7 +121,7 @@ class Admission:
         return running + len(room.waiting.get(user, ())) + len(room.background.get(user, ()))
 
     def refuses_unseen(self, user: str, lanes: tuple[Lane, ...]) -> Refusal | None:
-        """The quick no that needs no body (``room_bounds.refuses_unseen``), or None."""
+        """The quick no that needs no body (``turns.refuses_unseen``), or None."""
         reason = refuses_unseen(self.room, user, lanes)
         if reason is None:
             return None

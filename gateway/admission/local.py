@@ -6,7 +6,7 @@ turn (``admission/room.py`` dispatches a freed slot to whoever the ordering pick
 arriving at a full room may take the place of the newest background request.
 
 The outcome is a value, a ``Permit`` or a ``Refusal``; a request turned away while it
-waited (``admission/turn_away.py``) comes back as its refusal. With several replicas, the turn is
+waited (``refusals.turn_away``) comes back as its refusal. With several replicas, the turn is
 confirmed afterwards (``admission/replicas.py``).
 """
 

@@ -1,8 +1,8 @@
 """The permit: a held turn, charged as its reply streams, corrected, released once.
 
-The request handler holds it with ``async with`` while the request runs. It reaches the
-admission that granted it through ``Issuer``, the three things it needs, so that this
-module imports neither admission nor its parts (they all build permits).
+The request handler holds it with ``async with`` while the request runs; leaving the block
+releases the turn, which wakes the waiters. It knows the admission that granted it only as
+``Issuer``: the few things a permit needs of whoever issues it.
 """
 
 from __future__ import annotations

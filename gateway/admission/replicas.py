@@ -27,7 +27,7 @@ __all__ = ["LocalTurn", "ReplicaHolds"]
 # is announced at once; this bounds the wait if the announcement is lost).
 _SHARED_RETRY_SECONDS = 0.5
 
-# A turn in this replica's room: ``local_turn.LocalTurns.take``.
+# A turn in this replica's room: ``local.LocalTurns.take``.
 LocalTurn = Callable[[Ticket, float], Awaitable[Permit | Refusal]]
 
 

@@ -14,7 +14,7 @@ looks only at users with requests waiting, and the ordering (FIFO or fair) picks
 Two lanes (``admission/queues.py``): each user has an interactive and a background queue, with
 their own bounds. A slot goes to background work only when no interactive request can take
 it, and background work holds at most ``lanes.background.max_slots`` of a backend. Which
-bound a request would pass is asked of the room in ``admission/room_bounds.py``.
+bound a request would pass is asked of the room at the end of ``turns.py``.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ __all__ = ["swap_wait", "waits"]
 def swap_wait(room: RoomState, ticket: Ticket, hold: float) -> SwapWait | None:
     """Why ``ticket``'s model keeps its request waiting, if memory does, on the first
     backend serving it where it does (``waits``); when a swap would make room but none is
-    started for its user (``swap_bar``), that, and when they will be again."""
+    started for its user (``SwapBar``), that, and when they will be again."""
     planner, user, busy = room.swaps, ticket.user, room.slots.busy
     for backend in room.pool.serving(ticket.api, ticket.model):
         found = waits(planner, backend, ticket.model, ticket.num_ctx, busy, hold)

@@ -1,7 +1,7 @@
 """What the waiting room knows of a request: its ticket, and the waiter that stands for it.
 
-Apart from the room so that its parts (the slot ledger, the user queues, the turns) and its
-snapshot can name them without importing the room, which imports them all.
+Every part of the room (the slot ledger, the user queues, the turns, the snapshot) speaks of
+requests in these two words.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ request that needs a load (server/sched.go, ``processPending``). A request whose
 - the victims are chosen, and what fits is counted, in ``swap_victims``; one swap per
   backend at a time; a swap nobody waits for any more is called off;
 - a user whose swap was wasted (the backend refused the request, loading nothing) plans no
-  other for a while (``swap_bar``);
+  other for a while (``SwapBar``);
 - why a request waits for memory, in the words of its 503, is asked in ``swap_waits``.
 
 Only interactive requests start a swap: background work runs on what is loaded, or loads
@@ -76,7 +76,7 @@ class SwapPlanner:
         run there (``alone``), the gateway's record of having sent it goes: nothing was
         loaded, and a model counted as held that is not would make the next swap unload a
         real one instead. If models were unloaded for the request, ``user`` is barred
-        from swaps for a while (``swap_bar``)."""
+        from swaps for a while (``SwapBar``)."""
         if alone:
             self.residency.unsent(backend, model)
         if placement.kind in ("swap", "reload"):
@@ -92,7 +92,7 @@ class SwapPlanner:
         return self._swaps.get(backend.key)
 
     def may_plan_for(self, user: str) -> bool:
-        """Whether a swap may be planned for ``user``'s request (``swap_bar``)."""
+        """Whether a swap may be planned for ``user``'s request (``SwapBar``)."""
         return self.bar.seconds_left(user) == 0.0
 
     def admits(
