@@ -19,7 +19,7 @@ from tests.conftest import Gateway, StartGateway, StartSim, one_backend
 from tests.test_admission import MODEL, idle, queued, until
 from tests.test_metrics import scrape
 
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples" / "open-webui"
+SAMPLES = Path(__file__).parent / "samples" / "open-webui"  # captured from Open WebUI 0.12.4
 TITLE_PROMPT = "### Task:\nGenerate a concise title summarizing the chat history."
 PEOPLE = """\
 defaults: {max_concurrent: 1, max_queued: 1}

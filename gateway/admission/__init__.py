@@ -9,6 +9,7 @@ from gateway.admission.admission import Admission
 from gateway.admission.holds.base import HoldStore, StoreUnavailable
 from gateway.admission.holds.redis import RedisHolds
 from gateway.admission.permit import Permit
+from gateway.admission.preemption import Waste
 from gateway.admission.refusals import REVOKED, Refusal
 from gateway.admission.room_snapshot import RoomSnapshot, RunningRequest, WaitingRequest
 from gateway.admission.tickets import Ticket
@@ -25,4 +26,5 @@ __all__ = [
     "StoreUnavailable",
     "Ticket",
     "WaitingRequest",
+    "Waste",
 ]

@@ -33,7 +33,7 @@ from gateway.admission.tickets import Ticket
 from gateway.admission.turns import refuses_unseen
 from gateway.admission.wakeups import Changes, WakeTimer
 from gateway.backends import Backend, BackendPool
-from gateway.config import Policy
+from gateway.config import Policy, background_account, is_background_account
 from gateway.core import Api, Lane, Reason
 from gateway.swaps import SwapWait
 
@@ -114,11 +114,15 @@ class Admission:
         deadline = self.clock() + self.room.policy.max_wait_of(ticket.lane)
         return await self.replicas.acquire(ticket, deadline, self.turns.take)
 
-    def in_flight(self, user: str) -> int:
-        """``user``'s requests running or waiting here, in either lane."""
+    def in_flight(self, account: str) -> int:
+        """The requests charged to ``account`` running or waiting here: a person's own, or
+        for a front end's background account (``Ticket.payer``) its background work."""
         room = self.room
-        running = room.running[user] + room.background_running[user]
-        return running + len(room.waiting.get(user, ())) + len(room.background.get(user, ()))
+        if not is_background_account(account):
+            return room.running[account] + len(room.waiting.get(account, ()))
+        running = room.background_running.items()
+        waiting = ((user, len(queue)) for user, queue in room.background.items())
+        return sum(n for user, n in (*running, *waiting) if background_account(user) == account)
 
     def refuses_unseen(self, user: str, lanes: tuple[Lane, ...]) -> Refusal | None:
         """The quick no that needs no body (``turns.refuses_unseen``), or None."""

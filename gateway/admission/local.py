@@ -98,11 +98,12 @@ class LocalTurns:
         return Permit.queued(self._issuer, waiter, backend)
 
     def _displace_background(self, ticket: Ticket) -> Reason | None:
-        """Make room for a person: the newest background request leaves with a 503."""
+        """Make room for a person: the newest background request waiting leaves with a 503;
+        with none waiting, the person joins if running background work can give way."""
         room = self._room
         victim = room.lines.newest_background()
-        if victim is None:
-            return Reason.GATEWAY_BUSY
+        if victim is None:  # none waits; one that runs may give its slot up once joined
+            return None if room.could_give_way(ticket) else Reason.GATEWAY_BUSY
         room.leave(victim)
         refusal = self._refuse(Reason.GATEWAY_BUSY, victim.ticket)
         displaced = f"background work gave its place to {ticket.user}'s request; {refusal.message}"

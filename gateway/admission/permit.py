@@ -7,6 +7,7 @@ releases the turn, which wakes the waiters. It knows the admission that granted 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from types import TracebackType
 from typing import Protocol
@@ -15,6 +16,7 @@ from gateway.admission.holds.base import Hold
 from gateway.admission.room import WaitingRoom
 from gateway.admission.tickets import Ticket, Waiter
 from gateway.backends import Backend
+from gateway.core import BACKGROUND
 from gateway.swaps import Placement
 
 __all__ = ["Issuer", "Permit"]
@@ -47,6 +49,7 @@ class Permit:
         "hold",
         "output_charged",
         "placement",
+        "preempted",
         "queue_position",
         "queue_wait",
         "ticket",
@@ -77,6 +80,14 @@ class Permit:
         self.output_charged = 0.0
         self.hold: Hold | None = None  # the claim in the hold store, once confirmed
         self.placement = placement  # how it finds its model: held, loaded, swapped
+        # Resolved when background work gives its slot to a person (preemption.py); None
+        # for people's requests, and for work whose reply has begun or may not give way.
+        self.preempted: asyncio.Future[None] | None = None
+        if ticket.lane is BACKGROUND:
+            room = admission.room
+            if ticket.restarts < room.policy.lanes.background.max_restarts:
+                self.preempted = asyncio.get_running_loop().create_future()
+                room.preemptions.add(self)
 
     @classmethod
     def queued(cls, admission: Issuer, waiter: Waiter, backend: Backend) -> Permit:
@@ -97,11 +108,11 @@ class Permit:
     def add_output(self, tokens: float) -> None:
         """Charge tokens as they stream, so a long reply counts before it ends."""
         self.output_charged += tokens
-        self._admission.room.ordering.on_output(self.ticket.user, self.weight, tokens)
+        self._admission.room.ordering.on_output(self.ticket.payer, self.weight, tokens)
 
     def settle(self, input_tokens: int | None, output_tokens: int | None) -> None:
         """Correct the charges with the backend's own counts, when it reported them."""
-        ordering, user = self._admission.room.ordering, self.ticket.user
+        ordering, user = self._admission.room.ordering, self.ticket.payer
         if input_tokens is not None:
             ordering.on_correction(user, self.weight, input_tokens - self.ticket.input_tokens)
         if output_tokens is not None:
@@ -126,7 +137,28 @@ class Permit:
         room = self._admission.room
         room.swaps.loaded(self.backend, self.ticket.model, seconds)
         tokens = room.policy.costs.load * seconds
-        room.ordering.on_output(self.ticket.user, self.weight, tokens)
+        room.ordering.on_output(self.ticket.payer, self.weight, tokens)
+
+    def begin_reply(self) -> bool:
+        """The reply is about to go out to the client: from now on it keeps its slot. False
+        if it gave the slot up already (the reply must not go out)."""
+        preempted = self.preempted
+        if preempted is None:
+            return True
+        if preempted.done():
+            return False
+        self._admission.room.preemptions.discard(self)
+        self.preempted = None
+        return True
+
+    def preempt(self) -> None:
+        """Give the slot up now, for a person (the room's call, ``Preemptions.preempt``):
+        released here, once; the request's handler sees ``preempted`` resolve."""
+        preempted = self.preempted
+        if preempted is None or preempted.done() or self._released:
+            return
+        preempted.set_result(None)
+        self.release()
 
     async def __aenter__(self) -> Permit:
         return self
@@ -136,6 +168,8 @@ class Permit:
     ) -> None:
         if not self._released:  # as ``release`` does, without a call more on every request
             self._released = True
+            if self.preempted is not None:
+                self._admission.room.preemptions.discard(self)
             self._admission.release(self)
 
     def release(self) -> None:
@@ -143,4 +177,6 @@ class Permit:
         release) does nothing."""
         if not self._released:
             self._released = True
+            if self.preempted is not None:
+                self._admission.room.preemptions.discard(self)
             self._admission.release(self)

@@ -70,7 +70,9 @@ def refusal(
     """The refusal of a request that is not (or no longer) in the waiting room; ``swap``:
     it waited for its model to be swapped in (its drain and load are the wait to come)."""
     policy = room.policy
-    ahead = room.depth + others_waiting
+    # People go before background work, which gives way to them: only people are ahead.
+    waiting_ahead = room.depth if lane is Lane.BACKGROUND else _people_waiting(room)
+    ahead = waiting_ahead + others_waiting
     if reason is Reason.USER_QUEUE_FULL:
         places, queued = room.caps(user, lane)
         waiting = len(room.queues(lane).get(user, ()))
@@ -82,6 +84,8 @@ def refusal(
     else:
         waiting = ahead
         places = max(1, sum(b.slots for b in room.pool.backends))
+        if lane is Lane.INTERACTIVE:  # background work's slots are a person's at once
+            waiting = max(0, waiting - room.giving_way)
         said = (
             f"the gateway is busy: {ahead} requests waiting ahead of you (max_depth "
             f"{policy.queue.max_depth})"
@@ -132,3 +136,7 @@ def turn_away(room: WaitingRoom, refused: Callable[[Ticket], bool], refusal: Ref
                 room.leave(waiter)
                 waiter.turn.set_exception(TurnedAway(refusal))
     room.dispatch()
+
+
+def _people_waiting(room: RoomState) -> int:
+    return sum(len(queue) for queue in room.waiting.values())

@@ -25,6 +25,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
 
+from gateway.admission.preemption import Preemptions
 from gateway.admission.prefill_gate import PrefillGate
 from gateway.admission.queues import UserQueues
 from gateway.admission.room_snapshot import RoomSnapshot, room_snapshot
@@ -33,7 +34,7 @@ from gateway.admission.slot_ledger import SlotLedger
 from gateway.admission.tickets import Ticket, Waiter
 from gateway.admission.turns import Offer, free_backends, free_now, next_offer, waits
 from gateway.backends import Backend, BackendPool
-from gateway.config import Limits, Policy, model_key
+from gateway.config import Limits, Policy, background_account, model_key
 from gateway.core import Lane
 from gateway.swaps import Placement, SwapPlanner
 
@@ -65,6 +66,7 @@ class WaitingRoom:
         self.slots = SlotLedger(clock)  # what runs, by slot group, and who holds it
         self.swaps = SwapPlanner(clock)  # what each Ollama backend holds, loads and unloads
         self.gate = PrefillGate()  # since when a heavy request is held, by slot group
+        self.preemptions = Preemptions()  # background work that gives way to a person
         self.clock = clock
         self._seq = itertools.count()
         self._on_change = on_change
@@ -90,6 +92,10 @@ class WaitingRoom:
     @property
     def background_running(self) -> Counter[str]:
         return self.lines.background_running
+
+    @property
+    def giving_way(self) -> int:
+        return len(self.preemptions)
 
     @property
     def arriving(self) -> Counter[str]:
@@ -150,7 +156,7 @@ class WaitingRoom:
         else:
             placement = swaps.placed(backend, ticket.model, ticket.num_ctx, busy)
         # As ``_arrival`` does, nobody waiting: the user is lifted to where the room left off.
-        self.ordering.on_arrival(ticket.user, ())
+        self.ordering.on_arrival(ticket.payer, ())
         candidate = self._candidate(ticket, limits)
         lines.started(ticket)
         self._occupy(ticket, backend)
@@ -162,18 +168,23 @@ class WaitingRoom:
 
     def _arrival(self, ticket: Ticket, now: float, turn: asyncio.Future[Backend]) -> Waiter:
         user, lines = ticket.user, self.lines
-        if user not in lines.waiting and user not in lines.background:
+        if user not in lines.queues(ticket.lane):
             # VTC's rule: a user whose queue was empty is lifted to the least-served user
             # still waiting, so idle (or merely running) time cannot be banked into a burst.
-            waiting = lines.waiting.keys() | lines.background.keys() if lines.depth else ()
-            self.ordering.on_arrival(user, waiting)
+            # Background work is charged to its own account: lifted, and ordered, as one.
+            self.ordering.on_arrival(ticket.payer, self._payers_waiting() if lines.depth else ())
         return Waiter(ticket, self._candidate(ticket, self.policy.limits_of(user)), now, turn)
+
+    def _payers_waiting(self) -> set[str]:
+        """Whom the requests waiting now are charged to (``Ticket.payer``)."""
+        lines = self.lines
+        return lines.waiting.keys() | {background_account(user) for user in lines.background}
 
     def _candidate(self, ticket: Ticket, limits: Limits) -> Candidate:
         weight = limits.weight * ticket.class_weight
         # Built without ``Candidate``'s check that the weight is > 0: the policy holds both
         # factors to 0.001 and more (``Weight``), and every request makes one.
-        fields = (next(self._seq), ticket.user, weight, ticket.input_tokens)
+        fields = (next(self._seq), ticket.payer, weight, ticket.input_tokens)
         return tuple.__new__(Candidate, fields)
 
     def leave(self, waiter: Waiter) -> None:
@@ -211,6 +222,22 @@ class WaitingRoom:
             self.leave(offer.waiter)
             self._start(offer.waiter, offer.backend)
         self._wake_for_held()
+        if self.preemptions and self.lines.waiting:  # nearly never: people wait, and tasks run
+            self._give_way()
+
+    def _give_way(self) -> None:
+        """A person still waits and background work holds a slot they could use: it gives
+        the slot up (its release dispatches again, which starts the person, and gives way
+        again for the next person who waits)."""
+        for queue in list(self.lines.waiting.values()):
+            victim = self.preemptions.victim_for(self, queue[0].ticket)
+            if victim is not None:
+                self.preemptions.preempt(victim, self.clock())
+                return
+
+    def could_give_way(self, ticket: Ticket) -> bool:
+        """Whether background work holds a slot ``ticket``'s request could start on now."""
+        return bool(self.preemptions) and self.preemptions.victim_for(self, ticket) is not None
 
     def _next_turn(self) -> Offer | None:
         # People first: background work gets a slot only when no interactive request can.
@@ -283,7 +310,7 @@ class WaitingRoom:
 
     def snapshot(self, now: float) -> RoomSnapshot:
         """The room at ``now``, for /status, metrics and the house page."""
-        return room_snapshot(self, now)
+        return room_snapshot(self, now, self.preemptions.waste, self.giving_way)
 
     def _idle_check(self, user: str) -> None:
         if self.lines.idle(user):

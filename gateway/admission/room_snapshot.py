@@ -11,8 +11,9 @@ from __future__ import annotations
 import copy
 from collections import Counter, deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from gateway.admission.preemption import Waste
 from gateway.admission.room_state import RoomState
 from gateway.admission.scheduler import Ordering
 from gateway.admission.tickets import Ticket, Waiter
@@ -70,9 +71,13 @@ class RoomSnapshot:
     model_busy: dict[tuple[str, str], int] = field(default_factory=dict)  # (backend, model)
     residents: dict[str, ResidentsSnapshot] = field(default_factory=dict)  # Ollama, by name
     swaps: SwapsSnapshot = field(default_factory=lambda: SwapsSnapshot({}, {}))  # by key
+    given_way: Waste = field(default_factory=Waste)  # background work's restarts, since start
+    preemptible: int = 0  # background requests running now that would give way to a person
 
 
-def room_snapshot(room: RoomState, now: float) -> RoomSnapshot:
+def room_snapshot(
+    room: RoomState, now: float, given_way: Waste | None = None, preemptible: int = 0
+) -> RoomSnapshot:
     by_class: Counter[tuple[str, RequestClass]] = Counter()
     oldest = now
     for queue in (*room.waiting.values(), *room.background.values()):
@@ -101,6 +106,8 @@ def room_snapshot(room: RoomState, now: float) -> RoomSnapshot:
         swaps=room.swaps.snapshot(),
         queued_by_class=dict(by_class),
         fair_counters=dict(room.ordering.counters()),
+        given_way=Waste() if given_way is None else replace(given_way),
+        preemptible=preemptible,
         running=_running(room, now),
         waiting=tuple(
             WaitingRequest(

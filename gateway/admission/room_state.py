@@ -52,6 +52,11 @@ class RoomState(Protocol):
     @property
     def background_running(self) -> Counter[str]: ...
 
+    @property
+    def giving_way(self) -> int:
+        """Background requests running now that would give their slot to a person."""
+        ...
+
     def queues(self, lane: Lane) -> dict[str, deque[Waiter]]:
         """The waiting requests of ``lane``, by user."""
         ...

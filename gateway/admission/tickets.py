@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 from gateway.admission.scheduler import Candidate
 from gateway.backends import Backend
+from gateway.config import background_account
 from gateway.core import Api, Lane, RequestClass
 from gateway.swaps import RESIDENT, Placement
 
@@ -30,6 +31,7 @@ class _TicketFields(NamedTuple):
     num_ctx: int | None  # the options.num_ctx forwarded (Ollama loads with it)
     # Of its request class; computed once, as the room asks it at every take and release.
     heavy: bool
+    restarts: int  # times it gave its slot to a person and ran again (background work)
 
 
 class Ticket(_TicketFields):
@@ -53,6 +55,7 @@ class Ticket(_TicketFields):
         credential: str = "",
         lane: Lane = Lane.INTERACTIVE,
         num_ctx: int | None = None,
+        restarts: int = 0,
     ) -> Ticket:
         heavy = request_class is RequestClass.HEAVY
         return tuple.__new__(
@@ -68,8 +71,20 @@ class Ticket(_TicketFields):
                 lane,
                 num_ctx,
                 heavy,
+                restarts,
             ),
         )
+
+    @property
+    def payer(self) -> str:
+        """Who its fair share is charged to: the user, or for background work the front
+        end's background account (never the person whose chat caused it)."""
+        return background_account(self.user) if self.lane is Lane.BACKGROUND else self.user
+
+    def restarted(self) -> Ticket:
+        """This request again, after it gave its slot to a person (a new identity in the
+        room: the slot ledger knows a running request by its ticket)."""
+        return self._replace(restarts=self.restarts + 1)
 
 
 @dataclass(eq=False, slots=True)

@@ -230,6 +230,7 @@ def _refuses_unseen_in(room: RoomState, user: str, lane: Lane) -> Reason | None:
     if not lines.at_cap(user, lane) and room.slots.has_free_slot(room.pool.backends):
         return None  # it may start at once, whatever its waiting would pass: asked first
     reason = lines.over_bound(user, lane, extra=1 + lines.arriving.get(user, 0))
-    if reason is Reason.GATEWAY_BUSY and lane is Lane.INTERACTIVE and lines.background:
+    busy_for_a_person = reason is Reason.GATEWAY_BUSY and lane is Lane.INTERACTIVE
+    if busy_for_a_person and (lines.background or room.giving_way):
         return None  # a person's request would displace background work
     return reason

@@ -133,10 +133,10 @@ def _running(running: list[dict[str, Any]]) -> str:
     if not running:
         return "nothing running"
     rows = [
-        [r["user"], r["model"], r["backend"], r["class"], duration_text(r["seconds"])]
+        [r["user"], r["model"], r["backend"], r["class"], r["lane"], duration_text(r["seconds"])]
         for r in running
     ]
-    return table(["RUNNING", "MODEL", "BACKEND", "CLASS", "FOR"], rows)
+    return table(["RUNNING", "MODEL", "BACKEND", "CLASS", "LANE", "FOR"], rows)
 
 
 def _waiting(waiting: list[dict[str, Any]]) -> str:
@@ -148,12 +148,13 @@ def _waiting(waiting: list[dict[str, Any]]) -> str:
             w["user"],
             w["model"],
             w["class"],
+            w["lane"],
             duration_text(w["waited_seconds"]),
             "~" + duration_text(w["estimated_start_seconds"]),
         ]
         for w in waiting
     ]
-    return table(["#", "WAITING", "MODEL", "CLASS", "WAITED", "STARTS IN"], rows)
+    return table(["#", "WAITING", "MODEL", "CLASS", "LANE", "WAITED", "STARTS IN"], rows)
 
 
 def _users(users: dict[str, Any]) -> str:

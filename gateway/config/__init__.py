@@ -26,17 +26,21 @@ from gateway.config.settings import (
 from gateway.config.tuning import KeepAlivePolicy, Monitoring, Timeouts, Warmth
 from gateway.config.users import (
     ANONYMOUS,
+    BACKGROUND_ACCOUNT,
     PERSON_SEPARATOR,
     UNKNOWN,
     KeyVariables,
     Limits,
+    background_account,
     hashed_key,
+    is_background_account,
 )
 from gateway.config.yaml_reader import PolicyError
 
 __all__ = [
     "ANONYMOUS",
     "ANY_HOST",
+    "BACKGROUND_ACCOUNT",
     "IN_MEMORY",
     "MIN_NUM_CTX",
     "PERSON_SEPARATOR",
@@ -58,9 +62,11 @@ __all__ = [
     "Settings",
     "Timeouts",
     "Warmth",
+    "background_account",
     "describe_settings",
     "environment",
     "hashed_key",
+    "is_background_account",
     "is_host_name",
     "load_policy",
     "model_key",

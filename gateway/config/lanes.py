@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from gateway.config.base import HeaderName, SlotShare, Strict, model_key, slots_on
+from gateway.config.budgets import Budget, BudgetConfig, merged_budget
 from gateway.config.problems import problem_at
 from gateway.config.users import PERSON_SEPARATOR
 from gateway.core import GENERATION_PATHS, Duration, Lane
@@ -20,6 +21,10 @@ __all__ = ["PRESETS", "BackgroundLane", "InteractiveLane", "LaneRule", "Lanes"]
 
 # The prompts of Open WebUI's tasks (title, tags, follow-ups, queries, autocomplete).
 PRESETS = {"open-webui": "### Task:"}
+
+
+Preset = Literal["open-webui"]
+_DEFAULT_PRESETS: tuple[Preset, ...] = ("open-webui",)
 
 
 class LaneRule(Strict):
@@ -93,17 +98,34 @@ class InteractiveLane(Strict):
 
 
 class BackgroundLane(Strict):
-    """Work nobody is watching: its own bounds, the slots interactive work leaves."""
+    """Work nobody is watching: its own bounds, the slots interactive work leaves, and the
+    slot given up at once when a person would wait for it (preemption)."""
 
+    # Every idle slot by default: a person who needs one takes it back at once.
     max_slots: SlotShare = Field(
-        default="50%", description="Slots of each backend background work may hold."
+        default="100%", description="Slots of each backend background work may hold."
+    )
+    max_restarts: int = Field(
+        default=3,
+        ge=0,
+        description="Times one background request may give its slot to a person and run "
+        "again from its saved body; after that it keeps its slot to the end. 0: never.",
     )
     max_concurrent: int = Field(default=1, ge=1, description="Running at once, per user.")
     max_queued: int = Field(default=4, ge=0, description="Waiting at once, per user.")
     max_wait: Duration = Field(default=120.0, gt=0, description="Longest wait before a 503.")
+    budget: BudgetConfig = Field(
+        default_factory=BudgetConfig,
+        description="What each front end's background work may use (its own account, "
+        "never a person's budget); unset: no limit.",
+    )
 
     def slots_on(self, backend_slots: int) -> int:
         return slots_on(self.max_slots, backend_slots)
+
+    @cached_property
+    def budget_in_force(self) -> Budget:
+        return merged_budget(BudgetConfig(), self.budget)
 
 
 class Lanes(Strict):
@@ -112,8 +134,11 @@ class Lanes(Strict):
         description="A request header naming the lane (e.g. X-OWUI-Task set to {{TASK}} in "
         "Open WebUI): 'interactive', 'background', or any other non-empty value: background.",
     )
-    presets: list[Literal["open-webui"]] = Field(
-        default_factory=list, description="Built-in rules: open-webui (### Task: prompts)."
+    # On unless the policy says otherwise (presets: []): an admin who never read about
+    # Open WebUI's tasks should not find them taking people's places.
+    presets: list[Preset] = Field(
+        default_factory=lambda: list(_DEFAULT_PRESETS),
+        description="Built-in rules, on by default: open-webui (### Task: prompts); [] for none.",
     )
     rules: list[LaneRule] = Field(default_factory=list)
     interactive: InteractiveLane = InteractiveLane()

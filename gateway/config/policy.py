@@ -34,6 +34,7 @@ from gateway.config.users import (
     Limits,
     UserConfig,
     check_users,
+    is_background_account,
 )
 from gateway.config.yaml_reader import PolicyError, read_yaml
 from gateway.core import Lane
@@ -119,6 +120,8 @@ class Policy(Strict):
     def budget_of(self, user: str) -> Budget:
         """The user's budget, each unset field taken from ``defaults``; a person named by a
         front end has the front end's, counted on their own."""
+        if is_background_account(user):  # rarely asked: only with a budget somewhere
+            return self.lanes.background.budget_in_force
         found = self._budgets.get(self.account_of(user))  # empty is falsy: compare with None
         return self._default_budget if found is None else found
 
@@ -126,7 +129,11 @@ class Policy(Strict):
     def budgeted(self) -> bool:
         """Whether any budget is set, in ``defaults`` or for some user: when none is, no
         request needs its user's looked up (most households)."""
-        return bool(self._default_budget) or any(self._budgets.values())
+        return (
+            bool(self._default_budget)
+            or any(self._budgets.values())
+            or bool(self.lanes.background.budget_in_force)
+        )
 
     def may_use(self, user: str, model: str) -> bool:
         """Whether the user's ``models:`` list (if any) names ``model``, either of them

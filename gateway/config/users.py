@@ -24,6 +24,7 @@ from gateway.config.problems import problem_at
 
 __all__ = [
     "ANONYMOUS",
+    "BACKGROUND_ACCOUNT",
     "KEY_VARIABLES",
     "PERSON_SEPARATOR",
     "UNKNOWN",
@@ -31,14 +32,20 @@ __all__ = [
     "Limits",
     "OnBehalf",
     "UserConfig",
+    "background_account",
     "check_users",
     "hashed_key",
+    "is_background_account",
 ]
 
 ANONYMOUS = "anonymous"
 """A user of this name catches requests that bring no key and match no client rule."""
 PERSON_SEPARATOR = "/"
 """Between a front end's name and a person it names: ``owui/alice@example.com``."""
+BACKGROUND_ACCOUNT = "(background)"
+"""The person a front end's background work is charged to: ``owui/(background)``. Its own
+usage rows, its own budget (``lanes.background.budget``), its own fair share: never the
+person's whose chat caused it."""
 UNKNOWN = "unknown"
 """What metrics call a request no user could be found for (an unknown key): not a name for
 a user, so that those refusals are never counted as someone's."""
@@ -162,3 +169,13 @@ def check_users(users: dict[str, UserConfig]) -> dict[str, UserConfig]:
                 said = "listed twice" if owner == name else f"{owner} has this key too"
                 raise problem_at((name, "keys", index), said, first=(owner, "keys", earlier))
     return users
+
+
+def background_account(user: str) -> str:
+    """Whom ``user``'s background work is charged to: the front end's background account
+    (``alice`` for her own key, ``owui`` for the people an Open WebUI names)."""
+    return user.partition(PERSON_SEPARATOR)[0] + PERSON_SEPARATOR + BACKGROUND_ACCOUNT
+
+
+def is_background_account(user: str) -> bool:
+    return user.endswith(PERSON_SEPARATOR + BACKGROUND_ACCOUNT)

@@ -65,6 +65,8 @@ class RequestRecord:
     load_seconds: float | None = None
     client_gone: bool = False
     retried: bool = False  # sent to a second backend after the first failed
+    restarts: int = 0  # times it gave its slot to a person and ran again (background work)
+    given_way_seconds: float = 0.0  # the slot time those restarts threw away
     client_request_id: str | None = None  # a client's X-Request-Id not used as ours
 
     def add(self, progress: Progress) -> None:
@@ -109,6 +111,8 @@ class RequestRecord:
             "client_gone": self.client_gone,
             "retried": self.retried,
         }
+        if self.restarts:
+            fields["restarts"] = self.restarts
         if self.client.proxy is not None:
             fields["proxy"] = str(self.client.proxy)
         if self.client_request_id is not None:

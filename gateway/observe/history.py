@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gateway.core import REFUSALS, Reason
+from gateway.core import REFUSALS, Lane, Reason
 from gateway.edge import RequestRecord
 
 __all__ = ["History", "HistorySnapshot", "MinuteFigures", "RecentRefusal"]
@@ -96,7 +96,8 @@ class History:
             (self._refusals if record.user is not None else self._strangers).appendleft(refusal)
             return
         minute.requests += 1
-        if record.first_byte_at is not None:
+        # The TTFT line is people's: a task's wait, given way to them, is not theirs.
+        if record.first_byte_at is not None and record.lane is not Lane.BACKGROUND:
             minute.ttft[bisect_left(TTFT_BOUNDS, record.first_byte_at - record.arrived)] += 1
 
     def snapshot(self) -> HistorySnapshot:

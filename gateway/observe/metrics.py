@@ -20,6 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from gateway.admission import Waste
 from gateway.core import REFUSALS, Lane, Reason, RequestClass
 from gateway.edge import RequestRecord, names_gateway, refuse_unknown_host
 from gateway.observe.counts import LabelledCounts, LabelledHistogram
@@ -204,7 +205,19 @@ def _room(snapshot: GatewaySnapshot, labels: MetricLabels) -> Iterator[Metric]:
     for lane, users in ((Lane.INTERACTIVE, room.users), (Lane.BACKGROUND, room.background_users)):
         lanes.add_metric([lane, "running"], sum(running for running, _ in users.values()))
         lanes.add_metric([lane, "waiting"], sum(waiting for _, waiting in users.values()))
-    yield from (depth, oldest, share, lanes)
+    yield from (depth, oldest, share, lanes, *_given_way(room.given_way))
+
+
+def _given_way(waste: Waste) -> Iterator[Metric]:
+    """What background work giving its slot to people has cost (``admission.preemption``)."""
+    for name, what, value in (
+        ("restarts", "Times background work gave its slot to a person.", waste.restarts),
+        ("wasted_slot_seconds", "Slot time it threw away giving way.", waste.slot_seconds),
+        ("wasted_prompt_tokens", "Prompt tokens read again (estimated).", waste.prompt_tokens),
+    ):
+        family = CounterMetricFamily(f"fairgate_background_{name}", what)
+        family.add_metric([], value)
+        yield family
 
 
 def _backends(snapshot: GatewaySnapshot) -> Iterator[Metric]:

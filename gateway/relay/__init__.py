@@ -5,6 +5,6 @@ May import: ``edge`` (both faces), ``config``, ``wire``, ``core``; aiohttp's pri
 """
 
 from gateway.relay.clients import Upstream
-from gateway.relay.relay import Relay, Target
+from gateway.relay.relay import Preempted, Relay, Target
 
-__all__ = ["Relay", "Target", "Upstream"]
+__all__ = ["Preempted", "Relay", "Target", "Upstream"]

@@ -29,7 +29,7 @@ from gateway.relay.upstream_connection import UpstreamError
 from gateway.relay.upstream_reply import Reply
 from gateway.wire import TokenEvents
 
-__all__ = ["Interrupted", "Relay", "Target"]
+__all__ = ["Interrupted", "Preempted", "Relay", "Target"]
 
 log = structlog.get_logger("fairgate.relay")
 
@@ -54,6 +54,11 @@ class Target(NamedTuple):
     events: TokenEvents | None = None
 
 
+class Preempted(Exception):
+    """The request gave its slot to a person before its reply began (background work):
+    nothing has gone to its client, and it will run again."""
+
+
 class Interrupted(Exception):
     """The gateway itself ends a running reply (it is shutting down)."""
 
@@ -72,8 +77,12 @@ class Relay:
         target: Target,
         reply_headers: ReplyHeaders,
         meter: Callable[[int], None] | None = None,
+        begin: Callable[[], bool] | None = None,
     ) -> None:
+        """``begin``: asked as the reply is about to go out; False (the request gave its
+        slot up meanwhile) sends nothing and raises ``Preempted``."""
         self.progress = Progress()
+        self._begin = begin
         self._reply: Reply | None = None  # once it has started
         self._client = client
         self._target = target
@@ -102,6 +111,8 @@ class Relay:
                 response, first = self._started
             else:
                 first = await _first(upstream, target)
+                if self._begin is not None and not self._begin():
+                    raise Preempted
                 self.progress.first_byte_at = time.monotonic()
                 if upstream.status >= 400 and not _speaks_json(upstream):
                     return await _wrapped_error(request, upstream, first)
@@ -117,6 +128,8 @@ class Relay:
         error, or a reply of a declared length, is left to the task."""
         if upstream.status >= 400 or upstream.content_length is not None:
             return
+        if self._begin is not None and not self._begin():
+            return  # it gave its slot up: the task, cancelled, sends nothing either
         first = upstream.first_if_here()
         assert first is not None  # the connection calls this with body bytes in
         self.progress.first_byte_at = time.monotonic()

@@ -3,38 +3,53 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Coroutine
 from dataclasses import replace
 
 import structlog
 from aiohttp import web
 
 from gateway.admission import REVOKED, Permit, Refusal, Ticket
-from gateway.backends import Backend, BackendPool
-from gateway.config import Policy
-from gateway.core import GENERATION_PATHS, Api, BackendFailure, GatewayError, Reason, api_of
+from gateway.backends import Backend
+from gateway.config import Policy, background_account
+from gateway.core import (
+    GENERATION_PATHS,
+    Api,
+    BackendFailure,
+    GatewayError,
+    Lane,
+    Reason,
+    api_of,
+)
 from gateway.edge.http import HOT_PATHS, RECORD, defer_continue, read_body
 from gateway.intake import (
-    Fields,
     apply_load_policy,
-    checked_name,
     classify,
     lane_of,
-    model_forbidden,
-    model_not_found,
-    no_backend,
     parsed,
     possible_lanes,
 )
-from gateway.relay import Relay, Target
+from gateway.relay import Preempted, Relay, Target
+from gateway.routes.checks import (
+    REFUSED,
+    STRUCTS,
+    check_budget,
+    check_field_types,
+    check_model_allowed,
+    check_model_served,
+    in_flight,
+    resolved,
+)
 from gateway.services import Services
-from gateway.usage import InFlight
-from gateway.wire import openai_refusal, server_tools, token_events
+from gateway.wire import token_events
 
 __all__ = ["Generation"]
 
 log = structlog.get_logger("fairgate.proxy")
+
+PEOPLE_ONLY = (Lane.INTERACTIVE,)  # what most requests are known to be from their headers
+# A front end's task is its prompt and a little history: Open WebUI's are a few KB.
+TASK_BODY_BYTES = 256 * 1024
 
 # Model management changes what every user of the box gets; not through a shared gateway.
 MANAGEMENT_PATHS = ("/api/pull", "/api/push", "/api/create", "/api/copy", "/api/delete")
@@ -64,28 +79,43 @@ class Generation:
         user, lanes = caller.user, view.policy.lanes
         admission = services.admission
         # Both said before the body is read: a refused body costs nothing. The budget first:
-        # "not before midnight" is the truer answer than "busy, retry in a second".
-        _check_budget(services, view.policy, user)
-        unseen = admission.refuses_unseen(user, possible_lanes(lanes, request.headers))
+        # "not before midnight" is the truer answer than "busy, retry in a second". Only a
+        # person's: background work is charged to its front end, known from the body.
+        possible = possible_lanes(lanes, request.headers)
+        if possible == PEOPLE_ONLY:
+            check_budget(services, view.policy, user)
+        unseen = admission.refuses_unseen(user, possible)
         if unseen is not None:
             raise unseen.error()
+        # A person whose places are all taken may still send a task, known from its prompt:
+        # a body is read only if it is small enough to be one, else refused for the person.
+        person_refused = None if len(possible) == 1 else admission.refuses_unseen(user, PEOPLE_ONLY)
+        limit = settings.max_body_bytes if person_refused is None else TASK_BODY_BYTES
         # A body waiting for the parser counts as arriving too: a user's burst of big
         # bodies cannot hold more of them in memory than the user could queue.
         with admission.arriving(user):
-            body = await read_body(request, settings.max_body_bytes, settings.body_timeout)
-            fields = await parsed(body, services.parsing, _STRUCTS.get(path))
-        record.model = model = _resolved(fields, view.policy)
-        _check_model_allowed(view.policy, user, model)
-        _check_model_served(view.pool, api, model)
-        if api is not Api.OLLAMA and (refused := _REFUSED[api](fields.values)) is not None:
+            try:
+                body = await read_body(request, limit, settings.body_timeout)
+            except GatewayError as error:
+                if person_refused is not None and error.reason is Reason.BODY_TOO_LARGE:
+                    raise person_refused.error() from None
+                raise
+            fields = await parsed(body, services.parsing, STRUCTS.get(path))
+        record.model = model = resolved(fields, view.policy)
+        check_model_allowed(view.policy, user, model)
+        check_model_served(view.pool, api, model)
+        if api is not Api.OLLAMA and (refused := REFUSED[api](fields.values)) is not None:
             raise GatewayError(400, Reason.BAD_REQUEST, refused)
         if api is Api.OLLAMA:
-            _check_field_types(fields)
+            check_field_types(fields)
             if apply_load_policy(fields.values, view.policy, model):
                 fields.changed()
         estimate = classify(fields.values, view.policy)
         record.request_class, record.input_estimate = estimate.request_class, estimate.input_tokens
         record.lane = lane = lane_of(lanes, request.headers, user, model, path, fields.values)
+        account = background_account(user) if lane is Lane.BACKGROUND else user
+        if possible != PEOPLE_ONLY:
+            check_budget(services, view.policy, account)
         ticket = Ticket(
             user,
             model,
@@ -99,38 +129,63 @@ class Generation:
         )
         # Again, right before joining the room, and counted as in flight until the request
         # ends: with replicas, in the shared store, so that together they keep the budget.
-        async with _in_flight(services, view.policy, user):
+        async with in_flight(services, view.policy, account):
             # A reload while the body arrived revoked waiting requests it could see; this one
             # was not waiting yet: ask the policy in force now, as the reload asked the others.
             now = services.policy.current
             if now is not view and not now.directory.admits(user, caller.credential):
                 raise REVOKED.error()
-            outcome = admission.at_once(ticket) or await admission.acquire(ticket)
-            if isinstance(outcome, Refusal):
-                raise outcome.error()
-            async with outcome as permit:
-                record.queue_wait, record.dispatched_at = permit.queue_wait, permit.granted_at
-                record.queue_position = permit.queue_position
-                try:
-                    response = await self._relay_with_failover(
-                        request, permit, fields.body, view.policy
-                    )
-                except asyncio.CancelledError:
-                    if record.first_byte_at is not None:
-                        # The client left a reply under way: the backend took the request, and
-                        # loaded its model, all the same.
-                        permit.answered()
-                    raise
-                finally:  # a reply cut short still spent what it streamed
-                    record.streamed_tokens = int(permit.output_charged)
-                permit.settle(record.prompt_tokens, record.completion_tokens)
-                permit.loaded(record.load_seconds)
-                if response.status >= 400 and record.load_seconds is None:
-                    permit.refused_by_backend()
-                else:
-                    permit.answered()
-            services.warmth.note_load(permit.backend.name, model, record.load_seconds)
+            # Background work that gave its slot to a person runs again, from its body.
+            while (response := await self._run(request, ticket, fields.body, view.policy)) is None:
+                ticket = ticket.restarted()
         return response
+
+    async def _run(
+        self, request: web.Request, ticket: Ticket, body: bytes, policy: Policy
+    ) -> web.StreamResponse | None:
+        """One turn: wait for it, relay, release. None: background work gave its slot to a
+        person before its reply began (its client has been sent nothing)."""
+        services, record = self._services, request[RECORD]
+        admission = services.admission
+        outcome = admission.at_once(ticket) or await admission.acquire(ticket)
+        if isinstance(outcome, Refusal):
+            raise outcome.error()
+        async with outcome as permit:
+            record.queue_wait = permit.queue_wait + record.given_way_seconds
+            record.dispatched_at = permit.granted_at
+            record.queue_position = permit.queue_position
+            try:
+                response = await self._relay_or_give_way(request, permit, body, policy)
+            except asyncio.CancelledError:
+                if record.first_byte_at is not None:
+                    # The client left a reply under way: the backend took the request, and
+                    # loaded its model, all the same.
+                    permit.answered()
+                raise
+            finally:  # a reply cut short still spent what it streamed
+                record.streamed_tokens = int(permit.output_charged)
+            if response is None:
+                record.restarts += 1
+                record.given_way_seconds += admission.clock() - permit.granted_at
+                return None
+            permit.settle(record.prompt_tokens, record.completion_tokens)
+            permit.loaded(record.load_seconds)
+            if response.status >= 400 and record.load_seconds is None:
+                permit.refused_by_backend()
+            else:
+                permit.answered()
+        services.warmth.note_load(permit.backend.name, ticket.model, record.load_seconds)
+        return response
+
+    async def _relay_or_give_way(
+        self, request: web.Request, permit: Permit, body: bytes, policy: Policy
+    ) -> web.StreamResponse | None:
+        """The relay; for background work that may give way, raced with a person's claim on
+        its slot (None: it gave way, and its backend connection was closed)."""
+        relayed = self._relay_with_failover(request, permit, body, policy)
+        if permit.preempted is None:  # people's requests: no task of their own
+            return await relayed
+        return await _unless_preempted(relayed, permit.preempted)
 
     async def _relay_with_failover(
         self, request: web.Request, permit: Permit, body: bytes, policy: Policy
@@ -161,7 +216,10 @@ class Generation:
         if permit.placement.unload:  # nearly never: no coroutine made for nothing
             await self._make_room(permit, target.timeouts.connect)
         services = self._services
-        relay = Relay(services.upstream.replies, target, services.reply_headers, permit.add_output)
+        begin = permit.begin_reply if permit.preempted is not None else None
+        relay = Relay(
+            services.upstream.replies, target, services.reply_headers, permit.add_output, begin
+        )
         streams = services.streams
         streams.add(relay)  # so that a shutdown can end it with an in-band error
         try:
@@ -180,6 +238,25 @@ class Generation:
             await self._services.warmth.unload(permit.backend, victims, within)
         finally:
             self._services.admission.made_room(permit.backend)
+
+
+async def _unless_preempted(
+    relayed: Coroutine[object, object, web.StreamResponse], preempted: asyncio.Future[None]
+) -> web.StreamResponse | None:
+    """The relay's reply, or None if ``preempted`` resolves before it began: the relay is
+    then cancelled, which closes its backend connection, and the engine stops."""
+    run = asyncio.ensure_future(relayed)
+    try:
+        await asyncio.wait((run, preempted), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # the client went away: the relay goes with it
+        run.cancel()
+        raise
+    if not run.done():
+        run.cancel()
+        await asyncio.wait((run,))
+    if run.cancelled() or isinstance(run.exception(), Preempted):
+        return None
+    return run.result()
 
 
 class _Targets:
@@ -227,70 +304,3 @@ async def refuse_management(request: web.Request) -> web.StreamResponse:
 async def root(request: web.Request) -> web.StreamResponse:
     # Ollama clients probe GET / (and HEAD /) to see whether the server is up.
     return web.Response(text="Ollama is running")
-
-
-def _resolved(fields: Fields, policy: Policy) -> str:
-    """The model the request names, an alias resolved, and written back into the body: from
-    here on, the policy, the routing and the backend all see the same model."""
-    model = fields.values.get("model")
-    if not isinstance(model, str) or not model:
-        raise GatewayError(400, Reason.BAD_REQUEST, "model is required")
-    resolved = policy.resolve(checked_name(model))
-    if resolved != model:
-        fields.values["model"] = resolved
-        fields.changed()
-    return resolved
-
-
-def _check_model_served(pool: BackendPool, api: Api, model: str) -> None:
-    if pool.serving(api, model):
-        return
-    if pool.known_nowhere(api, model):
-        raise model_not_found(model)
-    raise no_backend(pool, api, model)
-
-
-def _in_flight(services: Services, policy: Policy, user: str) -> AbstractAsyncContextManager[None]:
-    budget = policy.budget_of(user) if policy.budgeted else None
-    if not budget:
-        return _UNCOUNTED
-    return InFlight(services.usage, services.admission, budget, user)
-
-
-_UNCOUNTED = contextlib.nullcontext()
-
-
-def _check_budget(services: Services, policy: Policy, user: str) -> None:
-    if not policy.budgeted:
-        return
-    budget = policy.budget_of(user)
-    if not budget:
-        return
-    spent = services.usage.refusal(user, budget, services.admission.in_flight(user))
-    if spent is not None:
-        raise spent.error()
-
-
-def _check_model_allowed(policy: Policy, user: str, model: str) -> None:
-    if not policy.may_use(user, model):
-        raise model_forbidden(user, model)
-
-
-# What each API's requests may not ask of a shared box, and why (None: nothing).
-_REFUSED = {Api.OPENAI: openai_refusal, Api.ANTHROPIC: server_tools}
-
-# Ollama's structs for its native routes (api/types.go), by path.
-_STRUCTS = {
-    "/api/generate": "api.GenerateRequest",
-    "/api/chat": "api.ChatRequest",
-    "/api/embed": "api.EmbedRequest",
-    "/api/embeddings": "api.EmbeddingRequest",
-}
-
-
-def _check_field_types(fields: Fields) -> None:
-    """Ollama's own 400 for a field of the wrong type (found with the parse), before a slot
-    is taken: sent on, it would be refused there only after a swap had unloaded another
-    user's model for it."""
-    if fields.type_error is not None:
-        raise GatewayError(400, Reason.BAD_REQUEST, fields.type_error)

@@ -101,6 +101,7 @@ def render_me(snapshot: GatewaySnapshot, user: str) -> dict[str, Any]:
                 "model": run.model,
                 "backend": run.backend,
                 "class": run.request_class,
+                "lane": run.lane,
                 "seconds": round(run.seconds, 3),
             }
             for run in room.running
@@ -112,8 +113,11 @@ def render_me(snapshot: GatewaySnapshot, user: str) -> dict[str, Any]:
                 "ahead": waiter.position - 1,
                 "model": waiter.model,
                 "class": waiter.request_class,
+                "lane": waiter.lane,
                 "waited_seconds": round(waiter.waited, 3),
-                "estimated_start_seconds": round(snapshot.start_estimate(waiter.position), 3),
+                "estimated_start_seconds": round(
+                    snapshot.start_estimate(waiter.position, waiter.lane), 3
+                ),
             }
             for waiter in mine
         ],

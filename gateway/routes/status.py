@@ -78,6 +78,13 @@ def render(snapshot: GatewaySnapshot) -> dict[str, Any]:
             "oldest_wait_seconds": round(room.oldest_wait, 3),
             "waiting": [_waiting(w, snapshot) for w in room.waiting],
             "hold_seconds": round(snapshot.hold_seconds, 3),
+            # Background work that gave its slot to a person, since the gateway started.
+            "given_way": {
+                "restarts": room.given_way.restarts,
+                "slot_seconds": round(room.given_way.slot_seconds, 3),
+                "prompt_tokens": round(room.given_way.prompt_tokens),
+                "running_now": room.preemptible,
+            },
         },
         "running": [_running(r) for r in room.running],
         "refusals": [_refusal(r) for r in snapshot.history.refusals],
@@ -223,7 +230,7 @@ def _waiting(waiter: WaitingRequest, snapshot: GatewaySnapshot) -> dict[str, Any
         "class": waiter.request_class,
         "lane": waiter.lane,
         "waited_seconds": round(waiter.waited, 3),
-        "estimated_start_seconds": round(snapshot.start_estimate(waiter.position), 3),
+        "estimated_start_seconds": round(snapshot.start_estimate(waiter.position, waiter.lane), 3),
     }
 
 

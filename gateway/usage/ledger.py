@@ -23,8 +23,8 @@ import contextlib
 import structlog
 
 from gateway.admission import Refusal
-from gateway.config import PERSON_SEPARATOR, Budget, model_key
-from gateway.core import REFUSALS, Background, Calendar, Windows, repeat
+from gateway.config import PERSON_SEPARATOR, Budget, background_account, model_key
+from gateway.core import REFUSALS, Background, Calendar, Lane, Windows, repeat
 from gateway.edge import RequestRecord
 from gateway.usage.budgets import BudgetState, budget_states, over_budget, requests_room
 from gateway.usage.stores.base import Batch, Counts, StoreError, Tally, UsageStore
@@ -76,7 +76,7 @@ class Ledger:
             self._served(record, record.dispatched_at)
         elif record.reason in REFUSALS:
             windows = self.calendar.now()
-            user = self._refused_as(record.user or "")
+            user = self._refused_as(_account_of(record))
             self._batch.refused[(windows.day, windows.hour, user, str(record.reason))] += 1
             self._tally(user, windows).refused += 1
 
@@ -92,7 +92,7 @@ class Ledger:
 
     def _served(self, record: RequestRecord, dispatched_at: float) -> None:
         windows = self.calendar.now()
-        user = record.user or ""
+        user = _account_of(record)
         prompt = record.prompt_tokens
         completion = record.completion_tokens
         if prompt is None:
@@ -219,3 +219,10 @@ class Ledger:
     def _pending_rows(self) -> int:
         unsent = len(self._unsent[0].served) if self._unsent else 0
         return unsent + len(self._batch.served)
+
+
+def _account_of(record: RequestRecord) -> str:
+    """Whom a request counts under: its user, or for background work the front end's
+    background account (its own rows and budget, never the person's)."""
+    user = record.user or ""
+    return background_account(user) if record.lane is Lane.BACKGROUND else user

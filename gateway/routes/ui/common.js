@@ -83,3 +83,8 @@ export function count(n) {
 export function clock() {
   return new Date().toLocaleTimeString();
 }
+
+// The class, and the lane when it is not a person's own request (a front end's task).
+export function kind(request) {
+  return request.lane === "background" ? `${request.class} · background` : request.class;
+}

@@ -1,6 +1,6 @@
 // The house page: /status, polled every second, drawn as slots, a queue and the last hour.
 
-import { askKey, clock, count, duration, el, fill, getJSON, poll, row } from "./common.js";
+import { askKey, clock, count, duration, el, fill, getJSON, kind, poll, row } from "./common.js";
 
 const SVG = "http://www.w3.org/2000/svg";
 
@@ -69,11 +69,6 @@ function busySlot(run) {
   );
 }
 
-// The class, and the lane when it is not a person's own request (a front end's task).
-function kind(request) {
-  return request.lane === "background" ? `${request.class} · background` : request.class;
-}
-
 function freeSlot() {
   return el("div", "slot free", el("span", "what", "free"));
 }
@@ -89,13 +84,20 @@ function user(name, u) {
   const today = u.today;
   return row(
     name,
-    u.max_concurrent ? `${u.running} of ${u.max_concurrent}` : u.running,
-    u.max_queued !== null ? `${u.queued} of ${u.max_queued}` : u.queued,
+    (u.max_concurrent ? `${u.running} of ${u.max_concurrent}` : `${u.running}`) +
+      tasks(u.background.running),
+    (u.max_queued !== null ? `${u.queued} of ${u.max_queued}` : `${u.queued}`) +
+      tasks(u.background.queued),
     u.weight ?? "–",
     count(today.requests),
     count(today.prompt_tokens + today.completion_tokens),
     count(today.refused),
   );
+}
+
+// A person's background work (their front end's tasks), shown beside their own requests.
+function tasks(count) {
+  return count ? ` + ${count} background` : "";
 }
 
 function refusals(list) {

@@ -1,6 +1,6 @@
 // "Where am I": /ui/me.json, polled every second, for whoever holds the key.
 
-import { askKey, clock, count, duration, el, fill, getJSON, poll, row } from "./common.js";
+import { askKey, clock, count, duration, el, fill, getJSON, kind, poll, row } from "./common.js";
 
 // The policy's budget fields, as the page says them.
 const BUDGET_WORDS = {
@@ -45,14 +45,14 @@ function draw(me) {
   fill(
     "running",
     ...(me.running.length
-      ? me.running.map((r) => row(r.model, r.backend, r.class, duration(r.seconds)))
+      ? me.running.map((r) => row(r.model, r.backend, kind(r), duration(r.seconds)))
       : [el("tr", "empty", el("td", null, "nothing running"))]),
   );
   fill(
     "waiting",
     ...(me.waiting.length
       ? me.waiting.map((w) =>
-          row(w.position, w.ahead, w.model, w.class, duration(w.waited_seconds), duration(w.estimated_start_seconds)),
+          row(w.position, w.ahead, w.model, kind(w), duration(w.waited_seconds), duration(w.estimated_start_seconds)),
         )
       : [el("tr", "empty", el("td", null, "nothing waiting"))]),
   );

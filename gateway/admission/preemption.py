@@ -1,0 +1,106 @@
+"""Background work gives its slot up the moment a person would wait for it.
+
+A background request (a front end's title or tags task, an agent's batch) may run on any
+slot nobody is using. When a person's request would wait for a slot that such a request
+holds, the room takes the slot back at once: the background request's connection to the
+backend is closed (so the engine stops working on it) and it waits again, to run later from
+its saved body; its client sees only a delay.
+
+Only before its reply has begun: once a byte has gone to its client it keeps its slot to
+the end, since a reply cannot be sent twice. A non-streaming request (Open WebUI's tasks)
+sends nothing until it is done, so it can give way for as long as it runs; a streaming one
+only until its first token. One that has given way ``lanes.background.max_restarts`` times
+keeps its next slot to the end, so that no task starves.
+
+What preemption wastes is counted: the slot time and the prompt the engine had read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from gateway.admission.room_state import RoomState
+from gateway.admission.tickets import Ticket
+from gateway.admission.turns import free_backends
+from gateway.backends import Backend
+
+__all__ = ["Preemptible", "Preemptions", "Waste"]
+
+
+class Preemptible(Protocol):
+    """A running background request that may still give its slot up (its permit)."""
+
+    ticket: Ticket
+    backend: Backend
+    granted_at: float
+
+    def preempt(self) -> None:
+        """Give the slot back now; the request runs again later."""
+        ...
+
+
+@dataclass(slots=True)
+class Waste:
+    """What giving way has cost since the start: restarts, slot time, prompts read again."""
+
+    restarts: int = 0
+    slot_seconds: float = 0.0
+    prompt_tokens: float = 0.0  # estimated: what the engine had read and will read again
+
+
+class Preemptions:
+    """The background requests running now that may give their slot to a person."""
+
+    __slots__ = ("_runs", "waste")
+
+    def __init__(self) -> None:
+        self._runs: dict[int, Preemptible] = {}
+        self.waste = Waste()
+
+    def __bool__(self) -> bool:
+        return bool(self._runs)
+
+    def __len__(self) -> int:
+        return len(self._runs)
+
+    def add(self, run: Preemptible) -> None:
+        self._runs[id(run)] = run
+
+    def discard(self, run: Preemptible) -> None:
+        self._runs.pop(id(run), None)
+
+    def victim_for(self, room: RoomState, ticket: Ticket) -> Preemptible | None:
+        """The background request whose slot ``ticket``'s request could start on now; the
+        newest first, as it has done the least work that would be lost."""
+        if room.lines.at_cap(ticket.user, ticket.lane):
+            return None  # the person waits for their own requests, not for background work
+        serving = {b.name for b in room.pool.serving(ticket.api, ticket.model)}
+        for run in sorted(self._runs.values(), key=lambda r: r.granted_at, reverse=True):
+            if run.backend.name in serving and _frees_a_slot_for(room, run, ticket):
+                return run
+        return None
+
+    def preempt(self, run: Preemptible, now: float) -> None:
+        """``run`` gives its slot up now (its permit releases it, which lets the person in)."""
+        self.discard(run)
+        waste = self.waste
+        waste.restarts += 1
+        waste.slot_seconds += max(now - run.granted_at, 0.0)
+        waste.prompt_tokens += run.ticket.input_tokens
+        run.preempt()
+
+
+def _frees_a_slot_for(room: RoomState, run: Preemptible, ticket: Ticket) -> bool:
+    """Whether ``ticket``'s request could start on ``run``'s backend were ``run`` gone: asked
+    of the room with the slot given back for the question, and taken again after it."""
+    slots, backend = room.slots, run.backend
+    held = slots.holders.get(id(run.ticket))
+    slots.give_back(run.ticket, backend)
+    try:
+        room_on_backend = slots.on_backend.get(backend.key, 0) < backend.capacity
+        return room_on_backend and any(b.name == backend.name for b in free_backends(room, ticket))
+    finally:
+        slots.take(run.ticket, backend)
+        if held is not None:  # the house page's "running since" stays the run's own
+            slots.holders[id(run.ticket)] = held

@@ -1,0 +1,146 @@
+"""Background work gives its slot to a person at once, runs again from its saved body, and its
+client sees only a delay. Real loopback servers: the simulator behind the gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+
+from fairsim import Simulator
+from tests.conftest import Gateway, StartGateway, StartSim, one_backend
+from tests.test_admission import MODEL, until
+from tests.test_metrics import scrape
+
+TASK_PROMPT = "### Task:\nGenerate a concise, 3-5 word title summarizing the chat history."
+PEOPLE = """\
+defaults: {max_concurrent: 1, max_queued: 1}
+users:
+  alice: {keys: [alice-key]}
+  bob: {keys: [bob-key]}
+"""
+TASK_TOKENS = 40  # at 20 tokens a second: two seconds of the only slot
+CHAT_TOKENS = 4
+
+
+def body(prompt: str, tokens: int, stream: bool = False) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": prompt}],
+        "stream": stream,
+        "options": {"num_predict": tokens},
+    }
+
+
+async def post(gateway: Gateway, key: str, sent: dict[str, Any]) -> tuple[int, str]:
+    headers = {"Authorization": f"Bearer {key}"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(gateway.url + "/api/chat", json=sent, headers=headers) as reply,
+    ):
+        return reply.status, await reply.text()
+
+
+async def one_slot(
+    start_sim: StartSim, start_gateway: StartGateway, lanes: str = ""
+) -> tuple[Simulator, Gateway]:
+    simulator, url = await start_sim(decode_tokens_per_s=20.0)
+    return simulator, await start_gateway(PEOPLE + lanes + one_backend(url, slots=1))
+
+
+def background_running(user: str) -> Any:
+    return lambda snapshot: snapshot.background_users.get(user, (0, 0))[0] == 1
+
+
+class TestGivingWay:
+    async def test_a_person_takes_the_slot_a_task_holds_and_the_task_finishes_after(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """With no lanes setting at all, Open WebUI's title task runs on the idle slot, gives
+        it to alice's chat the moment she asks, and then completes whole: a delay, no error."""
+        simulator, gateway = await one_slot(start_sim, start_gateway)
+        admission = gateway.services.admission
+        task = asyncio.create_task(post(gateway, "alice-key", body(TASK_PROMPT, TASK_TOKENS)))
+        await until(admission, background_running("alice"))
+        status, _ = await post(gateway, "alice-key", body("What is a fjord?", CHAT_TOKENS))
+        assert status == 200
+        assert not task.done()  # the chat did not wait for the task
+        task_status, task_text = await task
+        assert task_status == 200
+        reply = json.loads(task_text)
+        assert reply["done"] is True
+        assert reply["eval_count"] == TASK_TOKENS  # run again whole, not cut
+        given_way = admission.snapshot().given_way
+        assert given_way.restarts == 1
+        assert given_way.slot_seconds > 0
+        assert simulator.stats.disconnects == 1  # the backend was told to stop the first run
+        families = await scrape(gateway)
+        assert ("fairgate_background_restarts_total", {}, 1.0) in families[
+            "fairgate_background_restarts"
+        ]
+
+    async def test_a_task_gives_way_no_more_than_max_restarts(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """After max_restarts, the task keeps its slot to the end: bob's chat waits for it."""
+        lanes = "lanes: {background: {max_restarts: 1}}\n"
+        _, gateway = await one_slot(start_sim, start_gateway, lanes)
+        admission = gateway.services.admission
+        task = asyncio.create_task(post(gateway, "alice-key", body(TASK_PROMPT, TASK_TOKENS)))
+        await until(admission, background_running("alice"))
+        assert (await post(gateway, "alice-key", body("hello", CHAT_TOKENS)))[0] == 200
+        await until(admission, background_running("alice"))  # its second run
+        chat = asyncio.create_task(post(gateway, "bob-key", body("hello", CHAT_TOKENS)))
+        await until(admission, lambda snapshot: snapshot.users.get("bob") == (0, 1))
+        assert (await task)[0] == 200
+        assert (await chat)[0] == 200
+        assert admission.snapshot().given_way.restarts == 1
+
+    async def test_a_streamed_task_whose_reply_has_begun_keeps_its_slot(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """Bytes that went to a client cannot be sent again: a person waits for that task."""
+        _, gateway = await one_slot(start_sim, start_gateway)
+        admission = gateway.services.admission
+        headers = {"Authorization": "Bearer alice-key"}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                gateway.url + "/api/chat",
+                json=body(TASK_PROMPT, TASK_TOKENS, stream=True),
+                headers=headers,
+            ) as streamed,
+        ):
+            await streamed.content.readline()  # its first token is out
+            chat = asyncio.create_task(post(gateway, "bob-key", body("hi", CHAT_TOKENS)))
+            await until(admission, lambda snapshot: snapshot.users.get("bob") == (0, 1))
+            assert admission.snapshot().given_way.restarts == 0
+            rest = await streamed.read()
+        assert json.loads(rest.splitlines()[-1])["done"] is True
+        assert (await chat)[0] == 200
+
+    async def test_a_person_is_not_refused_for_a_room_full_of_running_tasks(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """With the room's depth 0, the quick no would refuse anyone who waits: a person is
+        let in when a task can give its slot up."""
+        lanes = "queue: {max_depth: 0}\n"
+        _, gateway = await one_slot(start_sim, start_gateway, lanes)
+        admission = gateway.services.admission
+        task = asyncio.create_task(post(gateway, "alice-key", body(TASK_PROMPT, 400)))
+        await until(admission, background_running("alice"))
+        assert (await post(gateway, "bob-key", body("hi", CHAT_TOKENS)))[0] == 200
+        task.cancel()
+
+    async def test_the_preset_can_be_turned_off(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """presets: [] makes a task a person's request again (it then takes her place)."""
+        _, gateway = await one_slot(start_sim, start_gateway, "lanes: {presets: []}\n")
+        admission = gateway.services.admission
+        task = asyncio.create_task(post(gateway, "alice-key", body(TASK_PROMPT, TASK_TOKENS)))
+        await until(admission, lambda snapshot: snapshot.users.get("alice") == (1, 0))
+        assert admission.snapshot().background_users == {}
+        assert (await task)[0] == 200
