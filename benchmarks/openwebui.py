@@ -25,7 +25,7 @@ tokens the engine read again.
 (SmolLM2-135M, 2 slots, on the CPU) on ``/v1/chat/completions``, without the tools (its
 4096 tokens of context would not hold them).
 
-    .venv/bin/python -m benchmarks.openwebui [--engine llama-server]
+    .venv/bin/python -m benchmarks.openwebui [--engine llama-server] [--no-tools]
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -290,8 +290,13 @@ async def compare(engine: Engine) -> list[tuple[str, Tally]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engine", choices=("sim", "llama-server"), default="sim")
+    parser.add_argument(
+        "--no-tools", action="store_true", help="light chats: without Open WebUI's tool schemas"
+    )
     args = parser.parse_args()
     engine = LLAMA_ENGINE if args.engine == "llama-server" else SIM_ENGINE
+    if args.no_tools:
+        engine = replace(engine, name=engine.name + ", chats without tools", tools=False)
     configure_logging("json", "WARNING")
     print(__doc__.split("\n\n")[0])
     print(f"on {engine.name}:")

@@ -81,6 +81,35 @@ class TestGivingWay:
             "fairgate_background_restarts"
         ]
 
+    async def test_a_task_gives_way_when_a_person_starts_beside_it(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """Two slots, one free: alice's chat starts at once, and the task running on the
+        other slot gives way all the same, as the two would share the engine's compute."""
+        _, url = await start_sim(decode_tokens_per_s=20.0)
+        gateway = await start_gateway(PEOPLE + one_backend(url, slots=2))
+        admission = gateway.services.admission
+        task = asyncio.create_task(post(gateway, "bob-key", body(TASK_PROMPT, TASK_TOKENS)))
+        await until(admission, background_running("bob"))
+        assert (await post(gateway, "alice-key", body("hello", CHAT_TOKENS)))[0] == 200
+        assert admission.snapshot().given_way.restarts == 1
+        assert (await task)[0] == 200
+
+    async def test_beside_people_lets_a_task_share_the_backend(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """With lanes.background.beside_people, a free slot is enough: the task goes on."""
+        simulator, url = await start_sim(decode_tokens_per_s=20.0)
+        lanes = "lanes: {background: {beside_people: true}}\n"
+        gateway = await start_gateway(PEOPLE + lanes + one_backend(url, slots=2))
+        admission = gateway.services.admission
+        task = asyncio.create_task(post(gateway, "bob-key", body(TASK_PROMPT, TASK_TOKENS)))
+        await until(admission, background_running("bob"))
+        assert (await post(gateway, "alice-key", body("hello", CHAT_TOKENS)))[0] == 200
+        assert (await task)[0] == 200
+        assert admission.snapshot().given_way.restarts == 0
+        assert simulator.stats.disconnects == 0
+
     async def test_a_task_gives_way_no_more_than_max_restarts(
         self, start_sim: StartSim, start_gateway: StartGateway
     ) -> None:

@@ -2,9 +2,10 @@
 
 A background request (a front end's title or tags task, an agent's batch) may run on any
 slot nobody is using. When a person's request would wait for a slot that such a request
-holds, the room takes the slot back at once: the background request's connection to the
-backend is closed (so the engine stops working on it) and it waits again, to run later from
-its saved body; its client sees only a delay.
+holds, or (unless ``lanes.background.beside_people``) starts on its backend, whose compute
+the two would share, the room takes the slot back at once: the background request's
+connection to the backend is closed (so the engine stops working on it) and it waits again,
+to run later from its saved body; its client sees only a delay.
 
 Only before its reply has begun: once a byte has gone to its client it keeps its slot to
 the end, since a reply cannot be sent twice. A non-streaming request (Open WebUI's tasks)
@@ -81,9 +82,16 @@ class Preemptions:
                 return run
         return None
 
+    def beside_people(self, room: RoomState) -> list[Preemptible]:
+        """The background requests running on a backend a person's request now runs on."""
+        people_on = room.slots.people_on
+        return [run for run in self._runs.values() if run.backend.key in people_on]
+
     def preempt(self, run: Preemptible, now: float) -> None:
-        """``run`` gives its slot up now (its permit releases it, which lets the person in)."""
-        self.discard(run)
+        """``run`` gives its slot up now (its permit releases it, which lets the person in);
+        nothing if it has already (a release between lets others give way in turn)."""
+        if self._runs.pop(id(run), None) is None:
+            return
         waste = self.waste
         waste.restarts += 1
         waste.slot_seconds += max(now - run.granted_at, 0.0)

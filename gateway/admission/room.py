@@ -35,7 +35,7 @@ from gateway.admission.tickets import Ticket, Waiter
 from gateway.admission.turns import Offer, free_backends, free_now, next_offer, waits
 from gateway.backends import Backend, BackendPool
 from gateway.config import Limits, Policy, background_account, model_key
-from gateway.core import Lane
+from gateway.core import BACKGROUND, Lane
 from gateway.swaps import Placement, SwapPlanner
 
 __all__ = ["QuickYes", "Ticket", "Waiter", "WaitingRoom", "ordering_for"]
@@ -164,6 +164,8 @@ class WaitingRoom:
         self._on_change()
         if self.gate.holding:  # nearly never: asked here, without a call on every request
             self._wake_for_held()
+        if self.preemptions and ticket.lane is not BACKGROUND:  # a person beside a task
+            self._give_way()
         return backend, placement, candidate.weight
 
     def _arrival(self, ticket: Ticket, now: float, turn: asyncio.Future[Backend]) -> Waiter:
@@ -222,17 +224,22 @@ class WaitingRoom:
             self.leave(offer.waiter)
             self._start(offer.waiter, offer.backend)
         self._wake_for_held()
-        if self.preemptions and self.lines.waiting:  # nearly never: people wait, and tasks run
+        if self.preemptions:  # nearly never: background work runs that may give way
             self._give_way()
 
     def _give_way(self) -> None:
-        """A person still waits and background work holds a slot they could use: it gives
-        the slot up (its release dispatches again, which starts the person, and gives way
-        again for the next person who waits)."""
+        """Background work gives its slot up where a person's request runs beside it (unless
+        ``lanes.background.beside_people``), or where a person still waits who could use
+        it: its release dispatches again, which starts the person, and gives way again for
+        the next."""
+        preemptions, now = self.preemptions, self.clock()
+        if not self.policy.lanes.background.beside_people:
+            for beside in preemptions.beside_people(self):
+                preemptions.preempt(beside, now)
         for queue in list(self.lines.waiting.values()):
-            victim = self.preemptions.victim_for(self, queue[0].ticket)
+            victim = preemptions.victim_for(self, queue[0].ticket)
             if victim is not None:
-                self.preemptions.preempt(victim, self.clock())
+                preemptions.preempt(victim, now)
                 return
 
     def could_give_way(self, ticket: Ticket) -> bool:

@@ -35,6 +35,8 @@ class SlotLedger:
         # Running requests by backend (its key), every model together: what the quick yes
         # and every dispatch ask first, without summing an Ollama backend's groups.
         self.on_backend: Counter[str] = Counter()
+        # People's requests running by backend (its key): where background work gives way.
+        self.people_on: Counter[str] = Counter()
         # Who holds each busy slot, and since when, for the house page: by the ticket's
         # identity, since two requests can be alike field for field. The ticket is kept so
         # that its id stays unique while it is here.
@@ -75,9 +77,11 @@ class SlotLedger:
             increment(self.heavy, group)
         if ticket.lane is BACKGROUND:
             increment(self.background, group)
-        elif not ticket.heavy:
-            light = self.people_light
-            light[group] = light.get(group, 0) + 1
+        else:
+            increment(self.people_on, key)
+            if not ticket.heavy:
+                light = self.people_light
+                light[group] = light.get(group, 0) + 1
         # Who holds the slot, for the house page. A request moved to another backend
         # (failover) keeps the time it started.
         held = self.holders.get(id(ticket))
@@ -93,8 +97,10 @@ class SlotLedger:
             decrement(self.heavy, group)
         if ticket.lane is BACKGROUND:
             decrement(self.background, group)
-        elif not ticket.heavy:
-            decrement(self.people_light, group)
+        else:
+            decrement(self.people_on, backend.key)
+            if not ticket.heavy:
+                decrement(self.people_light, group)
         held = self.holders.get(id(ticket))
         # After a failover the ticket holds the new backend already: that hold stays.
         if held is not None and held[1] == backend.name:

@@ -131,7 +131,7 @@ def free_backends(
     model, slots = ticket.model, room.slots
     if serving is None:
         serving = room.pool.serving(ticket.api, model)
-    wanted = _wanted_by_people(room) if background else _NOBODY
+    wanted = _kept_for_people(room) if background else _NOBODY
     return [
         backend
         for backend in serving
@@ -172,6 +172,15 @@ def _swap_for(room: RoomState, ticket: Ticket) -> Backend | None:
         return None
     backends = room.pool.serving(ticket.api, ticket.model)
     return room.swaps.room_for(backends, ticket.model, ticket.num_ctx, room.slots.busy, waits(room))
+
+
+def _kept_for_people(room: RoomState) -> frozenset[str]:
+    """The backends background work may not start on: those a person waits for, and,
+    unless ``lanes.background.beside_people``, those a person's request runs on."""
+    wanted = _wanted_by_people(room)
+    if room.policy.lanes.background.beside_people:
+        return wanted
+    return wanted | room.slots.people_on.keys()
 
 
 def _wanted_by_people(room: RoomState) -> frozenset[str]:

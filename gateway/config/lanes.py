@@ -105,6 +105,12 @@ class BackgroundLane(Strict):
     max_slots: SlotShare = Field(
         default="100%", description="Slots of each backend background work may hold."
     )
+    beside_people: bool = Field(
+        default=False,
+        description="Run background work on a backend while a person's request runs there "
+        "(more done on a GPU that batches well; people slowed on a CPU). Off: it runs only "
+        "on a backend no person is using, and gives way when one starts.",
+    )
     max_restarts: int = Field(
         default=3,
         ge=0,
