@@ -46,6 +46,7 @@ $(DEV_STAMP): pyproject.toml | $(BIN)/python
 	$(LOCKED) sh -c '[ $@ -nt pyproject.toml ] || { $(BIN)/python -m pip install --quiet -e ".[dev]" && touch $@ $(RUNTIME_STAMP); }'
 
 run: $(RUNTIME_STAMP)
+	@echo "the fairgate command is $(BIN)/fairgate (in another terminal: $(BIN)/fairgate status)"
 	FAIRGATE_CONFIG=$${FAIRGATE_CONFIG:-$(CONFIG)} $(BIN)/fairgate serve
 
 test: lint $(LLAMA_STAMP) services

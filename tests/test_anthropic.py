@@ -28,6 +28,11 @@ users:
   kids: {keys: [kids-key], models: [family]}
 """
 
+UNKNOWN_KEY = (
+    "unknown API key: no user of the gateway's policy file has it (keys are "
+    "under users:, as their sha256: digest; fairgate keys hash KEY gives it)"
+)
+
 
 def policy(sim_url: str, extra: str = "") -> str:
     backends = f"backends:\n  - {{name: sim, url: {sim_url}, kind: ollama, slots: 4}}\n"
@@ -134,7 +139,7 @@ class TestRefusals:
                 await sdk.messages.create(model=MODEL, max_tokens=3, messages=HI)
         assert refused.value.body == {
             "type": "error",
-            "error": {"type": "authentication_error", "message": "unknown API key"},
+            "error": {"type": "authentication_error", "message": UNKNOWN_KEY},
         }
         assert len(simulator.stats.prompts) == 0
 

@@ -21,6 +21,7 @@ from gateway.config.policy import parse_policy
 from gateway.config.settings import Settings
 from tests.conftest import Gateway, StartGateway, StartSim, serve
 from tests.test_admission import MODEL, until
+from tests.test_anthropic import UNKNOWN_KEY
 
 PROMPT = "please summarise the minutes of the last meeting " * 4  # a few dozen tokens
 
@@ -187,7 +188,7 @@ class TestWhereAmI:
         gateway = await start_gateway(house(sim_url))
         status, body = await get_json(gateway.url + "/ui/me.json", "nobody-key")
         assert status == 401
-        assert body == {"error": "unknown API key"}
+        assert body == {"error": UNKNOWN_KEY}
 
     async def test_status_shows_limits_and_the_day_of_every_user(
         self, start_sim: StartSim, start_gateway: StartGateway
@@ -376,4 +377,29 @@ class TestHousePage:
             await form.locator("button").click()
             await expect(page.locator(".slot.busy .who")).to_have_text(["bob"])
             assert not any("-key" in seen for seen in watched.urls)
+            assert watched.script_errors() == []
+
+    async def test_the_key_form_speaks_to_people_not_programs(
+        self,
+        start_sim: StartSim,
+        servers: AsyncExitStack,
+        browser: Browser,
+        tmp_path: Path,
+    ) -> None:
+        """Before a key is typed, "where am I" shows the form alone (no "send Authorization:
+        Bearer" above it); a key the gateway does not know is said to be unknown."""
+        _, sim_url = await start_sim()
+        app = create_app(Settings(), parse_policy(house(sim_url, slots=2)))
+        app.middlewares.insert(0, from_another_machine)
+        url = await serve(servers, app)
+        async with opened(browser, tmp_path, "key-form") as watched:
+            page = watched.page
+            await page.goto(url + "/ui/me")
+            form = page.locator("#key-form")
+            await expect(form).to_be_visible()
+            await expect(page.locator("#summary")).to_have_text("")
+            await form.locator("input").fill("nobody-key")
+            await form.locator("button").click()
+            await expect(page.locator("#summary")).to_contain_text("not one this gateway knows")
+            await expect(form).to_be_visible()
             assert watched.script_errors() == []

@@ -392,6 +392,13 @@ BROKEN = [
         "192.168.1.50 or 192.168.1.0/24 (got 10)",
     ),
     Broken(
+        "a field indented as no block around it is",
+        "backends:\n  - name: gpu\n    url: http://127.0.0.1:11434\n   slots: 2\n",
+        "fairgate.yaml:4:4: invalid YAML: expected <block end>, but found '<block mapping "
+        "start>' (check this line's indentation against the lines above it: YAML nests a "
+        "field under the one above it by its spaces, and each level must line up)",
+    ),
+    Broken(
         "broken YAML",
         "backends:\n  - name: gpu\n    url: [unclosed\n",
         "fairgate.yaml:4:1: invalid YAML: expected ',' or ']', but got '<stream end>'",

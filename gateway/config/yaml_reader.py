@@ -49,11 +49,22 @@ def read_yaml(text: str, source: str) -> tuple[Any, yaml.Node | None]:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         place = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
-        raise PolicyError(f"{place}: invalid YAML: {exc.problem or exc.context}") from exc
+        problem = exc.problem or exc.context or ""
+        hint = _INDENTATION_HINT if any(s in problem for s in _NESTING_PROBLEMS) else ""
+        raise PolicyError(f"{place}: invalid YAML: {problem}{hint}") from exc
     except yaml.reader.ReaderError as exc:
         raise _unreadable(exc, text, source) from exc
     finally:
         loader.dispose()
+
+
+# What PyYAML says when a line is indented as no block around it is: its words are about
+# the parser's tokens, not the admin's spaces.
+_NESTING_PROBLEMS = ("expected <block end>", "mapping values are not allowed here")
+_INDENTATION_HINT = (
+    " (check this line's indentation against the lines above it: YAML nests a field under "
+    "the one above it by its spaces, and each level must line up)"
+)
 
 
 def _unreadable(exc: yaml.reader.ReaderError, text: str, source: str) -> PolicyError:

@@ -85,7 +85,8 @@ class Calendar:
         return datetime(day.year, day.month, day.day, tzinfo=self.zone).timestamp()
 
     def clock_time(self, instant: float) -> str:
-        """``15:00``, or ``Sat 00:00`` when ``instant`` is not today: for messages."""
+        """``15:00 CET``, or ``Sat 00:00 CET`` when ``instant`` is not today: for messages,
+        read by people who may not be in the gateway's time zone."""
         local = datetime.fromtimestamp(instant, self.zone)
         today = datetime.fromtimestamp(self.clock(), self.zone).date()
-        return f"{local:%H:%M}" if local.date() == today else f"{local:%a %H:%M}"
+        return f"{local:%H:%M %Z}" if local.date() == today else f"{local:%a %H:%M %Z}"

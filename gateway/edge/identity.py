@@ -97,7 +97,12 @@ class Directory:
                 return Caller(self._person(found.user, headers), found.credential)
             if self._open:
                 return _ANONYMOUS_CALLER
-            raise GatewayError(401, Reason.UNAUTHORIZED, "unknown API key")
+            raise GatewayError(
+                401,
+                Reason.UNAUTHORIZED,
+                "unknown API key: no user of the gateway's policy file has it (keys are "
+                "under users:, as their sha256: digest; fairgate keys hash KEY gives it)",
+            )
         user = self._user_of_address(address)
         if user is not None:
             return Caller(user, f"client:{address}")

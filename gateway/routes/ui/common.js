@@ -24,6 +24,15 @@ export async function getJSON(path) {
   return { ok: false, status: reply.status, message };
 }
 
+// What to say above the key form after a 401: nothing when no key was typed yet (the form
+// says what to do; the API's "send Authorization: Bearer" is for programs, not people), and
+// that the key is unknown when one was.
+export function refusedKey() {
+  return sessionStorage.getItem(STORE)
+    ? "That key is not one this gateway knows: check it, or ask whoever runs the gateway."
+    : "";
+}
+
 // Ask for a key in `form` (shown with `reason`); `done` runs once one is given.
 export function askKey(form, reason, done) {
   form.querySelector(".reason").textContent = reason;

@@ -1,6 +1,18 @@
 // The house page: /status, polled every second, drawn as slots, a queue and the last hour.
 
-import { askKey, clock, count, duration, el, fill, getJSON, kind, poll, row } from "./common.js";
+import {
+  askKey,
+  clock,
+  count,
+  duration,
+  el,
+  fill,
+  getJSON,
+  kind,
+  poll,
+  refusedKey,
+  row,
+} from "./common.js";
 
 const SVG = "http://www.w3.org/2000/svg";
 
@@ -16,7 +28,8 @@ async function tick() {
       reply.status === 403
         ? "This key is not an admin key: the house page is for admins. Your own requests are under “my requests”."
         : "The house page is for admins: type an admin key (kept in this tab only).";
-    document.getElementById("summary").textContent = reply.message;
+    document.getElementById("summary").textContent =
+      reply.status === 401 ? refusedKey() : reply.message;
     askKey(document.getElementById("key-form"), reason, () => poll(tick));
     return false;
   }

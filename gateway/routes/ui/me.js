@@ -1,6 +1,18 @@
 // "Where am I": /ui/me.json, polled every second, for whoever holds the key.
 
-import { askKey, clock, count, duration, el, fill, getJSON, kind, poll, row } from "./common.js";
+import {
+  askKey,
+  clock,
+  count,
+  duration,
+  el,
+  fill,
+  getJSON,
+  kind,
+  poll,
+  refusedKey,
+  row,
+} from "./common.js";
 
 // The policy's budget fields, as the page says them.
 const BUDGET_WORDS = {
@@ -25,7 +37,7 @@ async function tick() {
   }
   if (reply.status === 401) {
     document.getElementById("me").hidden = true;
-    document.getElementById("summary").textContent = reply.message;
+    document.getElementById("summary").textContent = refusedKey();
     askKey(
       document.getElementById("key-form"),
       "Type your API key to see your requests (kept in this tab only).",
