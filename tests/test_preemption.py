@@ -173,3 +173,24 @@ class TestGivingWay:
         await until(admission, lambda snapshot: snapshot.users.get("alice") == (1, 0))
         assert admission.snapshot().background_users == {}
         assert (await task)[0] == 200
+
+
+class TestChargedToTheFrontEnd:
+    async def test_a_task_is_counted_apart_but_cannot_escape_its_users_budget(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """alice's one request an hour is not spent by her title task (it counts under
+        alice/(background)); a second task is refused all the same: a prompt dressed as a
+        task gets a budget of the same size, not none."""
+        _, url = await start_sim()
+        policy = (
+            "users:\n  alice: {keys: [alice-key], budget: {requests_per_hour: 1}}\n"
+            + one_backend(url, slots=2)
+        )
+        gateway = await start_gateway(policy)
+        assert (await post(gateway, "alice-key", body(TASK_PROMPT, CHAT_TOKENS)))[0] == 200
+        assert (await post(gateway, "alice-key", body("hello", CHAT_TOKENS)))[0] == 200
+        status, text = await post(gateway, "alice-key", body(TASK_PROMPT, CHAT_TOKENS))
+        assert status == 429
+        assert json.loads(text)["error"].startswith("background work on alice")
+        assert (await post(gateway, "alice-key", body("again", CHAT_TOKENS)))[0] == 429

@@ -121,7 +121,10 @@ class Policy(Strict):
         """The user's budget, each unset field taken from ``defaults``; a person named by a
         front end has the front end's, counted on their own."""
         if is_background_account(user):  # rarely asked: only with a budget somewhere
-            return self.lanes.background.budget_in_force
+            # The policy's own for background work, else the front end's: a prompt made to
+            # look like a task must not escape a budget (it gets one of the same size).
+            own = self.lanes.background.budget_in_force
+            return own if own else self.budget_of(user.partition(PERSON_SEPARATOR)[0])
         found = self._budgets.get(self.account_of(user))  # empty is falsy: compare with None
         return self._default_budget if found is None else found
 

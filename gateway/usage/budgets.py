@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway.admission import Refusal
-from gateway.config import PERSON_SEPARATOR, Budget
+from gateway.config import PERSON_SEPARATOR, Budget, is_background_account
 from gateway.core import Calendar, Reason, Windows
 from gateway.usage.stores.base import Tally
 
@@ -103,7 +103,10 @@ def over_budget(user: str, states: list[BudgetState], calendar: Calendar) -> Ref
     # A person a front end names (a header's value) is not repeated back: error bodies echo
     # nothing the client sent. The policy's own user names are the admin's words.
     front_end, separator, _ = user.partition(PERSON_SEPARATOR)
-    who = f"this person on {front_end}" if separator else user
+    if is_background_account(user):
+        who = f"background work on {front_end} (counted apart from its people's)"
+    else:
+        who = f"this person on {front_end}" if separator else user
     message = (
         f"{who} has used the budget of {_amount(state.limit)} {words} "
         f"({_amount(state.used)} so far); it renews at {calendar.clock_time(state.renews_at)}"
