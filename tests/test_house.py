@@ -22,6 +22,7 @@ from gateway.config.settings import Settings
 from tests.conftest import Gateway, StartGateway, StartSim, serve
 from tests.test_admission import MODEL, until
 from tests.test_anthropic import UNKNOWN_KEY
+from tests.test_preemption import TASK_PROMPT, body, post
 
 PROMPT = "please summarise the minutes of the last meeting " * 4  # a few dozen tokens
 
@@ -403,3 +404,28 @@ class TestHousePage:
             await expect(page.locator("#summary")).to_contain_text("not one this gateway knows")
             await expect(form).to_be_visible()
             assert watched.script_errors() == []
+
+    async def test_the_page_tells_how_often_background_work_gave_way_and_shows_a_persons_tasks(
+        self,
+        start_sim: StartSim,
+        start_gateway: StartGateway,
+        browser: Browser,
+        tmp_path: Path,
+    ) -> None:
+        """After bob's title task gave its slot to alice, the summary says so; while his
+        next task runs, bob's row shows it as background beside his own requests."""
+        _, sim_url = await start_sim(decode_tokens_per_s=20.0)
+        gateway = await start_gateway(house(sim_url, slots=1))
+        admission = gateway.services.admission
+        task = asyncio.create_task(post(gateway, "bob-key", body(TASK_PROMPT, 200)))
+        await until(admission, lambda s: s.background_users.get("bob", (0, 0))[0] == 1)
+        assert (await post(gateway, "alice-key", body("hello", 2)))[0] == 200
+        await until(admission, lambda s: s.background_users.get("bob", (0, 0))[0] == 1)
+        async with opened(browser, tmp_path, "gave-way") as watched:
+            page = watched.page
+            await page.goto(gateway.url + "/ui")
+            await expect(page.locator("#summary")).to_contain_text("background work gave way once")
+            bob = page.locator("#users tr", has_text="bob")
+            await expect(bob).to_contain_text("0 of 1 + 1 background")
+            assert watched.errors == []
+        task.cancel()

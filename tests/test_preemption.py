@@ -43,6 +43,20 @@ async def post(gateway: Gateway, key: str, sent: dict[str, Any]) -> tuple[int, s
         return reply.status, await reply.text()
 
 
+async def post_openai(gateway: Gateway, key: str, prompt: str, tokens: int) -> tuple[int, str]:
+    sent = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": tokens,
+    }
+    headers = {"Authorization": f"Bearer {key}"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(gateway.url + "/v1/chat/completions", json=sent, headers=headers) as reply,
+    ):
+        return reply.status, await reply.text()
+
+
 async def one_slot(
     start_sim: StartSim, start_gateway: StartGateway, lanes: str = ""
 ) -> tuple[Simulator, Gateway]:
@@ -80,6 +94,23 @@ class TestGivingWay:
         assert ("fairgate_background_restarts_total", {}, 1.0) in families[
             "fairgate_background_restarts"
         ]
+
+    async def test_on_llama_server_a_task_holding_the_only_slot_gives_it_up(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """llama-server's capacity is its slots: with the one slot taken the room has no free
+        slot at all, and the task still gives it to the person who would wait."""
+        _, url = await start_sim(decode_tokens_per_s=20.0)
+        gateway = await start_gateway(PEOPLE + one_backend(url, slots=1, kind="llamacpp"))
+        admission = gateway.services.admission
+        task = asyncio.create_task(post_openai(gateway, "alice-key", TASK_PROMPT, TASK_TOKENS))
+        await until(admission, background_running("alice"))
+        assert (await post_openai(gateway, "bob-key", "hello", CHAT_TOKENS))[0] == 200
+        assert not task.done()
+        status, text = await task
+        assert status == 200
+        assert json.loads(text)["usage"]["completion_tokens"] == TASK_TOKENS
+        assert admission.snapshot().given_way.restarts == 1
 
     async def test_a_task_gives_way_when_a_person_starts_beside_it(
         self, start_sim: StartSim, start_gateway: StartGateway

@@ -141,7 +141,8 @@ class Admission:
         """Give back the permit's place, slot and hold, and let the next request in."""
         if self.replicas is not None:
             self.replicas.give_back(permit)
-        self.hold_timer.observe(self.clock() - permit.granted_at)
+        if not permit.gave_way:  # a run cut short is no measure of how long slots are held
+            self.hold_timer.observe(self.clock() - permit.granted_at)
         self.room.release(permit.ticket, permit.backend)
 
     def made_room(self, backend: Backend) -> None:
@@ -160,6 +161,8 @@ class Admission:
     async def reroute(self, permit: Permit) -> bool:
         """Move a permit whose backend failed before replying to another free backend."""
         room, failed, old_hold = self.room, permit.backend, permit.hold
+        if permit.released:  # it gave its slot to a person: nothing left to move
+            return False
         others = [b for b in room.free_backends(permit.ticket) if b.name != failed.name]
         if not others:
             return False

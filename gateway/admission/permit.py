@@ -88,6 +88,8 @@ class Permit:
             if ticket.restarts < room.policy.lanes.background.max_restarts:
                 self.preempted = asyncio.get_running_loop().create_future()
                 room.preemptions.add(self)
+                # Granted from the queue, a person may have started beside it meanwhile.
+                room.give_way()
 
     @classmethod
     def queued(cls, admission: Issuer, waiter: Waiter, backend: Backend) -> Permit:
@@ -138,6 +140,15 @@ class Permit:
         room.swaps.loaded(self.backend, self.ticket.model, seconds)
         tokens = room.policy.costs.load * seconds
         room.ordering.on_output(self.ticket.payer, self.weight, tokens)
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    @property
+    def gave_way(self) -> bool:
+        """Whether it gave its slot to a person (its hold is no measure of a reply's)."""
+        return self.preempted is not None and self.preempted.done()
 
     def begin_reply(self) -> bool:
         """The reply is about to go out to the client: from now on it keeps its slot. False

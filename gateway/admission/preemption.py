@@ -76,6 +76,8 @@ class Preemptions:
         newest first, as it has done the least work that would be lost."""
         if room.lines.at_cap(ticket.user, ticket.lane):
             return None  # the person waits for their own requests, not for background work
+        if free_backends(room, ticket):
+            return None  # a slot is free: what the person waits for is no task's to give
         serving = {b.name for b in room.pool.serving(ticket.api, ticket.model)}
         for run in sorted(self._runs.values(), key=lambda r: r.granted_at, reverse=True):
             if run.backend.name in serving and _frees_a_slot_for(room, run, ticket):

@@ -84,6 +84,9 @@ class ReplicaHolds:
                 )
             return True  # per-replica limits only, until Redis is back
         if taken:
+            if permit.released:  # it gave its slot up while the store took the hold
+                self.store.give_back(hold)
+                return False
             permit.hold = hold
         return taken
 

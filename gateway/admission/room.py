@@ -164,8 +164,8 @@ class WaitingRoom:
         self._on_change()
         if self.gate.holding:  # nearly never: asked here, without a call on every request
             self._wake_for_held()
-        if self.preemptions and ticket.lane is not BACKGROUND:  # a person beside a task
-            self._give_way()
+        if ticket.lane is not BACKGROUND:  # a person, perhaps beside a task
+            self.give_way()
         return backend, placement, candidate.weight
 
     def _arrival(self, ticket: Ticket, now: float, turn: asyncio.Future[Backend]) -> Waiter:
@@ -212,8 +212,12 @@ class WaitingRoom:
         """Give every free slot that a waiting request can use to the one the ordering picks."""
         if self.swaps.planned:  # none, nearly always: then nobody's demand needs counting
             self.swaps.keep_only(waits(self))
-        if not self.lines.depth and not self.gate.holding:
-            return  # nobody to give a slot to, nor a held request's wake-up to set
+        if self.lines.depth or self.gate.holding:  # somebody to give a slot to, or to wake
+            self._dispatch_waiting()
+        # Asked whether slots are free or not: a task holding the last slot gives it up.
+        self.give_way()
+
+    def _dispatch_waiting(self) -> None:
         if not self.slots.has_free_slot(self.pool.backends):
             return  # every slot is taken: nobody waiting can start (the common overload case)
         while self.lines.depth:
@@ -224,6 +228,9 @@ class WaitingRoom:
             self.leave(offer.waiter)
             self._start(offer.waiter, offer.backend)
         self._wake_for_held()
+
+    def give_way(self) -> None:
+        """Background work that should give its slot to a person does so now."""
         if self.preemptions:  # nearly never: background work runs that may give way
             self._give_way()
 

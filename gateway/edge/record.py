@@ -66,7 +66,7 @@ class RequestRecord:
     client_gone: bool = False
     retried: bool = False  # sent to a second backend after the first failed
     restarts: int = 0  # times it gave its slot to a person and ran again (background work)
-    given_way_seconds: float = 0.0  # the slot time those restarts threw away
+    given_way_seconds: float = 0.0  # the waits and runs of the turns it gave up
     client_request_id: str | None = None  # a client's X-Request-Id not used as ours
 
     def add(self, progress: Progress) -> None:

@@ -164,9 +164,11 @@ class Generation:
                 raise
             finally:  # a reply cut short still spent what it streamed
                 record.streamed_tokens = int(permit.output_charged)
-            if response is None:
+            if response is None:  # its wait and its run are part of the client's wait
                 record.restarts += 1
-                record.given_way_seconds += admission.clock() - permit.granted_at
+                record.given_way_seconds += (
+                    permit.queue_wait + admission.clock() - permit.granted_at
+                )
                 return None
             permit.settle(record.prompt_tokens, record.completion_tokens)
             permit.loaded(record.load_seconds)
@@ -248,8 +250,9 @@ async def _unless_preempted(
     run = asyncio.ensure_future(relayed)
     try:
         await asyncio.wait((run, preempted), return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:  # the client went away: the relay goes with it
+    except BaseException:  # the client went away: the relay goes with it, reporting first
         run.cancel()
+        await asyncio.wait((run,))
         raise
     if not run.done():
         run.cancel()

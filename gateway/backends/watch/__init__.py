@@ -4,8 +4,8 @@ that applies them, keep-warm pings, and failures put in words an admin can act o
 May import: ``backends``, ``relay``, ``edge``, ``config``, ``wire``, ``core``.
 """
 
+from gateway.backends.watch.keep_warm import KeepWarm, WarmthSnapshot
 from gateway.backends.watch.monitor import BackendMonitor
 from gateway.backends.watch.probes import entries_of
-from gateway.backends.watch.warmth import KeepWarm, WarmthSnapshot
 
 __all__ = ["BackendMonitor", "KeepWarm", "WarmthSnapshot", "entries_of"]

@@ -44,7 +44,8 @@ function draw(status) {
   const queue = status.queue;
   document.getElementById("summary").textContent =
     `${busy} of ${slots} slots busy · ${queue.depth} waiting` +
-    (queue.depth ? ` · oldest ${duration(queue.oldest_wait_seconds)}` : "");
+    (queue.depth ? ` · oldest ${duration(queue.oldest_wait_seconds)}` : "") +
+    gaveWay(queue.given_way);
   document.getElementById("updated").textContent = `updated ${clock()}`;
   fill("backends", ...backends.map(([name, b]) => backend(name, b, status.running)));
   fill("waiting", ...waiting(queue.waiting));
@@ -106,6 +107,13 @@ function user(name, u) {
     count(today.prompt_tokens + today.completion_tokens),
     count(today.refused),
   );
+}
+
+// What background work giving its slot to people has cost since the start, once it has.
+function gaveWay(given) {
+  if (!given.restarts) return "";
+  const times = given.restarts === 1 ? "once" : `${given.restarts} times`;
+  return ` · background work gave way ${times} (${duration(given.slot_seconds)} of slots)`;
 }
 
 // A person's background work (their front end's tasks), shown beside their own requests.
