@@ -178,7 +178,20 @@ def _sim(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from gateway.cli.demo import run_demo
 
-    run_demo(gateway_port=args.port, backend_port=args.backend_port)
+    try:
+        run_demo(gateway_port=args.port, backend_port=args.backend_port)
+    except OSError as exc:
+        problem = listen_problem(exc)
+        if problem is None:
+            raise
+        # Most often a gateway (make run) or a simulator (make sim) already has the port.
+        print(
+            f"fairgate demo: cannot listen on port {args.port} or {args.backend_port}: "
+            f"{problem} (another gateway or simulator running? choose others with --port "
+            "and --backend-port)",
+            file=sys.stderr,
+        )
+        return 2
     return 0
 
 

@@ -201,6 +201,9 @@ class TestDays:
         ledger.observe(served("bob", tokens=5))
         ledger.observe(refused("bob"))
         ledger.observe(refused(None))  # nobody to charge it to
+        page_poll = refused("bob")
+        page_poll.path = "/ui/me.json"  # the house page's poll: no API request, no refusal
+        ledger.observe(page_poll)
         bob = ledger.used("bob")
         assert (bob.requests, bob.refused, bob.prompt_tokens, bob.completion_tokens) == (
             2,

@@ -88,9 +88,17 @@ class TestRefusals:
         history.observe(refused("bob", Reason.USER_QUEUE_FULL))
         clock.now += 1
         history.observe(refused(None, Reason.UNAUTHORIZED))
-        first, second = history.snapshot().refusals
-        assert (first.user, first.reason, first.at) == (None, Reason.UNAUTHORIZED, NOON + 1)
+        history.observe(refused("carol", Reason.WAIT_TIMEOUT))
+        snapshot = history.snapshot()
+        first, second = snapshot.refusals
+        assert (first.user, first.reason, first.at) == ("carol", Reason.WAIT_TIMEOUT, NOON + 1)
         assert (second.user, second.reason) == ("bob", Reason.USER_QUEUE_FULL)
+        [stranger] = snapshot.strangers  # kept apart from the household's
+        assert (stranger.user, stranger.reason, stranger.at) == (
+            None,
+            Reason.UNAUTHORIZED,
+            NOON + 1,
+        )
 
     def test_a_strangers_stream_of_401s_leaves_the_households_refusals_listed(self) -> None:
         """Callers the gateway did not recognise keep a few places of their own: fifty
@@ -101,8 +109,9 @@ class TestRefusals:
         for _ in range(50):
             clock.now += 0.1
             history.observe(refused(None, Reason.UNAUTHORIZED))
-        refusals = history.snapshot().refusals
-        assert [r.user for r in refusals] == [None] * RECENT_STRANGERS + ["bob"]
+        snapshot = history.snapshot()
+        assert [r.user for r in snapshot.refusals] == ["bob"]
+        assert [r.user for r in snapshot.strangers] == [None] * RECENT_STRANGERS
 
     def test_refusals_off_the_apis_are_not_the_households(self) -> None:
         """A scanner's 404 and a page's 401 before its key is typed are neither listed nor

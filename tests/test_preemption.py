@@ -12,15 +12,10 @@ import aiohttp
 from fairsim import Simulator
 from tests.conftest import Gateway, StartGateway, StartSim, one_backend
 from tests.test_admission import MODEL, until
+from tests.test_lanes import PEOPLE
 from tests.test_metrics import scrape
 
 TASK_PROMPT = "### Task:\nGenerate a concise, 3-5 word title summarizing the chat history."
-PEOPLE = """\
-defaults: {max_concurrent: 1, max_queued: 1}
-users:
-  alice: {keys: [alice-key]}
-  bob: {keys: [bob-key]}
-"""
 TASK_TOKENS = 40  # at 20 tokens a second: two seconds of the only slot
 CHAT_TOKENS = 4
 

@@ -166,6 +166,28 @@ class TestServeCommand:
         assert lines[-1] == f"fairgate: cannot listen on {listen}: address already in use"
         assert not any("Traceback" in line for line in lines)
 
+    async def test_the_demo_beside_a_running_gateway_says_so_in_one_line(
+        self, tmp_path: Path
+    ) -> None:
+        """`fairgate demo` on a port `make run` holds: exit 2, one line naming the ports and
+        the options that choose others, no traceback."""
+        with socket.socket() as holder:
+            holder.bind(("127.0.0.1", 0))
+            holder.listen()
+            port = holder.getsockname()[1]
+            backend_port = free_port()
+            process = await fairgate(
+                "demo", "--port", str(port), "--backend-port", str(backend_port), cwd=tmp_path
+            )
+            status, lines = await finished(process)
+        assert status == 2
+        assert lines[-1] == (
+            f"fairgate demo: cannot listen on port {port} or {backend_port}: address already "
+            "in use (another gateway or simulator running? choose others with --port and "
+            "--backend-port)"
+        )
+        assert not any("Traceback" in line for line in lines)
+
     async def test_help_lists_every_setting_with_its_default(self, tmp_path: Path) -> None:
         """`fairgate serve --help` names each FAIRGATE_* variable, its default and purpose."""
         process = await fairgate("serve", "--help", cwd=tmp_path)

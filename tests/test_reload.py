@@ -12,8 +12,10 @@ from pathlib import Path
 from structlog.testing import capture_logs
 
 from gateway.backends.pool import BackendStates
+from gateway.cli.status import render_text
 from gateway.config.policy import load_policy
 from gateway.reload import LivePolicy, PolicyView
+from gateway.routes.status import render
 from tests.conftest import Gateway, StartGateway, StartSim
 from tests.test_admission import generate_status, held, idle, queued, until
 
@@ -93,6 +95,10 @@ class TestLiveReload:
         live = gateway.services.policy
         assert live.reloads_failed == 1 and live.last_error and "invalid YAML" in live.last_error
         assert await generate_status(gateway, "alice-key") == 200
+        # Said where the admin looks, not only in the log: `fairgate status` first of all.
+        text = render_text(render(gateway.services.snapshot()))
+        assert "the policy file's last edit was refused (still serving the one before)" in text
+        assert "invalid YAML" in text.split("\n\n")[0]
 
     async def test_a_rotated_key_works_and_the_old_one_stops(
         self, start_sim: StartSim, start_gateway: StartGateway, tmp_path: Path

@@ -93,10 +93,16 @@ def render_text(status: dict[str, Any]) -> str:
     head = f"{busy} of {slots} slots busy, {queue['depth']} waiting"
     if queue["depth"]:
         head += f" (oldest {duration_text(queue['oldest_wait_seconds'])})"
+    refused_edit = status["policy"]["last_error"]
+    if refused_edit:  # the admin's last edit did not take: said first, not only in the log
+        head = f"{head}\nthe policy file's last edit was refused (still serving the one before):"
+        head += "\n  " + refused_edit.replace("\n", "\n  ")
     parts = [head, _backends(backends), _running(status["running"]), _waiting(queue["waiting"])]
     parts.append(_users(status["users"]))
     if status["refusals"]:
         parts.append(_refusals(status["refusals"][:5]))
+    if status.get("strangers"):  # a wrong key's refusals, apart from the household's
+        parts.append(_refusals(status["strangers"][:5], "NOT RECOGNISED"))
     return "\n\n".join(parts)
 
 
@@ -195,7 +201,7 @@ def _budget_left(budget: dict[str, Any]) -> str:
     return ", ".join(parts) or "-"
 
 
-def _refusals(refusals: list[dict[str, Any]]) -> str:
+def _refusals(refusals: list[dict[str, Any]], heading: str = "REFUSED AT") -> str:
     rows = [
         [
             f"{datetime.fromtimestamp(r['at']):%H:%M:%S}",
@@ -205,7 +211,7 @@ def _refusals(refusals: list[dict[str, Any]]) -> str:
         ]
         for r in refusals
     ]
-    return table(["REFUSED AT", "USER", "REASON", "MODEL"], rows)
+    return table([heading, "USER", "REASON", "MODEL"], rows)
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

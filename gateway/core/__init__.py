@@ -31,6 +31,7 @@ from gateway.core.units import (
     whole_seconds,
 )
 from gateway.core.vocabulary import (
+    API_PREFIXES,
     BACKGROUND,
     GENERATION_PATHS,
     REFUSALS,
@@ -42,6 +43,7 @@ from gateway.core.vocabulary import (
 )
 
 __all__ = [
+    "API_PREFIXES",
     "BACKGROUND",
     "GENERATION_PATHS",
     "REFUSALS",

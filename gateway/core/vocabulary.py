@@ -8,6 +8,7 @@ from __future__ import annotations
 from enum import Enum, StrEnum
 
 __all__ = [
+    "API_PREFIXES",
     "BACKGROUND",
     "GENERATION_PATHS",
     "REFUSALS",
@@ -123,3 +124,7 @@ REFUSALS = frozenset(Reason) - {
     Reason.BACKEND_FAILED_MID_STREAM,
     Reason.CLIENT_STALLED,
 }
+
+API_PREFIXES = ("/api/", "/v1/")
+"""Ollama's and OpenAI's routes: what a household's apps call. A refusal elsewhere (a
+scanner's /wp-login.php, a page's poll before its key is typed) is no one's refusal."""

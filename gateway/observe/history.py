@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gateway.core import REFUSALS, Lane, Reason
+from gateway.core import API_PREFIXES, REFUSALS, Lane, Reason
 from gateway.edge import RequestRecord
 
 __all__ = ["History", "HistorySnapshot", "MinuteFigures", "RecentRefusal"]
@@ -56,7 +56,8 @@ class RecentRefusal:
 @dataclass(frozen=True, slots=True)
 class HistorySnapshot:
     minutes: tuple[MinuteFigures, ...] = ()  # the last hour, oldest first, one per minute
-    refusals: tuple[RecentRefusal, ...] = ()  # newest first
+    refusals: tuple[RecentRefusal, ...] = ()  # the household's, newest first
+    strangers: tuple[RecentRefusal, ...] = ()  # callers not recognised, kept apart
 
 
 @dataclass(slots=True)
@@ -84,7 +85,7 @@ class History:
         # page's 401 before its key is typed, a scanner's /wp-login.php).
         if not refused and record.request_class is None:
             return
-        if not record.path.startswith(_API_PATHS):
+        if not record.path.startswith(API_PREFIXES):
             return
         now = self._clock()
         minute = self._minute(now)
@@ -107,8 +108,9 @@ class History:
         figures = tuple(
             _figures(index, by_index.get(index)) for index in range(last - MINUTES + 1, last + 1)
         )
-        refusals = sorted((*self._refusals, *self._strangers), key=_at, reverse=True)
-        return HistorySnapshot(minutes=figures, refusals=tuple(refusals))
+        return HistorySnapshot(
+            minutes=figures, refusals=tuple(self._refusals), strangers=tuple(self._strangers)
+        )
 
     def _minute(self, now: float) -> _Minute:
         index = int(now // 60)
@@ -140,9 +142,6 @@ def _quantile(counts: list[int], q: float) -> float | None:
         if seen >= q * total:
             return TTFT_BOUNDS[min(index, len(TTFT_BOUNDS) - 1)]
     return TTFT_BOUNDS[-1]
-
-
-_API_PATHS = ("/api/", "/v1/")  # Ollama's and OpenAI's routes: what a household's apps call
 
 
 def _at(refusal: RecentRefusal) -> float:

@@ -88,6 +88,7 @@ def render(snapshot: GatewaySnapshot) -> dict[str, Any]:
         },
         "running": [_running(r) for r in room.running],
         "refusals": [_refusal(r) for r in snapshot.history.refusals],
+        "strangers": [_refusal(r) for r in snapshot.history.strangers],
         "last_hour": [_minute(m) for m in snapshot.history.minutes],
         "state": {
             "kind": holds.kind,

@@ -24,7 +24,7 @@ import structlog
 
 from gateway.admission import Refusal
 from gateway.config import PERSON_SEPARATOR, Budget, background_account, model_key
-from gateway.core import REFUSALS, Background, Calendar, Lane, Windows, repeat
+from gateway.core import API_PREFIXES, REFUSALS, Background, Calendar, Lane, Windows, repeat
 from gateway.edge import RequestRecord
 from gateway.usage.budgets import BudgetState, budget_states, over_budget, requests_room
 from gateway.usage.stores.base import Batch, Counts, StoreError, Tally, UsageStore
@@ -74,7 +74,7 @@ class Ledger:
         """Count one finished request (a listener of the access log)."""
         if record.dispatched_at is not None:  # it held a slot, whatever became of it
             self._served(record, record.dispatched_at)
-        elif record.reason in REFUSALS:
+        elif record.reason in REFUSALS and record.path.startswith(API_PREFIXES):
             windows = self.calendar.now()
             user = self._refused_as(_account_of(record))
             self._batch.refused[(windows.day, windows.hour, user, str(record.reason))] += 1

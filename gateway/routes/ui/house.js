@@ -1,18 +1,6 @@
 // The house page: /status, polled every second, drawn as slots, a queue and the last hour.
 
-import {
-  askKey,
-  clock,
-  count,
-  duration,
-  el,
-  fill,
-  getJSON,
-  kind,
-  poll,
-  refusedKey,
-  row,
-} from "./common.js";
+import { askKey, clock, count, duration, el, fill, getJSON, kind, poll, refusedKey, row } from "./common.js";
 
 const SVG = "http://www.w3.org/2000/svg";
 
@@ -46,12 +34,17 @@ function draw(status) {
     `${busy} of ${slots} slots busy · ${queue.depth} waiting` +
     (queue.depth ? ` · oldest ${duration(queue.oldest_wait_seconds)}` : "") +
     gaveWay(queue.given_way);
+  const refused = document.getElementById("policy-error");
+  refused.hidden = !status.policy.last_error;
+  refused.textContent = status.policy.last_error
+    ? `The policy file's last edit was refused; still serving the one before: ${status.policy.last_error}`
+    : "";
   document.getElementById("updated").textContent = `updated ${clock()}`;
   fill("backends", ...backends.map(([name, b]) => backend(name, b, status.running)));
   fill("waiting", ...waiting(queue.waiting));
   fill("users", ...Object.entries(status.users).map(([name, u]) => user(name, u)));
   lastHour(status.last_hour);
-  fill("refusals", ...refusals(status.refusals));
+  fill("refusals", ...refusals(status.refusals), ...strangers(status.strangers));
   document.getElementById("house").hidden = false;
 }
 
@@ -119,6 +112,13 @@ function gaveWay(given) {
 // A person's background work (their front end's tasks), shown beside their own requests.
 function tasks(count) {
   return count ? ` + ${count} background` : "";
+}
+
+// Callers the gateway did not recognise (a wrong key), below the household's own.
+function strangers(list) {
+  if (!list.length) return [];
+  const heading = el("tr", "strangers", el("td", null, "not recognised (a wrong key)"));
+  return [heading, ...list.map((r) => row(new Date(r.at * 1000).toLocaleTimeString(), "?", r.reason, r.path))];
 }
 
 function refusals(list) {

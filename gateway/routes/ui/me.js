@@ -1,18 +1,6 @@
 // "Where am I": /ui/me.json, polled every second, for whoever holds the key.
 
-import {
-  askKey,
-  clock,
-  count,
-  duration,
-  el,
-  fill,
-  getJSON,
-  kind,
-  poll,
-  refusedKey,
-  row,
-} from "./common.js";
+import { askKey, clock, count, duration, el, fill, getJSON, kind, poll, refusedKey, row } from "./common.js";
 
 // The policy's budget fields, as the page says them.
 const BUDGET_WORDS = {
