@@ -2,9 +2,30 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
+from collections.abc import Callable
+from types import FrameType
+
+# A SIGHUP while Python imports the gateway (a logrotate, or a reload racing a restart)
+# would end the process: its default action. Noted from the first line instead, and
+# answered by serve with a reload once it listens (``_SighupLatch``); the other commands
+# take the default back in ``main``.
+_hangups: list[int] = []
+
+
+def _note_hangups(handler: Callable[[int, FrameType | None], object] | signal.Handlers) -> None:
+    """SIGHUP's handler, where the platform has the signal and this is the main thread (a
+    program may call ``main`` from another; signals are then not its to set)."""
+    if hasattr(signal, "SIGHUP"):
+        with contextlib.suppress(ValueError):
+            signal.signal(signal.SIGHUP, handler)
+
+
+_note_hangups(lambda signum, frame: _hangups.append(signum))
+
 import argparse
 import os
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,6 +59,8 @@ log = structlog.get_logger("fairgate.settings")
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.command != "serve":
+        _note_hangups(signal.SIG_DFL)  # a terminal's hangup ends the other commands
     if args.command is None:
         parser.print_help()
         return 2
@@ -119,7 +142,7 @@ class _SighupLatch:
     gateway re-reads its policy once it listens."""
 
     def __init__(self) -> None:
-        self.received = False
+        self.received = bool(_hangups)  # one that came while the gateway was imported
         signal.signal(signal.SIGHUP, self._note)
 
     def _note(self, signum: int, frame: object) -> None:

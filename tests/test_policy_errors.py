@@ -77,6 +77,13 @@ BROKEN = [
         "fairgate.yaml:5: users.alice: duplicate key 'keys' (first at line 3)",
     ),
     Broken(
+        "a user given twice, told with the file's other mistakes",
+        "users:\n  alice: {keys: [a-key]}\n  alice: {keys: [b-key]}\nqueue: {max_depth: lots}\n"
+        + GPU,
+        "fairgate.yaml:3: users: duplicate key 'alice' (first at line 2)\n"
+        "fairgate.yaml:4: queue.max_depth: 'lots' is not a whole number",
+    ),
+    Broken(
         "a field given twice in a backend",
         "backends:\n  - name: gpu\n    url: http://127.0.0.1:11434\n    slots: 2\n    slots: 4\n",
         "fairgate.yaml:5: backends[0]: duplicate key 'slots' (first at line 4)",

@@ -166,6 +166,23 @@ class TestServeCommand:
         assert lines[-1] == f"fairgate: cannot listen on {listen}: address already in use"
         assert not any("Traceback" in line for line in lines)
 
+    async def test_a_sighup_while_the_gateway_is_imported_does_not_end_it(
+        self, tmp_path: Path
+    ) -> None:
+        """The entry point notes SIGHUP before its own imports (most of a second): one
+        sent then (logrotate, a reload racing a restart) no longer ends the process."""
+        program = (
+            "import os, signal\n"
+            "import gateway.__main__\n"
+            "os.kill(os.getpid(), signal.SIGHUP)\n"
+            "print('alive')\n"
+        )
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", program, cwd=tmp_path, stdout=asyncio.subprocess.PIPE
+        )
+        out, _ = await asyncio.wait_for(process.communicate(), timeout=60)
+        assert (process.returncode, out.decode().strip()) == (0, "alive")
+
     async def test_the_demo_beside_a_running_gateway_says_so_in_one_line(
         self, tmp_path: Path
     ) -> None:

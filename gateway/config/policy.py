@@ -249,11 +249,23 @@ def parse_policy(
     text: str, source: str = "<policy>", variables: KeyVariables | None = None
 ) -> Policy:
     """Validate policy YAML ``text``; ``source`` names it in error messages."""
-    data, root = read_yaml(text, source)
+    data, root, surprises = read_yaml(text, source)
     if not isinstance(data, dict):
         raise PolicyError(f"{source}:1: the file must be a mapping (backends:, users:, ...)")
     try:
         context = {KEY_VARIABLES: variables or KeyVariables(environment())}
-        return Policy.model_validate(data, context=context)
+        policy = Policy.model_validate(data, context=context)
     except ValidationError as exc:
-        raise PolicyError(describe(exc, root, source, Policy)) from exc
+        # Every mistake at once, in the file's order: the YAML's surprises and the schema's.
+        problems = [*surprises, *describe(exc, root, source, Policy).splitlines()]
+        raise PolicyError("\n".join(sorted(problems, key=_line_of))) from exc
+    if surprises:
+        raise PolicyError("\n".join(surprises))
+    return policy
+
+
+def _line_of(problem: str) -> int:
+    """The line a ``file:line: ...`` sentence is about (0 when it names none)."""
+    _, _, rest = problem.partition(":")
+    number = rest.partition(":")[0]
+    return int(number) if number.isdigit() else 0

@@ -31,21 +31,25 @@ class PolicyError(Exception):
     """The policy file cannot be used; the message names the file, line and field."""
 
 
-def read_yaml(text: str, source: str) -> tuple[Any, yaml.Node | None]:
-    """The document in ``text`` and its node tree; PolicyError for bad YAML, a repeated key
-    or a number YAML reads as other than it looks."""
+def read_yaml(text: str, source: str) -> tuple[Any, yaml.Node | None, list[str]]:
+    """The document in ``text``, its node tree, and its repeated keys, each a ``file:line:
+    ...`` sentence: the caller reports them with the schema's own problems, so that one read
+    of the file shows every mistake (the last of two values is read, as YAML's own loaders
+    do). PolicyError for YAML that cannot be read, a key that is not text or a number YAML
+    reads as other than it looks: the document is then not what its author wrote."""
     try:
         loader = yaml.SafeLoader(text)
     except yaml.reader.ReaderError as exc:
         raise _unreadable(exc, text, source) from exc
     try:
         root = loader.get_single_node()
-        found = sorted([*_repeated_keys(root), *_keys_not_text(root), *_surprising_numbers(root)])
-        if found:
-            raise PolicyError(
-                "\n".join(f"{where(source, line, at)}{what}" for line, at, what in found)
-            )
-        return (loader.construct_document(root) if root is not None else None), root
+        repeated = _repeated_keys(root)
+        distorting = [*_keys_not_text(root), *_surprising_numbers(root)]
+        found = sorted([*repeated, *distorting])
+        said = [f"{where(source, line, at)}{what}" for line, at, what in found]
+        if distorting:  # the document is not what its author wrote: nothing more to check
+            raise PolicyError("\n".join(said))
+        return (loader.construct_document(root) if root is not None else None), root, said
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         place = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
