@@ -30,7 +30,7 @@ users:
 
 UNKNOWN_KEY = (
     "unknown API key: no user of the gateway's policy file has it (keys are "
-    "under users:, as their sha256: digest; fairgate keys hash KEY gives it)"
+    "under users:, as written or as a sha256: digest: fairgate keys hash KEY)"
 )
 
 

@@ -101,7 +101,7 @@ class Directory:
                 401,
                 Reason.UNAUTHORIZED,
                 "unknown API key: no user of the gateway's policy file has it (keys are "
-                "under users:, as their sha256: digest; fairgate keys hash KEY gives it)",
+                "under users:, as written or as a sha256: digest: fairgate keys hash KEY)",
             )
         user = self._user_of_address(address)
         if user is not None:
