@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from multidict import CIMultiDict
@@ -34,10 +35,20 @@ async def _body(reply: Reply) -> bytes:
         return await reply.read_up_to(1 << 20)
 
 
-async def _post(client: BackendClient, url: str, close: bool = False) -> Reply:
-    headers = CIMultiDict({"Content-Type": "application/json"})
+async def _post(
+    client: BackendClient, url: str, close: bool = False, headers: Any = None, **options: Any
+) -> Reply:
+    """A chat's POST to the backend at ``url``; ``options``: the client's own keywords."""
+    sent = CIMultiDict({"Content-Type": "application/json"}) if headers is None else headers
     return await client.request(
-        "POST", url + "/api/chat", headers, b"{}", connect_timeout=5, first_byte=5, close=close
+        "POST",
+        url + "/api/chat",
+        sent,
+        b"{}",
+        connect_timeout=5,
+        first_byte=5,
+        close=close,
+        **options,
     )
 
 
@@ -179,15 +190,7 @@ class TestReplies:
                 arrived.append((reply, reply.first_if_here()))
 
             headers = CIMultiDict({"Content-Type": "application/json"})
-            reply = await client.request(
-                "POST",
-                backend.url + "/api/chat",
-                headers,
-                b"{}",
-                connect_timeout=5,
-                first_byte=5,
-                arrived=took,
-            )
+            reply = await _post(client, backend.url, headers=headers, arrived=took)
             assert arrived == [(reply, b"first")]
             rest.set()
             assert await _body(reply) == b"rest"
@@ -313,14 +316,7 @@ class TestHostileBackends:
         async with raw_backend(answer) as backend:
             headers = CIMultiDict({"X-Note": "a\r\nX-Admin: yes"})
             with pytest.raises(ValueError, match="line break"):
-                await client.request(
-                    "POST",
-                    backend.url + "/api/chat",
-                    headers,
-                    b"{}",
-                    connect_timeout=5,
-                    first_byte=5,
-                )
+                await _post(client, backend.url, headers=headers)
             assert backend.requests == []
 
     async def test_header_pairs_go_out_as_given_and_their_type_is_found_in_any_case(
