@@ -29,8 +29,9 @@ from gateway.backends.watch.probes import ProbeFailed, probe
 from gateway.cli.first_run import EXAMPLE_KEYS, example_keys_in
 from gateway.config.policy import parse_policy
 from gateway.config.settings import Settings
-from tests.conftest import Gateway, StartGateway, one_backend
-from tests.processes import free_port, until_answers
+from tests.conftest import Gateway, StartGateway, StartSim, one_backend
+from tests.processes import free_port, stop, until_answers
+from tests.test_admission import MODEL
 from tests.test_backends import FAST_MONITOR, wait_backend
 
 REPO = Path(__file__).resolve().parent.parent
@@ -165,6 +166,47 @@ class TestServeCommand:
         assert status == 2
         assert lines[-1] == f"fairgate: cannot listen on {listen}: address already in use"
         assert not any("Traceback" in line for line in lines)
+
+    async def test_a_full_disk_under_stderr_stops_no_route_and_no_budget(
+        self, start_sim: StartSim, tmp_path: Path
+    ) -> None:
+        """stderr on /dev/full (every write fails: no space left): the access log is lost,
+        nothing else is. Every route answers, and carol's budget binds as it would."""
+        _, sim_url = await start_sim()
+        policy = tmp_path / "fairgate.yaml"
+        budgeted = "users:\n  carol: {keys: [carol-key], budget: {requests_per_hour: 2}}\n"
+        policy.write_text(budgeted + gpu_backend(sim_url))
+        port = free_port()
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("FAIRGATE_")}
+        full = os.open("/dev/full", os.O_WRONLY)
+        try:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "gateway", "serve", "--config", str(policy),
+                "--listen", f"127.0.0.1:{port}", cwd=tmp_path, stdout=asyncio.subprocess.DEVNULL,
+                stderr=full, env={**clean, "FAIRGATE_LOG_FORMAT": "json"},
+            )  # fmt: skip
+        finally:
+            os.close(full)
+        url = f"http://127.0.0.1:{port}"
+        chat = {"model": MODEL, "prompt": "hi", "stream": False, "options": {"num_predict": 2}}
+        carol = {"Authorization": "Bearer carol-key"}
+        try:
+            await until_answers(url + "/healthz", 30, process)
+            async with aiohttp.ClientSession() as session:
+                statuses = []
+                for _ in range(4):
+                    async with session.post(url + "/api/generate", json=chat, headers=carol) as r:
+                        await r.read()
+                        statuses.append(r.status)
+                assert statuses == [200, 200, 429, 429]
+                for path in ("/healthz", "/readyz", "/status", "/metrics"):
+                    async with session.get(url + path) as reply:
+                        assert reply.status in (200, 503), path  # answered, not hung
+                wrong = {"Authorization": "Bearer nobody-key"}
+                async with session.post(url + "/api/generate", json=chat, headers=wrong) as r:
+                    assert r.status == 401
+        finally:
+            await stop(process)
 
     async def test_a_sighup_while_the_gateway_is_imported_does_not_end_it(
         self, tmp_path: Path

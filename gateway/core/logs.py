@@ -23,11 +23,18 @@ import sys
 from collections.abc import Callable, MutableMapping
 from contextvars import ContextVar
 from functools import cache
-from typing import Any
+from typing import Any, TextIO, cast
 
 import structlog
 
-__all__ = ["REQUEST_ID", "configure_logging", "console_rendering", "info_writer", "printable"]
+__all__ = [
+    "REQUEST_ID",
+    "Unfailing",
+    "configure_logging",
+    "console_rendering",
+    "info_writer",
+    "printable",
+]
 
 REQUEST_ID: ContextVar[str | None] = ContextVar("fairgate_request_id", default=None)
 """The id of the request being handled in this task, if any."""
@@ -46,9 +53,36 @@ def configure_logging(log_format: str = "auto", level: str = "INFO") -> None:
             *rendering,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        # A TextIO in all that structlog uses of one (write, flush).
+        logger_factory=structlog.PrintLoggerFactory(file=cast(TextIO, Unfailing(sys.stderr))),
         cache_logger_on_first_use=True,
     )
+
+
+class Unfailing:
+    """A log's file whose writes never fail the caller: with the disk full (or stderr
+    closed), a line is lost, and the request that logged it is still answered, counted
+    and charged. The lines lost are counted, for whoever can read them later."""
+
+    def __init__(self, file: TextIO) -> None:
+        self._file = file
+        self.lost = 0
+
+    def write(self, text: str) -> int:
+        try:
+            return self._file.write(text)
+        except OSError:
+            self.lost += 1
+            return 0
+
+    def flush(self) -> None:
+        try:
+            self._file.flush()
+        except OSError:
+            self.lost += 1
+
+    def isatty(self) -> bool:
+        return self._file.isatty()
 
 
 def info_writer(logger_name: str) -> Callable[[str, dict[str, Any]], None]:

@@ -141,9 +141,9 @@ def access_log(
         finally:
             connections.leave(request)
             record.finished = time.monotonic()
-            line.write(record)
-            for listener in listeners:
+            for listener in listeners:  # counted and charged first, whatever the log does
                 listener(record)
+            line.write(record)
             REQUEST_ID.reset(named)
             if not ahead:
                 ahead.append(_new_id())
