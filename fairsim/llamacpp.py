@@ -3,12 +3,13 @@ one model, ``-np`` slots, an unbounded FIFO of deferred requests."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import random
 import string
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from aiohttp import web
@@ -155,13 +156,35 @@ class LlamaCppAPI:
         try:
             if stream:  # llama-server's head goes out at once, before a slot or the prefill
                 await writer.response.prepare(request)
-            result = await self.engine.generate(job, writer.token)
+                result = await self.engine.generate(job, writer.token)
+            else:
+                result = await _noticed_late(self.engine.generate(job, writer.token))
             return await writer.finish(result)
         except SimAbort:
             await cut_connection(request, writer.response if stream else None)
         except ConnectionError:
             pass  # the client went away; the engine has already freed the slot
         return writer.response
+
+
+# llama-server's HTTP thread waits for a non-streamed result in polls of this many seconds
+# and cancels the task only at a poll that finds the client gone (HTTP_POLLING_SECONDS in
+# tools/server/server-context.cpp); a stream is cut at its next write.
+DISCONNECT_POLL_SECONDS = 1.0
+
+
+async def _noticed_late(work: Coroutine[Any, Any, GenResult]) -> GenResult:
+    """``work`` (a non-streamed generation), which a client that goes away stops only at
+    the next of llama-server's polls: its slot stays busy until then, as the real one's."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    job = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(job)
+    except asyncio.CancelledError:
+        waited = loop.time() - started
+        loop.call_later(DISCONNECT_POLL_SECONDS - waited % DISCONNECT_POLL_SECONDS, job.cancel)
+        raise
 
 
 class _Writer:

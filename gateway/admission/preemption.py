@@ -53,23 +53,19 @@ class Waste:
 class Preemptions:
     """The background requests running now that may give their slot to a person."""
 
-    __slots__ = ("_runs", "waste")
+    __slots__ = ("runs", "waste")
 
     def __init__(self) -> None:
-        self._runs: dict[int, Preemptible] = {}
+        # By the permit's identity. Asked ``if preemptions.runs`` on every request's path:
+        # a dict's truth, without a method call.
+        self.runs: dict[int, Preemptible] = {}
         self.waste = Waste()
 
-    def __bool__(self) -> bool:
-        return bool(self._runs)
-
-    def __len__(self) -> int:
-        return len(self._runs)
-
     def add(self, run: Preemptible) -> None:
-        self._runs[id(run)] = run
+        self.runs[id(run)] = run
 
     def discard(self, run: Preemptible) -> None:
-        self._runs.pop(id(run), None)
+        self.runs.pop(id(run), None)
 
     def victim_for(self, room: RoomState, ticket: Ticket) -> Preemptible | None:
         """The background request whose slot ``ticket``'s request could start on now; the
@@ -79,7 +75,7 @@ class Preemptions:
         if free_backends(room, ticket):
             return None  # a slot is free: what the person waits for is no task's to give
         serving = {b.name for b in room.pool.serving(ticket.api, ticket.model)}
-        for run in sorted(self._runs.values(), key=lambda r: r.granted_at, reverse=True):
+        for run in sorted(self.runs.values(), key=lambda r: r.granted_at, reverse=True):
             if run.backend.name in serving and _frees_a_slot_for(room, run, ticket):
                 return run
         return None
@@ -87,12 +83,12 @@ class Preemptions:
     def beside_people(self, room: RoomState) -> list[Preemptible]:
         """The background requests running on a backend a person's request now runs on."""
         people_on = room.slots.people_on
-        return [run for run in self._runs.values() if run.backend.key in people_on]
+        return [run for run in self.runs.values() if run.backend.key in people_on]
 
     def preempt(self, run: Preemptible, now: float) -> None:
         """``run`` gives its slot up now (its permit releases it, which lets the person in);
         nothing if it has already (a release between lets others give way in turn)."""
-        if self._runs.pop(id(run), None) is None:
+        if self.runs.pop(id(run), None) is None:
             return
         waste = self.waste
         waste.restarts += 1

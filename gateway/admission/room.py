@@ -95,7 +95,7 @@ class WaitingRoom:
 
     @property
     def giving_way(self) -> int:
-        return len(self.preemptions)
+        return len(self.preemptions.runs)
 
     @property
     def arriving(self) -> Counter[str]:
@@ -231,7 +231,7 @@ class WaitingRoom:
 
     def give_way(self) -> None:
         """Background work that should give its slot to a person does so now."""
-        if self.preemptions:  # nearly never: background work runs that may give way
+        if self.preemptions.runs:  # nearly never: background work runs that may give way
             self._give_way()
 
     def _give_way(self) -> None:
@@ -251,7 +251,8 @@ class WaitingRoom:
 
     def could_give_way(self, ticket: Ticket) -> bool:
         """Whether background work holds a slot ``ticket``'s request could start on now."""
-        return bool(self.preemptions) and self.preemptions.victim_for(self, ticket) is not None
+        preemptions = self.preemptions
+        return bool(preemptions.runs) and preemptions.victim_for(self, ticket) is not None
 
     def _next_turn(self) -> Offer | None:
         # People first: background work gets a slot only when no interactive request can.

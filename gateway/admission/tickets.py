@@ -13,7 +13,7 @@ from typing import NamedTuple
 from gateway.admission.scheduler import Candidate
 from gateway.backends import Backend
 from gateway.config import background_account
-from gateway.core import Api, Lane, RequestClass
+from gateway.core import BACKGROUND, Api, Lane, RequestClass
 from gateway.swaps import RESIDENT, Placement
 
 __all__ = ["Ticket", "Waiter"]
@@ -79,7 +79,7 @@ class Ticket(_TicketFields):
     def payer(self) -> str:
         """Who its fair share is charged to: the user, or for background work the front
         end's background account (never the person whose chat caused it)."""
-        return background_account(self.user) if self.lane is Lane.BACKGROUND else self.user
+        return background_account(self.user) if self.lane is BACKGROUND else self.user
 
     def restarted(self) -> Ticket:
         """This request again, after it gave its slot to a person (a new identity in the

@@ -47,7 +47,8 @@ __all__ = ["Generation"]
 
 log = structlog.get_logger("fairgate.proxy")
 
-PEOPLE_ONLY = (Lane.INTERACTIVE,)  # what most requests are known to be from their headers
+PERSON = Lane.INTERACTIVE  # looked up once: an enum member is a descriptor call each time
+PEOPLE_ONLY = (PERSON,)  # what most requests are known to be from their headers
 # A front end's task is its prompt and a little history: Open WebUI's are a few KB.
 TASK_BODY_BYTES = 256 * 1024
 
@@ -84,12 +85,20 @@ class Generation:
         possible = possible_lanes(lanes, request.headers)
         if possible == PEOPLE_ONLY:
             check_budget(services, view.policy, user)
-        unseen = admission.refuses_unseen(user, possible)
-        if unseen is not None:
-            raise unseen.error()
+        # The person's lane asked once: most requests stop there, with room to start.
+        person_refused = (
+            admission.refuses_unseen(user, PEOPLE_ONLY) if possible[0] is PERSON else None
+        )
+        if person_refused is not None or possible[0] is not PERSON:
+            unseen = (
+                person_refused
+                if possible == PEOPLE_ONLY
+                else admission.refuses_unseen(user, possible)  # a task's bound too
+            )
+            if unseen is not None:
+                raise unseen.error()
         # A person whose places are all taken may still send a task, known from its prompt:
         # a body is read only if it is small enough to be one, else refused for the person.
-        person_refused = None if len(possible) == 1 else admission.refuses_unseen(user, PEOPLE_ONLY)
         limit = settings.max_body_bytes if person_refused is None else TASK_BODY_BYTES
         # A body waiting for the parser counts as arriving too: a user's burst of big
         # bodies cannot hold more of them in memory than the user could queue.
