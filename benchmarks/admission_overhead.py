@@ -89,7 +89,7 @@ async def _requests(admission: Admission, ticket: Ticket, n: int) -> float:
         permit = await admission.acquire(ticket)
         assert isinstance(permit, Permit)
         async with permit:
-            permit.settle(12, 64)
+            permit.settle(12, None, 64)
             permit.loaded(None)
             permit.answered()
     return time.process_time() - started

@@ -94,6 +94,9 @@ class SlotInfo:
     n_prompt_tokens_processed: int = 0
     n_predict: int = -1
     n_decoded: int = 0
+    # The prompt (and reply) its KV cache holds, as rendered text; when it was last used.
+    cached: str = ""
+    last_used: int = 0
 
 
 @dataclass
@@ -130,6 +133,8 @@ class GenJob:
     keep_alive: float | None = None
     faults: Faults = field(default_factory=Faults)
     load: LoadOptions = field(default_factory=LoadOptions)
+    # The rendered prompt, as a slot's prompt cache holds it ("": not cached at all).
+    text: str = ""
 
 
 @dataclass
@@ -141,6 +146,10 @@ class GenResult:
     load_ns: int
     prompt_ns: int
     eval_ns: int
+    cached_tokens: int = 0  # of the prompt's, read from the slot's cache, not evaluated
+
+    def evaluated(self, prompt_tokens: int) -> int:
+        return prompt_tokens - self.cached_tokens
 
 
 def faults_from(body: Mapping[str, Any], *, native: bool) -> Faults:

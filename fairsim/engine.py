@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 
 from .config import GenJob, GenResult, LoadOptions, SimAbort, SimConfig, SimStats, SlotInfo
 from .ollama_sched import OllamaScheduler, Runner
-from .slots import SlotPool
+from .slots import HostCache, SlotPool, cached_tokens
 from .wire import token_text
 
 __all__ = ["Emit", "Engine"]
@@ -28,6 +28,7 @@ class Engine:
         # llama-server's slots; an Ollama runner has slots of its own (scheduler.loaded).
         self.pool = SlotPool(config.parallel, self.stats, self.changed)
         self.slots = self.pool.slots
+        self.host_cache = HostCache() if config.flavor == "llamacpp" else None
         self.scheduler = OllamaScheduler(config, clock, self.stats, self.changed)
         self.started_at = clock()
         self.prompt_tokens_total = 0
@@ -95,7 +96,7 @@ class Engine:
             try:
                 loaded = time.perf_counter_ns()
                 pool = self.pool if runner is None else runner.slots
-                slot = await pool.acquire()
+                slot = await pool.acquire(job.text)
                 try:
                     return await self._run(job, slot, emit, start, loaded)
                 finally:
@@ -124,8 +125,13 @@ class Engine:
         if job.faults.first_byte_delay > 0:
             await asyncio.sleep(job.faults.first_byte_delay)
         prefill_start = time.perf_counter_ns()
-        await self.prefill(job.prompt_tokens)
-        slot.n_prompt_tokens_processed = job.prompt_tokens
+        if self.host_cache is not None and job.text:
+            self.host_cache.swap(slot, job.text)
+        cached = cached_tokens(slot.cached, job)
+        slot.cached = ""  # overwritten from where the prompts part, as the engine does
+        await self.prefill(job.prompt_tokens - cached)
+        slot.cached = job.text
+        slot.n_prompt_tokens_processed = job.prompt_tokens - cached
         decode_start = time.perf_counter_ns()
         base_step = 1 / self.config.decode_tokens_per_s if self.config.decode_tokens_per_s else 0
         for index in range(job.output_tokens):
@@ -144,6 +150,8 @@ class Engine:
                 await asyncio.sleep(0)
             await emit(token_text(index))
             slot.n_decoded = index + 1
+        if job.text:  # the reply is in the slot's cache too: a chat's next turn repeats it
+            slot.cached = job.text + "\n" + "".join(map(token_text, range(job.output_tokens)))
         end = time.perf_counter_ns()
         self.tokens_predicted_total += job.output_tokens
         self.predicted_seconds_total += (end - decode_start) / 1e9
@@ -157,6 +165,7 @@ class Engine:
             load_ns=max(1, loaded - start),
             prompt_ns=max(1, decode_start - prefill_start),
             eval_ns=max(1, end - decode_start),
+            cached_tokens=cached,
         )
 
     async def prefill(self, tokens: int) -> None:

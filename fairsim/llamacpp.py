@@ -35,7 +35,7 @@ from .llamacpp_shapes import (
 )
 from .ollama_common import cut_connection, message_text, output_budget
 from .recording import TapStream
-from .wire import token_id, tokens_in
+from .wire import rendered, token_id, tokens_in
 
 __all__ = ["LlamaCppAPI"]
 
@@ -116,7 +116,7 @@ class LlamaCppAPI:
         if not isinstance(messages, list) or not messages:
             return error(400, "'messages' is required")
         prompt = "\n".join(message_text(m.get("content")) for m in messages if isinstance(m, dict))
-        return await self._run(request, body, prompt, chat=True)
+        return await self._run(request, body, prompt, chat=True, tools=body.get("tools"))
 
     async def completion(self, request: web.Request) -> web.StreamResponse:
         body = await self.body(request)
@@ -128,7 +128,13 @@ class LlamaCppAPI:
         return await self._run(request, body, prompt, chat=False)
 
     async def _run(
-        self, request: web.Request, body: dict[str, Any], prompt: str, *, chat: bool
+        self,
+        request: web.Request,
+        body: dict[str, Any],
+        prompt: str,
+        *,
+        chat: bool,
+        tools: object = None,
     ) -> web.StreamResponse:
         self.engine.record_prompt(prompt)
         faults = faults_from(body, native=False)
@@ -143,7 +149,10 @@ class LlamaCppAPI:
             None,
         )
         tokens, limited = output_budget(limit, self.engine.config.default_output_tokens)
-        job = GenJob(self.alias, tokens_in(prompt), tokens, limited, None, faults)
+        text = rendered(tools, prompt)
+        # cache_prompt: false (llama-server's own field) evaluates the whole prompt.
+        held = text if body.get("cache_prompt", True) is not False else ""
+        job = GenJob(self.alias, tokens_in(text), tokens, limited, None, faults, text=held)
         stream = body.get("stream") is True
         writer = _Writer(self, request, job, prompt, chat=chat, stream=stream)
         return await self.generated(request, job, writer, stream)
@@ -285,7 +294,7 @@ class _Writer:
             "completion_tokens": result.eval_count,
             "prompt_tokens": job.prompt_tokens,
             "total_tokens": result.eval_count + job.prompt_tokens,
-            "prompt_tokens_details": {"cached_tokens": 0},
+            "prompt_tokens_details": {"cached_tokens": result.cached_tokens},
         }
         if not self.stream:
             message = {"role": "assistant", "content": "".join(self.parts)}

@@ -55,6 +55,7 @@ class _Writer:
         self.parts: list[str] = []
 
     def message(self, content: list[Any], stop: str | None, output: int) -> dict[str, Any]:
+        # Its jobs carry no text for a slot's cache (GenJob.text): nothing is read from it.
         usage = {"cache_read_input_tokens": 0, "input_tokens": self.job.prompt_tokens}
         return {
             "id": self.ident,

@@ -120,8 +120,9 @@ def timings(prompt_tokens: int, result: GenResult) -> dict[str, Any]:
         return ms / count if count else None
 
     prompt_ms, predicted_ms = result.prompt_ns / 1e6, result.eval_ns / 1e6
+    prompt_tokens = result.evaluated(prompt_tokens)  # prompt_n: what it evaluated
     return {
-        "cache_n": 0,
+        "cache_n": result.cached_tokens,
         "prompt_n": prompt_tokens,
         "prompt_ms": prompt_ms,
         "prompt_per_token_ms": per(prompt_ms, prompt_tokens),

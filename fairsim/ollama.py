@@ -30,7 +30,7 @@ from .ollama_common import (
 )
 from .ollama_origins import allow_origin, check_origin
 from .recording import TapStream
-from .wire import float32_widened, go_expiry, go_json, go_time, tokens_in
+from .wire import float32_widened, go_expiry, go_json, go_time, rendered, tokens_in
 
 __all__ = ["OllamaAPI"]
 
@@ -152,7 +152,7 @@ class OllamaAPI:
             messages = body.get("messages") or []
             texts = [message_text(m.get("content")) for m in messages if isinstance(m, dict)]
             prompt = "\n".join(texts)
-            counted = prompt
+            counted = rendered(body.get("tools"), prompt)
             empty = not messages
         else:
             prompt = body.get("prompt") or ""
@@ -187,7 +187,9 @@ class OllamaAPI:
         tokens, limited = output_budget(
             options.get("num_predict"), self.engine.config.default_output_tokens
         )
-        job = GenJob(model, tokens_in(counted), tokens, limited, keep_alive, faults, load)
+        job = GenJob(
+            model, tokens_in(counted), tokens, limited, keep_alive, faults, load, text=counted
+        )
 
         def chunk(text: str) -> dict[str, Any]:
             piece = (
@@ -203,6 +205,8 @@ class OllamaAPI:
             reply.update(
                 total_duration=result.total_ns,
                 load_duration=result.load_ns,
+                # The whole prompt, cached or not; 0.32 does not say what its cache read
+                # (prompt_eval_cached_count came with ollama/ollama#17943, later).
                 prompt_eval_count=job.prompt_tokens,
                 prompt_eval_duration=result.prompt_ns,
                 eval_count=result.eval_count,

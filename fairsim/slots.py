@@ -1,18 +1,41 @@
 """Parallel slots with a FIFO queue behind them: llama-server's ``-np`` slots, or one Ollama
 runner's ``OLLAMA_NUM_PARALLEL`` (its ``semaphore.Weighted``, which is FIFO and unbounded:
-llm/llama_server.go ``s.sem.Acquire``)."""
+llm/llama_server.go ``s.sem.Acquire``).
+
+Each slot keeps the prompt it last ran (and its reply) as its prompt cache: a request that
+starts the same way is evaluated only from where the two part. Of the free slots, a request
+takes the one whose cache shares the most of its prompt (more than a tenth of it), else
+the one least recently used: llama-server's ``get_available_slot`` (``--slot-prompt-
+similarity`` 0.1), and about what Ollama's runner does (``LoadCacheSlot``)."""
 
 from __future__ import annotations
 
 import asyncio
 import heapq
 import itertools
+import os
 from collections import deque
 from collections.abc import Callable
 
-from .config import SimStats, SlotInfo
+from .config import GenJob, SimStats, SlotInfo
 
-__all__ = ["SlotPool"]
+__all__ = ["HostCache", "SlotPool", "cached_tokens"]
+
+_SIMILARITY = 0.1  # llama-server's --slot-prompt-similarity default
+_CHARS_PER_TOKEN = 4  # as wire.tokens_in counts
+
+
+def _shared(held: str, text: str) -> int:
+    """Characters at the start of ``text`` that ``held`` holds too."""
+    # Character by character is what is meant: a prompt is text, not a path.
+    return len(os.path.commonprefix([held, text])) if held and text else 0  # noqa: RUF071
+
+
+def cached_tokens(held: str, job: GenJob) -> int:
+    """Tokens of ``job``'s prompt a slot holding ``held`` reads from its cache: their
+    common start; the prompt's last token is always evaluated (its logits start the reply)."""
+    shared = _shared(held, job.text) // _CHARS_PER_TOKEN
+    return max(0, min(shared, job.prompt_tokens - 1))
 
 
 class SlotPool:
@@ -34,10 +57,10 @@ class SlotPool:
     def busy(self) -> int:
         return sum(1 for slot in self.slots if slot.busy)
 
-    async def acquire(self) -> SlotInfo:
-        """A free slot, in arrival order."""
+    async def acquire(self, text: str = "") -> SlotInfo:
+        """A free slot, in arrival order; of several, the best for a prompt of ``text``."""
         if self._free and not self._waiters:
-            slot = self.slots[heapq.heappop(self._free)]
+            slot = self.slots[self._take_free(text)]
             self._stats.running += 1
             self._stats.max_running = max(self._stats.max_running, self._stats.running)
             return self._start_task(slot)
@@ -72,10 +95,48 @@ class SlotPool:
         self._stats.running -= 1
         self._changed()
 
+    def _take_free(self, text: str) -> int:
+        free = self._free
+        if len(free) > 1:
+            similar = [(_shared(self.slots[i].cached, text), i) for i in free]
+            best, chosen = max(similar)
+            if not text or best <= _SIMILARITY * len(text):
+                chosen = min(free, key=lambda i: (self.slots[i].last_used, i))
+            free.remove(chosen)
+            heapq.heapify(free)
+            return chosen
+        return heapq.heappop(free)
+
     def _start_task(self, slot: SlotInfo) -> SlotInfo:
         slot.busy = True
         slot.id_task = next(self._task_ids)
+        slot.last_used = slot.id_task
         slot.n_prompt_tokens = slot.n_prompt_tokens_processed = slot.n_decoded = 0
         slot.n_predict = -1
         self._changed()
         return slot
+
+
+class HostCache:
+    """llama-server's prompt cache in host memory (``--cache-ram``, on by default): a slot
+    about to lose more than half of what it holds saves it there first, and loads instead
+    the saved prompt that shares the most with the new one (``server_prompt_cache``: one
+    that would keep at least a quarter of itself), which leaves the cache."""
+
+    def __init__(self, entries: int = 32) -> None:
+        self._prompts: deque[str] = deque(maxlen=entries)
+
+    def swap(self, slot: SlotInfo, text: str) -> None:
+        """What ``slot`` holds, before it takes a prompt of ``text``."""
+        held = slot.cached
+        if not held or _shared(held, text) >= len(held) / 2:
+            return
+        self._prompts.append(held)
+        best, found = _shared(held, text), ""
+        for saved in self._prompts:
+            shared = _shared(saved, text)
+            if shared > best and shared >= len(saved) / 4:
+                best, found = shared, saved
+        if found:
+            self._prompts.remove(found)
+        slot.cached = found or held

@@ -24,6 +24,7 @@ __all__ = [
     "go_type_name",
     "json_error_message",
     "parse_keep_alive",
+    "rendered",
     "token_id",
     "token_text",
     "tokens_in",
@@ -159,3 +160,11 @@ def float32_widened(value: float) -> float:
     """``float64(float32(value))``: how Ollama's legacy /api/embeddings prints its numbers."""
     narrowed: float = struct.unpack("f", struct.pack("f", value))[0]
     return narrowed
+
+
+def rendered(tools: object, prompt: str) -> str:
+    """A chat's prompt as a template renders it: its tools first (as compact JSON: Qwen's
+    and Llama 3's templates write them so), then its messages."""
+    if not isinstance(tools, list) or not tools:
+        return prompt
+    return json.dumps(tools, separators=(",", ":")) + "\n" + prompt

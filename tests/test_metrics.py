@@ -154,15 +154,16 @@ async def test_the_ttft_histogram_measures_queue_wait_plus_prefill(
     gateway = await start_gateway(
         one_backend(sim_url, slots=1, extra="defaults: {max_concurrent: 2, max_queued: 2}\n")
     )
-    prompt = "x" * 400  # about 100 tokens in the simulator's count (4 characters a token)
+    # About 100 tokens in the simulator's count (4 characters a token); two prompts, as the
+    # engine evaluates a prompt it holds in its cache only from where they part.
     async with aiohttp.ClientSession() as session:
 
-        async def generate() -> None:
+        async def generate(prompt: str) -> None:
             body = {"model": MODEL, "prompt": prompt, "options": {"num_predict": 10}}
             async with session.post(gateway.url + "/api/generate", json=body) as reply:
                 await reply.read()
 
-        await asyncio.gather(generate(), generate())
+        await asyncio.gather(generate("x" * 400), generate("y" * 400))
     families = await scrape(gateway)
     ttft = bucket_counts(families, "fairgate_time_to_first_token_seconds")
     assert (ttft["0.05"], ttft["0.25"], ttft["0.5"]) == (0.0, 1.0, 2.0)

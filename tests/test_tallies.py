@@ -28,7 +28,38 @@ def test_openai_usage_with_details() -> None:
         b'"total_tokens":10,"prompt_tokens_details":{"cached_tokens":5}}}\n\n'
         b"data: [DONE]\n\n"
     )
-    assert final_counts(sse, "/v1/chat/completions") == FinalCounts(7, 3)
+    counts = final_counts(sse, "/v1/chat/completions")
+    assert counts == FinalCounts(7, 3, cached_tokens=5)
+    assert counts.evaluated_tokens == 2
+
+
+def test_llama_server_stream_without_usage_has_its_timings() -> None:
+    """A streamed chat without include_usage: llama-server's last event still carries its
+    timings, what the cache read (cache_n) and what it evaluated (prompt_n)."""
+    sse = (
+        b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n'
+        b'data: {"choices":[{"finish_reason":"stop","index":0,"delta":{}}],"timings":'
+        b'{"cache_n":2600,"prompt_n":14,"prompt_ms":80.1,"predicted_n":9,"predicted_ms":5.2}}\n\n'
+        b"data: [DONE]\n\n"
+    )
+    counts = final_counts(sse, "/v1/chat/completions")
+    assert counts == FinalCounts(2614, 9, cached_tokens=2600)
+    assert counts.evaluated_tokens == 14
+
+
+def test_ollama_says_what_its_cache_read() -> None:
+    """prompt_eval_count is the whole prompt; prompt_eval_cached_count (Ollama since
+    ollama/ollama#17943) the part its cache read. An older Ollama says nothing of it."""
+    newer = _ndjson({"done": True, "prompt_eval_count": 120, "prompt_eval_cached_count": 100,
+                     "eval_count": 4})  # fmt: skip
+    assert final_counts(newer, "/api/chat") == FinalCounts(120, 4, cached_tokens=100)
+    older = _ndjson({"done": True, "prompt_eval_count": 120, "eval_count": 4})
+    assert final_counts(older, "/api/chat").evaluated_tokens == 120
+
+
+def test_a_cached_count_is_never_more_than_the_prompt() -> None:
+    reply = _ndjson({"done": True, "prompt_eval_count": 10, "prompt_eval_cached_count": 99})
+    assert final_counts(reply, "/api/generate").evaluated_tokens == 0
 
 
 def test_llamacpp_native_completion() -> None:
@@ -68,10 +99,14 @@ SAMPLES = Path(__file__).parent / "samples" / "llama-server"  # captured from a 
 def test_real_llama_server_replies() -> None:
     chat = "/v1/chat/completions"
     whole = (SAMPLES / "chat-nonstream.json").read_bytes()
-    assert final_counts(whole, chat) == FinalCounts(36, 12)
-    assert final_counts((SAMPLES / "chat-stream.txt").read_bytes(), chat) == FinalCounts(36, 6)
+    assert final_counts(whole, chat) == FinalCounts(36, 12, cached_tokens=0)
+    # The same prompt again: the cache read 35 of its 36 tokens (the last one is always
+    # evaluated, for its logits).
+    stream = final_counts((SAMPLES / "chat-stream.txt").read_bytes(), chat)
+    assert stream == FinalCounts(36, 6, cached_tokens=35)
+    assert stream.evaluated_tokens == 1
     completion = (SAMPLES / "completion-stream.txt").read_bytes()
-    assert final_counts(completion, "/v1/completions") == FinalCounts(5, 3)
+    assert final_counts(completion, "/v1/completions") == FinalCounts(5, 3, cached_tokens=4)
 
 
 def test_a_count_no_backend_could_report_is_no_count() -> None:
@@ -90,7 +125,7 @@ def test_anthropic_usage_counts_what_the_cache_read_as_prompt_too() -> None:
         b'{"id":"chatcmpl-x","type":"message","content":[{"type":"text","text":"hi"}],'
         b'"usage":{"cache_read_input_tokens":30,"input_tokens":1,"output_tokens":8}}'
     )
-    assert final_counts(whole, "/v1/messages") == FinalCounts(31, 8)
+    assert final_counts(whole, "/v1/messages") == FinalCounts(31, 8, cached_tokens=30)
     stream = (
         b'event: message_start\ndata: {"type":"message_start","message":{"usage":'
         b'{"input_tokens":9,"output_tokens":0}}}\n\n'

@@ -10,15 +10,20 @@ from gateway.admission.holds.base import HoldStore, StoreUnavailable
 from gateway.admission.holds.redis import RedisHolds
 from gateway.admission.permit import Permit
 from gateway.admission.preemption import Waste
+from gateway.admission.prompt_caches import BLOCK_BYTES, NO_PREFIX, Prefix, PromptCaches
 from gateway.admission.refusals import REVOKED, Refusal
 from gateway.admission.room_snapshot import RoomSnapshot, RunningRequest, WaitingRequest
 from gateway.admission.tickets import Ticket
 
 __all__ = [
+    "BLOCK_BYTES",
+    "NO_PREFIX",
     "REVOKED",
     "Admission",
     "HoldStore",
     "Permit",
+    "Prefix",
+    "PromptCaches",
     "RedisHolds",
     "Refusal",
     "RoomSnapshot",

@@ -112,11 +112,31 @@ class Permit:
         self.output_charged += tokens
         self._admission.room.ordering.on_output(self.ticket.payer, self.weight, tokens)
 
-    def settle(self, input_tokens: int | None, output_tokens: int | None) -> None:
-        """Correct the charges with the backend's own counts, when it reported them."""
-        ordering, user = self._admission.room.ordering, self.ticket.payer
-        if input_tokens is not None:
-            ordering.on_correction(user, self.weight, input_tokens - self.ticket.input_tokens)
+    def settle(
+        self,
+        prompt_tokens: int | None,
+        cached_tokens: int | None,
+        output_tokens: int | None,
+        *,
+        answered: bool = True,
+    ) -> None:
+        """Correct the charges with the backend's own counts, when it reported them: the
+        prompt by what its engine evaluated (its cache read the rest). ``answered``: the
+        engine took the prompt (not an error), and holds it in its cache now."""
+        room, ticket = self._admission.room, self.ticket
+        if prompt_tokens is not None:
+            prompts, backend, prefix = room.prompts, self.backend, ticket.prefix
+            predicted = prompts.matched(backend, prefix)
+            if cached_tokens is None:  # the engine does not say: as estimated
+                cached_tokens = int(prompt_tokens * prefix.share(predicted))
+            evaluated = prompt_tokens - min(cached_tokens, prompt_tokens)
+            room.ordering.on_correction(ticket.payer, self.weight, evaluated - ticket.input_tokens)
+            if answered:
+                if self.placement.loads:  # its engine started with an empty cache
+                    prompts.emptied(backend)
+                    predicted = 0
+                engine_share = cached_tokens / prompt_tokens if prompt_tokens else None
+                prompts.evaluated(backend, prefix, predicted, engine_share)
         if output_tokens is not None:
             self.add_output(output_tokens - self.output_charged)
 

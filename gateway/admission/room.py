@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 
 from gateway.admission.preemption import Preemptions
 from gateway.admission.prefill_gate import PrefillGate
+from gateway.admission.prompt_caches import PromptCaches
 from gateway.admission.queues import UserQueues
 from gateway.admission.room_snapshot import RoomSnapshot, room_snapshot
 from gateway.admission.scheduler import Candidate, Fair, Fifo, Ordering
@@ -67,6 +68,7 @@ class WaitingRoom:
         self.swaps = SwapPlanner(clock)  # what each Ollama backend holds, loads and unloads
         self.gate = PrefillGate()  # since when a heavy request is held, by slot group
         self.preemptions = Preemptions()  # background work that gives way to a person
+        self.prompts = PromptCaches()  # what each engine likely holds of recent prompts
         self.clock = clock
         self._seq = itertools.count()
         self._on_change = on_change
@@ -290,10 +292,11 @@ class WaitingRoom:
             self._wake_in(opens - now)
 
     def free_backends(self, ticket: Ticket) -> list[Backend]:
-        """The backends serving ``ticket`` with a slot it may take now (the gate aside)."""
-        return free_backends(self, ticket)
+        return free_backends(self, ticket)  # serving it, with a slot it may take (gate aside)
 
     def prefer(self, free: list[Backend], ticket: Ticket) -> Backend:
+        """Where its engine likely holds the most of its prompt, then the pool's rule."""
+        free = self.prompts.holding_most(free, ticket.prefix) if len(free) > 1 else free
         return self.pool.prefer(free, ticket.model, self.slots.busy)
 
     def take(self, ticket: Ticket, backend: Backend) -> Placement:

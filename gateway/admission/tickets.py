@@ -10,6 +10,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from gateway.admission.prompt_caches import NO_PREFIX, Prefix
 from gateway.admission.scheduler import Candidate
 from gateway.backends import Backend
 from gateway.config import background_account
@@ -32,6 +33,7 @@ class _TicketFields(NamedTuple):
     # Of its request class; computed once, as the room asks it at every take and release.
     heavy: bool
     restarts: int  # times it gave its slot to a person and ran again (background work)
+    prefix: Prefix  # its prompt in hashed blocks, for the engines' prompt caches
 
 
 class Ticket(_TicketFields):
@@ -56,6 +58,7 @@ class Ticket(_TicketFields):
         lane: Lane = Lane.INTERACTIVE,
         num_ctx: int | None = None,
         restarts: int = 0,
+        prefix: Prefix = NO_PREFIX,
     ) -> Ticket:
         heavy = request_class is RequestClass.HEAVY
         return tuple.__new__(
@@ -72,6 +75,7 @@ class Ticket(_TicketFields):
                 num_ctx,
                 heavy,
                 restarts,
+                prefix,
             ),
         )
 

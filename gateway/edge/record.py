@@ -25,6 +25,7 @@ class Progress:
     bytes_out: int = 0
     gaps: list[float] = field(default_factory=list)  # seconds between reads of the reply
     prompt_tokens: int | None = None
+    cached_tokens: int | None = None  # of the prompt's, read from the engine's cache
     completion_tokens: int | None = None
     load_seconds: float | None = None  # Ollama's load_duration: the reply paid for a load
     failure: Reason | None = None  # the reply was cut after its first byte
@@ -60,6 +61,7 @@ class RequestRecord:
     first_byte_at: float | None = None
     gaps: list[float] = field(default_factory=list)  # seconds between chunks of the reply
     prompt_tokens: int | None = None
+    cached_tokens: int | None = None  # of the prompt's, read from the engine's cache
     completion_tokens: int | None = None
     streamed_tokens: int = 0  # counted as the reply streamed (when it reports no counts)
     load_seconds: float | None = None
@@ -75,6 +77,7 @@ class RequestRecord:
         self.bytes_out += progress.bytes_out
         self.gaps = progress.gaps
         self.prompt_tokens = progress.prompt_tokens
+        self.cached_tokens = progress.cached_tokens
         self.completion_tokens = progress.completion_tokens
         self.load_seconds = progress.load_seconds
         self.client_gone = self.client_gone or progress.client_gone
@@ -106,6 +109,7 @@ class RequestRecord:
             "ttft_s": ttft,
             "total_s": round(done - self.arrived, 4),
             "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
             "completion_tokens": self.completion_tokens,
             "load_s": self.load_seconds,
             "client_gone": self.client_gone,

@@ -11,6 +11,7 @@ from gateway.intake.classify import classify
 from gateway.intake.lanes import lane_of, possible_lanes
 from gateway.intake.load_options import apply_load_policy
 from gateway.intake.model_errors import checked_name, model_forbidden, model_not_found, no_backend
+from gateway.intake.prefixes import prefix_of
 
 __all__ = [
     "Fields",
@@ -23,4 +24,5 @@ __all__ = [
     "no_backend",
     "parsed",
     "possible_lanes",
+    "prefix_of",
 ]

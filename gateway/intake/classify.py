@@ -12,6 +12,10 @@ already, counted one each.
 Tool schemas, function definitions and output schemas count too: the model's template
 renders them into the prompt as JSON, and Open WebUI sends 36 tools (about 25 KB) with a
 one-line question. Compact JSON tokenizes at about the same four characters a token.
+
+What the engine already holds in its prompt cache it does not evaluate again
+(``admission/prompt_caches.py``): the class and the charge are of the rest, so a chat's
+later turns are light however long the tools and history they repeat.
 """
 
 from __future__ import annotations
@@ -36,17 +40,20 @@ class Estimate:
     """The estimated prompt size of a request, and the class that follows from it; made
     once for a request, never changed."""
 
-    input_tokens: int
+    input_tokens: int  # the prompt the engine will evaluate: what its cache does not hold
     request_class: RequestClass
     weight: float  # the class's share multiplier
     num_ctx: int | None = None  # the context Ollama would load the model with (num_ctx_of)
+    prompt_tokens: int = 0  # the whole prompt, cached or not
 
 
-def classify(fields: dict[str, Any], policy: Policy) -> Estimate:
-    """Estimate the prompt of an Ollama or OpenAI request body and decide its class."""
+def classify(fields: dict[str, Any], policy: Policy, cached_share: float = 0.0) -> Estimate:
+    """Estimate the prompt of an Ollama or OpenAI request body and decide its class;
+    ``cached_share``: the part of it the engine likely holds in its prompt cache."""
     characters, images = _prompt_size(fields)
-    tokens = characters // _CHARS_PER_TOKEN + images * policy.costs.image_tokens
-    tokens += _count(fields.get("context"))
+    prompt = characters // _CHARS_PER_TOKEN + images * policy.costs.image_tokens
+    prompt += _count(fields.get("context"))
+    tokens = prompt - int(prompt * cached_share)
     heavy = policy.classes.heavy
     # The context Ollama loads the model with (16384.9 loads 16384), not the JSON's type.
     num_ctx = num_ctx_of(fields)
@@ -54,8 +61,8 @@ def classify(fields: dict[str, Any], policy: Policy) -> Estimate:
         heavy.min_num_ctx is not None and num_ctx is not None and num_ctx >= heavy.min_num_ctx
     )
     if tokens >= heavy.min_prompt_tokens or wants_long_context:
-        return Estimate(tokens, RequestClass.HEAVY, heavy.weight, num_ctx)
-    return Estimate(tokens, RequestClass.LIGHT, policy.classes.light.weight, num_ctx)
+        return Estimate(tokens, RequestClass.HEAVY, heavy.weight, num_ctx, prompt)
+    return Estimate(tokens, RequestClass.LIGHT, policy.classes.light.weight, num_ctx, prompt)
 
 
 # Every place a prompt can be, by field: text (a string, a list of strings, or content

@@ -90,18 +90,33 @@ async def pump(
                 await response.write(chunk)
                 watch.unread_since = None
                 passing.count(chunk)
-        counts = passing.tail.counts()
-        prompt = counts.prompt_tokens
-        if prompt is None and events is not None and events.prompt_at_start:
-            prompt = final_counts(first[:TALLY_WINDOW], request.path).prompt_tokens
-        progress.prompt_tokens, progress.completion_tokens = prompt, counts.completion_tokens
-        progress.load_seconds = counts.load_seconds
+        _tallies(progress, passing.tail.counts(), first, request.path, events)
         watch.unread_since = loop.time()
         await response.write_eof()
     finally:
         watch.stop()
+        if progress.prompt_tokens is None:
+            # The client left as the reply ended (many close right after [DONE]): the
+            # backend's tallies came all the same, and say what the request cost.
+            _tallies(progress, passing.tail.counts(), first, request.path, events)
         if passing.meter is not None:
             passing.meter.flush()  # a reply without final counts is charged every token it sent
+
+
+def _tallies(
+    progress: Progress, counts: FinalCounts, first: bytes, path: str, events: TokenEvents | None
+) -> None:
+    """The reply's own counts into ``progress`` (a stream of named events may say its
+    prompt's only at its start)."""
+    prompt, cached = counts.prompt_tokens, counts.cached_tokens
+    if prompt is None and events is not None and events.prompt_at_start:
+        start = final_counts(first[:TALLY_WINDOW], path)
+        prompt, cached = start.prompt_tokens, start.cached_tokens
+    progress.prompt_tokens, progress.cached_tokens = prompt, cached
+    progress.completion_tokens, progress.load_seconds = (
+        counts.completion_tokens,
+        counts.load_seconds,
+    )
 
 
 class _Passing:

@@ -28,6 +28,7 @@ from gateway.intake import (
     lane_of,
     parsed,
     possible_lanes,
+    prefix_of,
 )
 from gateway.relay import Preempted, Relay, Target
 from gateway.routes.checks import (
@@ -119,8 +120,11 @@ class Generation:
             check_field_types(fields)
             if apply_load_policy(fields.values, view.policy, model):
                 fields.changed()
-        estimate = classify(fields.values, view.policy)
-        record.request_class, record.input_estimate = estimate.request_class, estimate.input_tokens
+        # Of the prompt, what the engine will evaluate: not what its cache holds already.
+        prefix = prefix_of(fields.values, model)
+        cached = admission.room.prompts.cached_share(view.pool.serving(api, model), prefix)
+        estimate = classify(fields.values, view.policy, cached)
+        record.request_class, record.input_estimate = estimate.request_class, estimate.prompt_tokens
         record.lane = lane = lane_of(lanes, request.headers, user, model, path, fields.values)
         account = background_account(user) if lane is Lane.BACKGROUND else user
         if possible != PEOPLE_ONLY:
@@ -135,6 +139,7 @@ class Generation:
             credential=caller.credential,
             lane=lane,
             num_ctx=estimate.num_ctx if api is Api.OLLAMA else None,
+            prefix=prefix,
         )
         # Again, right before joining the room, and counted as in flight until the request
         # ends: with replicas, in the shared store, so that together they keep the budget.
@@ -179,9 +184,15 @@ class Generation:
                     permit.queue_wait + admission.clock() - permit.granted_at
                 )
                 return None
-            permit.settle(record.prompt_tokens, record.completion_tokens)
+            failed = response.status >= 400
+            permit.settle(
+                record.prompt_tokens,
+                record.cached_tokens,
+                record.completion_tokens,
+                answered=not failed and record.reason is None,
+            )
             permit.loaded(record.load_seconds)
-            if response.status >= 400 and record.load_seconds is None:
+            if failed and record.load_seconds is None:
                 permit.refused_by_backend()
             else:
                 permit.answered()

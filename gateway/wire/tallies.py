@@ -35,6 +35,16 @@ class FinalCounts:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     load_seconds: float | None = None  # Ollama's load_duration: time spent loading the model
+    # Of ``prompt_tokens``, those the engine read from its prompt cache rather than
+    # evaluated (None: the reply does not say; an older Ollama never does).
+    cached_tokens: int | None = None
+
+    @property
+    def evaluated_tokens(self) -> int | None:
+        """The prompt tokens the engine really evaluated: its prefill's work."""
+        if self.prompt_tokens is None:
+            return None
+        return max(0, self.prompt_tokens - (self.cached_tokens or 0))
 
 
 class CountNames(NamedTuple):
@@ -44,14 +54,29 @@ class CountNames(NamedTuple):
     output: bytes
     load: bytes | None = None  # Ollama's load_duration
     cached: bytes | None = None  # prompt tokens read from a cache, left out of ``prompt``
+    # Prompt tokens read from a cache, counted in ``prompt`` as well: the first name found.
+    cached_within: tuple[bytes, ...] = ()
     # In a stream, the output's count is the one of the last such event: an earlier event
     # may say a count the stream's end would have replaced.
     final_event: bytes | None = None
 
 
-_OLLAMA = CountNames(b"prompt_eval_count", b"eval_count", load=b"load_duration")
-_OPENAI = CountNames(b"prompt_tokens", b"completion_tokens")
-_LLAMACPP = CountNames(b"tokens_evaluated", b"tokens_predicted")  # its own, beside usage
+# Ollama's prompt_eval_count is the whole prompt, cached or not (ollama/ollama#5371), and
+# since ollama/ollama#17943 prompt_eval_cached_count says how much of it the cache read.
+_OLLAMA = CountNames(
+    b"prompt_eval_count",
+    b"eval_count",
+    load=b"load_duration",
+    cached_within=(b"prompt_eval_cached_count",),
+)
+# usage.prompt_tokens is the whole prompt; prompt_tokens_details.cached_tokens (Ollama's,
+# llama-server's) what the cache read, or else llama-server's timings.cache_n.
+_OPENAI = CountNames(
+    b"prompt_tokens", b"completion_tokens", cached_within=(b"cached_tokens", b"cache_n")
+)
+# llama-server's own, beside usage: its final event's timings always say what the cache
+# read (cache_n) and what it evaluated (prompt_n), usage or not; tokens_evaluated is both.
+_LLAMACPP = CountNames(b"tokens_evaluated", b"tokens_predicted", cached_within=(b"cache_n",))
 # Anthropic's (Ollama's and llama-server's Messages replies): input_tokens leave out what
 # the cache read (llama-server: 1 and 30 read). A stream's message_start says an output of
 # 0; only its message_delta says the real one, and a stream cut before it (Ollama drops an
@@ -62,13 +87,17 @@ _ANTHROPIC_COUNTS = CountNames(
     cached=b"cache_read_input_tokens",
     final_event=b"\nevent: message_delta\n",
 )
-_RESPONSES_COUNTS = CountNames(b"input_tokens", b"output_tokens")
+_RESPONSES_COUNTS = CountNames(
+    b"input_tokens", b"output_tokens", cached_within=(b"cached_tokens", b"cache_n")
+)
+# A streamed chat without include_usage: only llama-server's timings tell the counts.
+_TIMINGS = CountNames(b"prompt_n", b"predicted_n", cached=b"cache_n")
 # Each route's names, and only those: a reply also carries what the client or the model
 # wrote (a tool call's arguments as a JSON object, Ollama's echo of a request's tools),
 # where another API's names would be taken for the tallies.
 _COUNTS: dict[str, tuple[CountNames, ...]] = {
-    "/v1/chat/completions": (_OPENAI, _LLAMACPP),
-    "/v1/completions": (_OPENAI, _LLAMACPP),
+    "/v1/chat/completions": (_OPENAI, _LLAMACPP, _TIMINGS),
+    "/v1/completions": (_OPENAI, _LLAMACPP, _TIMINGS),
     "/v1/embeddings": (_OPENAI,),
     "/v1/messages": (_ANTHROPIC_COUNTS,),
     "/v1/responses": (_RESPONSES_COUNTS,),
@@ -94,9 +123,16 @@ def _counts(tail: bytes, names: CountNames) -> FinalCounts:
         output_from = tail[at:] if at >= 0 else b""
     output = _last(output_from, names.output)
     load = None if names.load is None else _last(tail, names.load)
-    if names.cached is not None and prompt is not None:
-        prompt += _last(tail, names.cached) or 0
-    return FinalCounts(prompt, output, _seconds(load))
+    cached = None
+    if prompt is not None and names.cached is not None:
+        cached = _last(tail, names.cached)
+        prompt += cached or 0
+    elif prompt is not None:
+        for name in names.cached_within:
+            if (cached := _last(tail, name)) is not None:
+                cached = min(cached, prompt)
+                break
+    return FinalCounts(prompt, output, _seconds(load), cached)
 
 
 _NONE = FinalCounts()

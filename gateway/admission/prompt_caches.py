@@ -1,0 +1,138 @@
+"""What each backend's engine holds in its prompt cache, as far as the gateway can tell.
+
+An engine keeps the prompts it evaluated: llama-server each slot's last prompt (and more in
+host memory, ``--cache-ram``), Ollama's runner one prompt per parallel slot. A request
+whose start matches one of them is evaluated only from where they part: a chat's later
+turns, whose front end sends the same tools, system prompt and history again, cost the
+engine their new suffix, not the whole prompt.
+
+The gateway keeps, per backend, a bounded set of the prompt prefixes it has seen that
+engine evaluate: the request's rendered prompt cut into blocks and each block hashed
+together with everything before it (``intake/prefixes.py``), so that one hash stands for a
+whole prefix, as llm-d's prefix-aware routing does. A prefix is held only once the engine
+has answered it with its counts; a reply that says the cache read less than the gateway
+thought forgets what it was wrong about. The hashes are keyed with a secret of this
+process, so no client can write a prompt that passes for another's.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from gateway.backends import Backend
+
+__all__ = ["BLOCK_BYTES", "NO_PREFIX", "Prefix", "PromptCaches"]
+
+BLOCK_BYTES = 256
+"""A block of the rendered prompt: about 64 tokens, so that a cached prefix is known to
+within a few dozen tokens and a 25 KB set of tools is a hundred hashes."""
+
+# How much of a prompt cache the gateway remembers, per slot, in blocks: llama-server
+# keeps slots' prompts and as many again in host memory (8 GiB by default); Ollama's runner
+# one prompt per slot, at most its context (8,192 tokens is the common num_ctx). An engine
+# holding more than this is only cheaper than estimated; its counts settle the charge.
+_BLOCKS_PER_SLOT = {"llamacpp": 512, "ollama": 128}
+_DEFAULT_BLOCKS_PER_SLOT = 128
+
+
+class Prefix(NamedTuple):
+    """A request's rendered prompt as the cache sees it."""
+
+    blocks: tuple[int, ...]  # chained hashes, one per whole block, model and all before it
+    size: int  # bytes of the whole rendered prompt (the last block is rarely whole)
+
+    def share(self, blocks: int) -> float:
+        """The part of the prompt that ``blocks`` leading blocks are."""
+        return min(1.0, blocks * BLOCK_BYTES / self.size) if self.size else 0.0
+
+
+NO_PREFIX = Prefix((), 0)
+
+
+class _Held:
+    """One backend's remembered prefixes: block hashes, least recently used first. A
+    prefix's blocks are touched from its end back to its start, so its start is always the
+    more recent: the cache forgets the ends of prompts before their shared beginnings."""
+
+    __slots__ = ("_blocks",)
+
+    def __init__(self) -> None:
+        self._blocks: OrderedDict[int, None] = OrderedDict()
+
+    def matched(self, blocks: tuple[int, ...]) -> int:
+        """How many leading blocks of ``blocks`` are held."""
+        held, count = self._blocks, 0
+        for block in blocks:
+            if block not in held:
+                break
+            count += 1
+        return count
+
+    def hold(self, blocks: tuple[int, ...], capacity: int) -> None:
+        held = self._blocks
+        for block in reversed(blocks):
+            held[block] = None
+            held.move_to_end(block)
+        while len(held) > capacity:
+            held.popitem(last=False)
+
+    def forget(self, blocks: Iterable[int]) -> None:
+        for block in blocks:
+            self._blocks.pop(block, None)
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+
+class PromptCaches:
+    """Every backend's remembered prompt prefixes (by backend name)."""
+
+    def __init__(self) -> None:
+        self._by_backend: dict[str, _Held] = {}
+
+    def matched(self, backend: Backend, prefix: Prefix) -> int:
+        """Leading blocks of ``prefix`` that ``backend``'s engine likely holds."""
+        held = self._by_backend.get(backend.name)
+        return 0 if held is None or not prefix.blocks else held.matched(prefix.blocks)
+
+    def cached_share(self, backends: Iterable[Backend], prefix: Prefix) -> float:
+        """The part of ``prefix`` the best of ``backends`` likely holds (0 to 1)."""
+        if not prefix.blocks:
+            return 0.0
+        return prefix.share(max((self.matched(b, prefix) for b in backends), default=0))
+
+    def holding_most(self, backends: list[Backend], prefix: Prefix) -> list[Backend]:
+        """Those of ``backends`` that likely hold the most of ``prefix`` (all, if none does)."""
+        if not prefix.blocks:
+            return backends
+        held = [self.matched(b, prefix) for b in backends]
+        most = max(held, default=0)
+        return [b for b, n in zip(backends, held, strict=True) if n == most] if most else backends
+
+    def evaluated(
+        self, backend: Backend, prefix: Prefix, predicted: int, engine_share: float | None
+    ) -> None:
+        """``backend``'s engine answered ``prefix`` (``predicted`` blocks of it thought
+        held); ``engine_share``: the part its counts say the cache read, if they say. Its
+        engine holds the prompt now; what it did not hold of what was predicted is forgotten
+        (another prompt evicted it), for every prompt that shares it."""
+        if not prefix.blocks:
+            return
+        held = self._by_backend.setdefault(backend.name, _Held())
+        if engine_share is not None:
+            engine_blocks = int(engine_share * prefix.size) // BLOCK_BYTES
+            if engine_blocks + 1 < predicted:  # a block's worth of tokenizing aside
+                held.forget(prefix.blocks[engine_blocks:predicted])
+        per_slot = _BLOCKS_PER_SLOT.get(backend.kind, _DEFAULT_BLOCKS_PER_SLOT)
+        held.hold(prefix.blocks, max(1, backend.slots) * per_slot)
+
+    def emptied(self, backend: Backend) -> None:
+        """``backend``'s engine (re)loaded a model: what it held of that model is gone;
+        as the prefixes are not kept by model, all of that backend's are forgotten."""
+        self._by_backend.pop(backend.name, None)
+
+    def blocks_held(self) -> dict[str, int]:
+        """Blocks remembered, by backend (for /status)."""
+        return {name: len(held) for name, held in self._by_backend.items()}

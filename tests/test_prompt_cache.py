@@ -1,0 +1,240 @@
+"""Cost that matches the engine: what its prompt cache holds is not charged again.
+
+A chat's later turns repeat its tools, system prompt and history; the engine evaluates only
+the new end. The gateway classes and charges them by that end (``admission/prompt_caches.py``),
+sends a conversation where its prefix is held, and learns from each reply what the engine
+really read from its cache. The simulator's slots keep their prompts as llama-server's do
+(``fairsim/slots.py``); the real llama-server checks the same on the real thing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+
+from gateway.core import RequestClass
+from tests.conftest import Finished, Gateway, StartGateway, StartSim, one_backend
+from tests.llama_server import MODEL_ALIAS, running_llama_server, server_files
+from tests.test_admission import idle, until
+
+MODEL = "llama3.2:3b"
+# 3,000 characters of instructions: about 750 tokens to the gateway's estimate, heavy at 500.
+SYSTEM = " ".join(f"Rule {n}: answer briefly and kindly, in plain words." for n in range(60))
+TOOLS = [
+    {"type": "function", "function": {"name": f"tool_{n}", "description": "d" * 300,
+     "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}
+    for n in range(8)
+]  # fmt: skip
+HEAVY_AT_500 = "classes: {heavy: {min_prompt_tokens: 500}}\n"
+
+
+async def chat(gateway: Gateway, messages: list[dict[str, str]], **fields: Any) -> str:
+    """One streamed chat completion; its reply's text."""
+    body = {"model": fields.pop("model", MODEL), "messages": messages, "stream": True, **fields}
+    text = []
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(gateway.url + "/v1/chat/completions", json=body) as reply,
+    ):
+        assert reply.status == 200, await reply.text()
+        async for line in reply.content:
+            if line.startswith(b"data: {"):
+                for choice in json.loads(line[6:])["choices"]:
+                    text.append(choice.get("delta", {}).get("content") or "")
+    return "".join(text)
+
+
+async def conversation(
+    gateway: Gateway, turns: int, first: str = "Hello there.", **fields: Any
+) -> list[Any]:
+    """A conversation of ``turns`` turns, each sending the whole history again, as a chat
+    front end does; the gateway's record of each turn."""
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": first}]
+    records = []
+    for turn in range(turns):
+        finished = Finished(gateway)
+        answer = await chat(gateway, messages, **fields)
+        records.append(await finished.first(("/v1/chat/completions",)))
+        messages += [
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": f"And question {turn + 2}?"},
+        ]
+    return records
+
+
+def counter(gateway: Gateway, user: str = "anonymous") -> float:
+    return gateway.services.admission.room.ordering.counters().get(user, 0.0)
+
+
+async def test_a_conversations_later_turns_are_light_and_charged_what_the_engine_evaluated(
+    start_sim: StartSim, start_gateway: StartGateway
+) -> None:
+    """Tools and a long system prompt make the first turn heavy; the next four repeat them
+    and are light, their fair-share charge the engine's own count of what it evaluated."""
+    _, url = await start_sim(flavor="llamacpp", parallel=2)
+    gateway = await start_gateway(HEAVY_AT_500 + one_backend(url, slots=2, kind="llamacpp"))
+    policy = gateway.services.policy.current.policy
+    records, charges = [], []
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hi."}]
+    for turn in range(5):
+        before, finished = counter(gateway), Finished(gateway)
+        answer = await chat(gateway, messages, tools=TOOLS)
+        record = await finished.first(("/v1/chat/completions",))
+        records.append(record)
+        charges.append(counter(gateway) - before)
+        messages += [
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": f"And question {turn + 2}?"},
+        ]
+    classes = [r.request_class for r in records]
+    assert classes == [RequestClass.HEAVY] + [RequestClass.LIGHT] * 4
+    for record, charge in zip(records[1:], charges[1:], strict=True):
+        assert record.cached_tokens and record.prompt_tokens
+        evaluated = record.prompt_tokens - record.cached_tokens
+        assert evaluated < record.prompt_tokens / 10  # the engine read the rest
+        weight = policy.classes.light.weight
+        expected = (policy.costs.input * evaluated + policy.costs.output * 12) / weight
+        assert charge == pytest.approx(expected)
+        # The estimate was of the uncached end too: light, and far below the whole prompt.
+        assert record.input_estimate is not None and record.input_estimate > 500
+
+
+async def test_a_conversation_goes_back_to_the_backend_that_holds_it(
+    start_sim: StartSim, start_gateway: StartGateway
+) -> None:
+    """Two backends, both free: a conversation's next turn goes where its prefix is held
+    (the pool's own rule would take the first), and the engine reads it from its cache."""
+    _, first_url = await start_sim(flavor="llamacpp", parallel=1)
+    _, second_url = await start_sim(flavor="llamacpp", parallel=1)
+    gateway = await start_gateway(
+        "backends:\n"
+        f"  - {{name: one, url: {first_url}, kind: llamacpp, slots: 1}}\n"
+        f"  - {{name: two, url: {second_url}, kind: llamacpp, slots: 1}}\n"
+        "defaults: {max_concurrent: 2}\n"
+    )
+    # A long request takes "one" (the pool's first choice), so the conversation starts on
+    # "two"; then "one" is free again.
+    admission = gateway.services.admission
+    held = asyncio.ensure_future(
+        chat(gateway, [{"role": "user", "content": "x"}], sim_first_byte_delay=60)
+    )
+    await until(admission, lambda room: room.backends["one"][0] == 1)
+    [opening] = await conversation(gateway, 1, "Our conversation.")
+    assert opening.backend == "two"
+    held.cancel()
+    await until(admission, idle)
+    # Both free: its next turns go back to "two", where the engine holds it.
+    later = await conversation(gateway, 3, "Our conversation.")
+    assert [r.backend for r in later] == ["two", "two", "two"]
+    assert all(r.cached_tokens for r in later)
+
+
+async def test_a_prompt_the_engine_refused_is_not_taken_for_held(
+    start_sim: StartSim, start_gateway: StartGateway
+) -> None:
+    """A client cannot make its own long prompt look cached by sending it first in a
+    request the engine refuses (or with llama-server's cache turned off): the gateway holds
+    a prefix only once the engine has answered it."""
+    _, url = await start_sim(flavor="llamacpp", parallel=1)
+    gateway = await start_gateway(HEAVY_AT_500 + one_backend(url, slots=1, kind="llamacpp"))
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hi."}]
+    body = {"model": MODEL, "messages": messages, "sim_status": 400}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(gateway.url + "/v1/chat/completions", json=body) as reply,
+    ):
+        assert reply.status == 400
+    finished = Finished(gateway)
+    await chat(gateway, messages, cache_prompt=False)
+    assert (await finished.first(("/v1/chat/completions",))).request_class is RequestClass.HEAVY
+    finished = Finished(gateway)
+    await chat(gateway, messages)  # the one before did not make this one look cached
+    assert (await finished.first(("/v1/chat/completions",))).request_class is RequestClass.HEAVY
+    finished = Finished(gateway)
+    await chat(gateway, messages)  # now the engine holds it
+    record = await finished.first(("/v1/chat/completions",))
+    assert record.request_class is RequestClass.LIGHT and record.cached_tokens
+
+
+async def test_what_the_engine_no_longer_holds_is_forgotten(
+    start_sim: StartSim, start_gateway: StartGateway
+) -> None:
+    """One slot and a small host cache: other long prompts push a conversation out of the
+    engine. Its next turn was thought cached; the engine's count says it was not, and the
+    charge follows the engine, not the guess."""
+    simulator, url = await start_sim(flavor="llamacpp", parallel=1)
+    assert simulator.engine.host_cache is not None
+    simulator.engine.host_cache.__init__(entries=1)  # type: ignore[misc]
+    gateway = await start_gateway(HEAVY_AT_500 + one_backend(url, slots=1, kind="llamacpp"))
+    policy = gateway.services.policy.current.policy
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hi."}]
+    await chat(gateway, messages)
+    for n in range(3):  # three other long prompts, one after another
+        await chat(gateway, [{"role": "user", "content": f"{n} " + SYSTEM[::-1]}])
+    before, finished = counter(gateway), Finished(gateway)
+    await chat(gateway, messages)
+    record = await finished.first(("/v1/chat/completions",))
+    assert record.prompt_tokens is not None and record.cached_tokens == 0
+    weight = (
+        policy.classes.heavy.weight
+        if record.request_class is RequestClass.HEAVY
+        else policy.classes.light.weight
+    )
+    expected = (policy.costs.input * record.prompt_tokens + policy.costs.output * 12) / weight
+    assert counter(gateway) - before == pytest.approx(expected)
+
+
+@pytest.fixture
+async def llama_server(tmp_path: Path) -> AsyncIterator[str]:
+    try:
+        server_files()
+    except ImportError as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"llama-server is not installed ({exc}); `make test` installs it")
+    async with running_llama_server(tmp_path / "llama-server.log") as server:
+        yield server.url
+
+
+async def test_a_real_llama_servers_cache_makes_later_turns_light(
+    llama_server: str, start_gateway: StartGateway
+) -> None:
+    """The real llama-server: a five-turn conversation with a long system prompt, streamed
+    through the OpenAI client; its first turn heavy, the next four light and charged what
+    the engine says it evaluated (its timings: no include_usage asked)."""
+    gateway = await start_gateway(
+        HEAVY_AT_500 + f"backends:\n  - {{name: cpp, url: {llama_server}, kind: llamacpp}}\n"
+        "timeouts: {first_byte: 300s}\nqueue: {max_wait: 180s}\n"
+    )
+    messages: list[Any] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "Hi."},
+    ]
+    records = []
+    async with openai.AsyncOpenAI(
+        base_url=gateway.url + "/v1", api_key="x", max_retries=0
+    ) as client:
+        for turn in range(5):
+            finished = Finished(gateway)
+            stream = await client.chat.completions.create(
+                model=MODEL_ALIAS, messages=messages, max_tokens=8, stream=True
+            )
+            answer = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+            records.append(await finished.first(("/v1/chat/completions",)))
+            messages += [
+                {"role": "assistant", "content": answer},
+                {"role": "user", "content": f"And question {turn + 2}?"},
+            ]
+    classes = [r.request_class for r in records]
+    assert classes == [RequestClass.HEAVY] + [RequestClass.LIGHT] * 4
+    for record in records[1:]:
+        assert record.prompt_tokens and record.cached_tokens
+        assert record.prompt_tokens - record.cached_tokens < 100  # the new end alone
