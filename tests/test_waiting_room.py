@@ -135,10 +135,10 @@ def _state(room: Room) -> tuple[object, ...]:
     return (
         inner.ordering.counters(),
         dict(inner.busy),
-        dict(inner.heavy),
+        dict(inner.slots.heavy),
         dict(inner.running),
         inner.depth,
-        sorted((t.user, name, since) for t, name, since in inner.holders.values()),
+        sorted((t.user, name, since) for t, name, since in inner.slots.holders.values()),
         list(room.wakes),
     )
 

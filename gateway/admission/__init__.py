@@ -12,7 +12,12 @@ from gateway.admission.permit import Permit
 from gateway.admission.preemption import Waste
 from gateway.admission.prompt_caches import BLOCK_BYTES, NO_PREFIX, Prefix, PromptCaches
 from gateway.admission.refusals import REVOKED, Refusal
-from gateway.admission.room_snapshot import RoomSnapshot, RunningRequest, WaitingRequest
+from gateway.admission.room_snapshot import (
+    EstimatesSnapshot,
+    RoomSnapshot,
+    RunningRequest,
+    WaitingRequest,
+)
 from gateway.admission.tickets import Ticket
 
 __all__ = [
@@ -20,6 +25,7 @@ __all__ = [
     "NO_PREFIX",
     "REVOKED",
     "Admission",
+    "EstimatesSnapshot",
     "HoldStore",
     "Permit",
     "Prefix",

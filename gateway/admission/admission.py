@@ -24,7 +24,7 @@ from collections.abc import Callable
 from gateway.admission.holds.base import HoldStore
 from gateway.admission.local import LocalTurns
 from gateway.admission.permit import Permit
-from gateway.admission.refusals import REVOKED, HoldTimer, Refusal, refusal, turn_away
+from gateway.admission.refusals import REVOKED, Refusal, refusal, turn_away
 from gateway.admission.replicas import ReplicaHolds
 from gateway.admission.room import WaitingRoom
 from gateway.admission.room_snapshot import RoomSnapshot
@@ -71,8 +71,7 @@ class Admission:
         self.changes = Changes()
         self.wake_timer = WakeTimer(self.wake)
         self.room = WaitingRoom(policy, pool, self.changes.notify, wake_in=self.wake_timer.wake_in)
-        self.hold_timer = HoldTimer()
-        self.turns = LocalTurns(self, self.hold_timer, self._refusal)
+        self.turns = LocalTurns(self, self.room.waits, self._refusal)
         self.replicas = (
             None if holds is None else ReplicaHolds(holds, self.room, clock, self._refusal)
         )
@@ -142,7 +141,8 @@ class Admission:
         if self.replicas is not None:
             self.replicas.give_back(permit)
         if not permit.gave_way:  # a run cut short is no measure of how long slots are held
-            self.hold_timer.observe(self.clock() - permit.granted_at)
+            held = self.clock() - permit.granted_at
+            self.room.waits.observe(permit.backend.name, permit.ticket, held)
         self.room.release(permit.ticket, permit.backend)
 
     def made_room(self, backend: Backend) -> None:
@@ -208,5 +208,4 @@ class Admission:
     def _refusal(self, reason: Reason, ticket: Ticket, swap: SwapWait | None = None) -> Refusal:
         """``ticket``'s refusal, with the requests waiting on the other replicas ahead of it."""
         others = self.replicas.store.others_waiting if self.replicas is not None else 0
-        room, hold = self.room, self.hold_timer
-        return refusal(reason, ticket.user, ticket.lane, room, hold, others, swap)
+        return refusal(reason, ticket, self.room, self.room.waits, others, swap)

@@ -16,11 +16,12 @@ import asyncio
 from dataclasses import replace
 
 from gateway.admission.permit import Issuer, Permit
-from gateway.admission.refusals import HoldTimer, Refusal, Refuse, TurnedAway
+from gateway.admission.refusals import Refusal, Refuse, TurnedAway
 from gateway.admission.room_snapshot import position_of
 from gateway.admission.swap_waits import swap_wait
 from gateway.admission.tickets import Ticket, Waiter
 from gateway.admission.turns import cannot_start, over_bound
+from gateway.admission.wait_estimates import WaitEstimates
 from gateway.core import Lane, Reason
 
 __all__ = ["LocalTurns"]
@@ -29,13 +30,13 @@ __all__ = ["LocalTurns"]
 class LocalTurns:
     """This replica's turns, granted as permits of ``issuer``."""
 
-    __slots__ = ("_clock", "_hold_timer", "_issuer", "_refuse", "_room")
+    __slots__ = ("_clock", "_issuer", "_refuse", "_room", "_waits")
 
-    def __init__(self, issuer: Issuer, hold_timer: HoldTimer, refuse: Refuse) -> None:
+    def __init__(self, issuer: Issuer, waits: WaitEstimates, refuse: Refuse) -> None:
         self._issuer = issuer
         self._room = issuer.room  # the room is reconfigured in place, never replaced
         self._clock = issuer.clock
-        self._hold_timer = hold_timer  # how long slots are held: a swap's estimate uses it
+        self._waits = waits  # how long slots are held: a swap's estimate uses it
         self._refuse = refuse
 
     async def take(self, ticket: Ticket, within: float) -> Permit | Refusal:
@@ -86,7 +87,7 @@ class LocalTurns:
         except TimeoutError:
             if waiter.turn.done():  # granted as the timer fired: take the turn after all
                 return Permit.queued(self._issuer, waiter, waiter.turn.result())
-            swap = swap_wait(room, ticket, self._hold_timer.seconds)
+            swap = swap_wait(room, ticket, self._waits.seconds)
             room.leave(waiter)
             room.dispatch()  # a swap it was the last to wait for is called off
             return self._refuse(Reason.WAIT_TIMEOUT, ticket, swap)

@@ -1,8 +1,10 @@
 """Saying no: the refusal's words and when to try again.
 
-Retry-After is an estimate of when a slot is likely: the requests ahead (here and on the
-other replicas) times how long a reply has recently held a slot, spread over the slots
-that could take them. Good enough to keep clients from retrying into the same full room.
+Retry-After is an estimate of when the request would start, were it to wait: the
+requests ahead (here and on the other replicas) played out on the slots that serve them,
+each holding its slot for the service time learned for its backend, model and class
+(``wait_estimates.py``). The same figure is said in words, for chat front ends that show
+the text and not the header.
 """
 
 from __future__ import annotations
@@ -14,14 +16,16 @@ from typing import Protocol
 from gateway.admission.room import WaitingRoom
 from gateway.admission.room_state import RoomState
 from gateway.admission.tickets import Ticket
+from gateway.admission.wait_estimates import WaitEstimates
 from gateway.core import GatewayError, Lane, Reason, retry_after_header
 from gateway.swaps import SwapWait
 
-__all__ = ["REVOKED", "HoldTimer", "Refusal", "Refuse", "TurnedAway", "refusal", "turn_away"]
+__all__ = ["REVOKED", "Refusal", "Refuse", "TurnedAway", "refusal", "turn_away"]
 
-# Until real requests have been timed, assume a reply holds its slot this long.
-_DEFAULT_HOLD_SECONDS = 5.0
 _MAX_RETRY_AFTER = 600.0
+# Sooner than this, a retry finds the room as it left it: the slot it would take is not
+# free yet, or just taken by the next in line.
+_MIN_RETRY_AFTER = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,33 +52,22 @@ class Refuse(Protocol):
     def __call__(self, reason: Reason, ticket: Ticket, swap: SwapWait | None = None) -> Refusal: ...
 
 
-class HoldTimer:
-    """A moving average of how long a request holds its slot."""
-
-    def __init__(self) -> None:
-        self.seconds = _DEFAULT_HOLD_SECONDS
-
-    def observe(self, held: float) -> None:
-        self.seconds += 0.2 * (held - self.seconds)
-
-
 def refusal(
     reason: Reason,
-    user: str,
-    lane: Lane,
+    ticket: Ticket,
     room: RoomState,
-    hold: HoldTimer,
+    waits: WaitEstimates,
     others_waiting: int,
     swap: SwapWait | None = None,
 ) -> Refusal:
     """The refusal of a request that is not (or no longer) in the waiting room; ``swap``:
     it waited for its model to be swapped in (its drain and load are the wait to come)."""
-    policy = room.policy
+    policy, user, lane = room.policy, ticket.user, ticket.lane
     # People go before background work, which gives way to them: only people are ahead.
     waiting_ahead = room.depth if lane is Lane.BACKGROUND else _people_waiting(room)
     ahead = waiting_ahead + others_waiting
     if reason is Reason.USER_QUEUE_FULL:
-        places, queued = room.caps(user, lane)
+        queued = room.caps(user, lane)[1]
         waiting = len(room.queues(lane).get(user, ()))
         work = "background work" if lane is Lane.BACKGROUND else "user"
         said = (
@@ -82,10 +75,6 @@ def refusal(
             f"waiting (max_queued {queued})"
         )
     else:
-        waiting = ahead
-        places = max(1, sum(b.slots for b in room.pool.backends))
-        if lane is Lane.INTERACTIVE:  # background work's slots are a person's at once
-            waiting = max(0, waiting - room.giving_way)
         said = (
             f"the gateway is busy: {ahead} requests waiting ahead of you (max_depth "
             f"{policy.queue.max_depth})"
@@ -93,7 +82,8 @@ def refusal(
             else f"no slot freed within max_wait {policy.queue.max_wait:g}s; {ahead} still "
             "waiting ahead of you"
         )
-    retry_after = min(hold.seconds * (waiting + 1) / places, _MAX_RETRY_AFTER)
+    starts_in = waits.start_of(room, room.clock(), ticket, others_waiting)
+    retry_after = min(max(starts_in, _MIN_RETRY_AFTER), _MAX_RETRY_AFTER)
     if swap is not None:
         said = f"{said}: {swap.said}"
         retry_after = min(max(retry_after, swap.seconds), _MAX_RETRY_AFTER)

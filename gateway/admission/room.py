@@ -24,6 +24,7 @@ import itertools
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 
 from gateway.admission.preemption import Preemptions
 from gateway.admission.prefill_gate import PrefillGate
@@ -34,6 +35,7 @@ from gateway.admission.scheduler import Candidate, Fair, Fifo, Ordering
 from gateway.admission.slot_ledger import SlotLedger
 from gateway.admission.tickets import Ticket, Waiter
 from gateway.admission.turns import Offer, free_backends, free_now, next_offer, waits
+from gateway.admission.wait_estimates import WaitEstimates
 from gateway.backends import Backend, BackendPool
 from gateway.config import Limits, Policy, background_account, model_key
 from gateway.core import BACKGROUND, Lane
@@ -69,6 +71,7 @@ class WaitingRoom:
         self.gate = PrefillGate()  # since when a heavy request is held, by slot group
         self.preemptions = Preemptions()  # background work that gives way to a person
         self.prompts = PromptCaches()  # what each engine likely holds of recent prompts
+        self.waits = WaitEstimates()  # service times learned, waits played out from them
         self.clock = clock
         self._seq = itertools.count()
         self._on_change = on_change
@@ -107,14 +110,6 @@ class WaitingRoom:
     def busy(self) -> Counter[str]:
         return self.slots.busy
 
-    @property
-    def heavy(self) -> Counter[str]:
-        return self.slots.heavy
-
-    @property
-    def holders(self) -> dict[int, tuple[Ticket, str, float]]:
-        return self.slots.holders
-
     def reconfigure(self, policy: Policy, pool: BackendPool) -> None:
         """New admissions follow the new policy at once; running requests stay counted."""
         if _ordered_by(policy) != _ordered_by(self.policy):
@@ -126,6 +121,7 @@ class WaitingRoom:
         """``ticket``'s request waits in its lane; ``dispatch`` gives it its turn."""
         waiter = self._arrival(ticket, now, turn)
         self.lines.add(waiter)
+        self.waits.expect(self, waiter, now)
         self._on_change()
         return waiter
 
@@ -275,6 +271,7 @@ class WaitingRoom:
     def _start(self, waiter: Waiter, backend: Backend) -> None:
         """``waiter``'s turn: its slot on ``backend`` taken and charged, its turn resolved."""
         waiter.placement = self.take(waiter.ticket, backend)
+        self.waits.started(waiter, self.clock())
         self.ordering.on_dispatch(waiter.candidate)
         waiter.turn.set_result(backend)
 
@@ -328,7 +325,10 @@ class WaitingRoom:
 
     def snapshot(self, now: float) -> RoomSnapshot:
         """The room at ``now``, for /status, metrics and the house page."""
-        return room_snapshot(self, now, self.preemptions.waste, self.giving_way)
+        waits = self.waits
+        starts = waits.starts(self, now) if self.lines.depth else {}
+        snapshot = room_snapshot(self, now, self.preemptions.waste, self.giving_way, starts)
+        return replace(snapshot, estimates=waits.snapshot())
 
     def _idle_check(self, user: str) -> None:
         if self.lines.idle(user):

@@ -21,6 +21,7 @@ from gateway.core import Lane, RequestClass
 from gateway.swaps import ResidentsSnapshot, SwapsSnapshot
 
 __all__ = [
+    "EstimatesSnapshot",
     "RoomSnapshot",
     "RunningRequest",
     "WaitingRequest",
@@ -52,6 +53,16 @@ class WaitingRequest:
     waited: float
     position: int
     lane: Lane = Lane.INTERACTIVE
+    starts_in: float = 0.0  # seconds until it likely starts (admission/wait_estimates.py)
+
+
+@dataclass(frozen=True, slots=True)
+class EstimatesSnapshot:
+    """How good the waiting estimates have been, and what they are made of."""
+
+    median_error: float | None  # |estimated - waited| / waited, over the last waits
+    samples: int
+    service_seconds: dict[tuple[str, str, RequestClass], float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,11 +84,18 @@ class RoomSnapshot:
     swaps: SwapsSnapshot = field(default_factory=lambda: SwapsSnapshot({}, {}))  # by key
     given_way: Waste = field(default_factory=Waste)  # background work's restarts, since start
     preemptible: int = 0  # background requests running now that would give way to a person
+    estimates: EstimatesSnapshot = field(default_factory=lambda: EstimatesSnapshot(None, 0))
 
 
 def room_snapshot(
-    room: RoomState, now: float, given_way: Waste | None = None, preemptible: int = 0
+    room: RoomState,
+    now: float,
+    given_way: Waste | None = None,
+    preemptible: int = 0,
+    starts: dict[int, float] | None = None,
 ) -> RoomSnapshot:
+    """``starts``: seconds until each waiter likely starts, by its ``id``."""
+    starts = starts or {}
     by_class: Counter[tuple[str, RequestClass]] = Counter()
     oldest = now
     for queue in (*room.waiting.values(), *room.background.values()):
@@ -117,6 +135,7 @@ def room_snapshot(
                 now - waiter.arrived,
                 position,
                 waiter.ticket.lane,
+                starts.get(id(waiter), 0.0),
             )
             for position, waiter in enumerate(in_order(room), start=1)
         ),

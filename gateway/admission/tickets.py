@@ -101,3 +101,4 @@ class Waiter:
     turn: asyncio.Future[Backend]
     position: int = 0  # where it stood in the room when it arrived (0: it started at once)
     placement: Placement = RESIDENT  # how its dispatch found the model (swaps/planner.py)
+    expected: float | None = None  # seconds it was expected to wait, when it joined

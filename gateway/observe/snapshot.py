@@ -14,7 +14,6 @@ from gateway.admission import HoldStore, RoomSnapshot
 from gateway.backends import Backend, BackendPool
 from gateway.backends.watch import WarmthSnapshot
 from gateway.config import Policy
-from gateway.core import Lane
 from gateway.observe.history import HistorySnapshot
 from gateway.reload import ReloadSnapshot
 from gateway.swaps import ResidentsSnapshot
@@ -114,16 +113,6 @@ class GatewaySnapshot:
     history: HistorySnapshot = field(default_factory=HistorySnapshot)
     # Every configured user, and anyone else with use today (usage/ledger.py).
     usage: dict[str, UserUsage] = field(default_factory=dict)
-
-    def start_estimate(self, position: int, lane: Lane = Lane.INTERACTIVE) -> float:
-        """Seconds until the request at ``position`` in the room likely starts: as
-        Retry-After reckons (``admission.refusals``), the requests up to it, each holding a
-        slot for the recent average, spread over every slot. A person's request first takes
-        the slots background work would give up at once."""
-        slots = max(1, sum(backend.slots for backend in self.backends))
-        if lane is Lane.INTERACTIVE:
-            position = max(0, position - self.room.preemptible)
-        return self.hold_seconds * position / slots
 
 
 def take(

@@ -115,9 +115,7 @@ def render_me(snapshot: GatewaySnapshot, user: str) -> dict[str, Any]:
                 "class": waiter.request_class,
                 "lane": waiter.lane,
                 "waited_seconds": round(waiter.waited, 3),
-                "estimated_start_seconds": round(
-                    snapshot.start_estimate(waiter.position, waiter.lane), 3
-                ),
+                "estimated_start_seconds": round(waiter.starts_in, 3),
             }
             for waiter in mine
         ],

@@ -11,7 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.admission import RunningRequest, WaitingRequest
+from gateway.admission import EstimatesSnapshot, RunningRequest, WaitingRequest
 from gateway.backends import Backend
 from gateway.core import GatewayError, Reason
 from gateway.edge.http import NO_STORE
@@ -76,8 +76,9 @@ def render(snapshot: GatewaySnapshot) -> dict[str, Any]:
         "queue": {
             "depth": room.queue_depth,
             "oldest_wait_seconds": round(room.oldest_wait, 3),
-            "waiting": [_waiting(w, snapshot) for w in room.waiting],
+            "waiting": [_waiting(w) for w in room.waiting],
             "hold_seconds": round(snapshot.hold_seconds, 3),
+            "estimates": _estimates(room.estimates),
             # Background work that gave its slot to a person, since the gateway started.
             "given_way": {
                 "restarts": room.given_way.restarts,
@@ -223,7 +224,7 @@ def _running(run: RunningRequest) -> dict[str, Any]:
     }
 
 
-def _waiting(waiter: WaitingRequest, snapshot: GatewaySnapshot) -> dict[str, Any]:
+def _waiting(waiter: WaitingRequest) -> dict[str, Any]:
     return {
         "position": waiter.position,
         "user": waiter.user,
@@ -231,7 +232,22 @@ def _waiting(waiter: WaitingRequest, snapshot: GatewaySnapshot) -> dict[str, Any
         "class": waiter.request_class,
         "lane": waiter.lane,
         "waited_seconds": round(waiter.waited, 3),
-        "estimated_start_seconds": round(snapshot.start_estimate(waiter.position, waiter.lane), 3),
+        "estimated_start_seconds": round(waiter.starts_in, 3),
+    }
+
+
+def _estimates(estimates: EstimatesSnapshot) -> dict[str, Any]:
+    """How far off "starts in about" has been (|estimated - waited| / waited, over the last
+    waits; a wait under a second counts as one), and the service times it is made of."""
+    error = estimates.median_error
+    by_backend: dict[str, dict[str, dict[str, float]]] = {}
+    for (backend, model, request_class), seconds in sorted(estimates.service_seconds.items()):
+        models = by_backend.setdefault(backend, {})
+        models.setdefault(model, {})[request_class] = round(seconds, 3)
+    return {
+        "median_error": None if error is None else round(error, 3),
+        "samples": estimates.samples,
+        "service_seconds": by_backend,
     }
 
 

@@ -1,0 +1,167 @@
+"""How long a waiting request will wait, learned from how long requests hold their slots.
+
+Each backend, model and class has its own service time: a moving average of how long its
+requests held a slot (on one box a summary holds it for a minute and a quick question for
+two seconds; one average for both is wrong for both). A wait is played out from them: the
+running requests free their slots when their service time says (one already past it, a
+fifth of it from now), and the requests ahead, in the order the room would dispatch them,
+each take the earliest slot that serves their model, no sooner than their user's
+``max_concurrent`` lets them. Heavy slots and swaps are left out.
+
+Every estimate made when a request starts waiting is set against the wait it had; the
+median of those errors is in /status, so that "starts in about" is a measured promise.
+"""
+
+from __future__ import annotations
+
+import heapq
+import statistics
+from collections import defaultdict, deque
+from collections.abc import Iterable
+from typing import TypeVar
+
+from gateway.admission.room_snapshot import EstimatesSnapshot, in_order
+from gateway.admission.room_state import RoomState
+from gateway.admission.tickets import Ticket, Waiter
+from gateway.backends import Backend
+from gateway.core import BACKGROUND, RequestClass
+
+__all__ = ["WaitEstimates"]
+
+_DEFAULT_SECONDS = 5.0  # until real requests have been timed
+_ALPHA = 0.2  # weight of the newest observation in each moving average
+_PAST_DUE = 0.2  # of its service time: how long a request past it is still expected to run
+_SAMPLES = 256  # errors kept for the median
+# A wait shorter than this is judged against it: 0.1 s promised and 0.3 s waited is no
+# 200 % error to a person.
+_ERROR_FLOOR = 1.0
+
+_Key = tuple[str, str, RequestClass]
+_K = TypeVar("_K")
+
+
+class WaitEstimates:
+    """Service times by backend, model and class; the waits played out from them."""
+
+    def __init__(self) -> None:
+        self.seconds = _DEFAULT_SECONDS  # any request's: what swap waits reckon with
+        self._by_key: dict[_Key, float] = {}
+        self._by_model: dict[tuple[str, RequestClass], float] = {}
+        self._errors: deque[float] = deque(maxlen=_SAMPLES)
+
+    def observe(self, backend: str, ticket: Ticket, held: float) -> None:
+        """``ticket``'s request held its slot on ``backend`` for ``held`` seconds."""
+        self.seconds += _ALPHA * (held - self.seconds)
+        cls = ticket.request_class
+        _average(self._by_key, (backend, ticket.model, cls), held)
+        _average(self._by_model, (ticket.model, cls), held)
+
+    def service(self, backend: str, ticket: Ticket) -> float:
+        """How long ``ticket``'s request will likely hold a slot on ``backend``."""
+        cls = ticket.request_class
+        found = self._by_key.get((backend, ticket.model, cls))
+        if found is None:
+            found = self._by_model.get((ticket.model, cls), self.seconds)
+        return found
+
+    def starts(self, room: RoomState, now: float) -> dict[int, float]:
+        """Seconds until each waiting request likely starts, by ``id`` of its waiter."""
+        play = _Play(self, room, now)
+        return {id(waiter): play.start(waiter.ticket) for waiter in in_order(room)}
+
+    def start_of(self, room: RoomState, now: float, ticket: Ticket, others: int = 0) -> float:
+        """Seconds until ``ticket``'s request would start, were it to join now behind the
+        requests waiting (people's behind people only) and ``others`` more (on the other
+        replicas)."""
+        play = _Play(self, room, now)
+        for waiter in in_order(room):
+            if ticket.lane is not BACKGROUND and waiter.ticket.lane is BACKGROUND:
+                break
+            play.start(waiter.ticket)
+        for _ in range(others):
+            play.start(ticket._replace(user=""))
+        return play.start(ticket)
+
+    def expect(self, room: RoomState, waiter: Waiter, now: float) -> None:
+        """Note when ``waiter``, which has just joined, will likely start."""
+        waiter.expected = self.starts(room, now).get(id(waiter))
+
+    def started(self, waiter: Waiter, now: float) -> None:
+        """``waiter`` starts now: how far off its estimate was."""
+        if waiter.expected is None:
+            return
+        waited = now - waiter.arrived
+        self._errors.append(abs(waiter.expected - waited) / max(waited, _ERROR_FLOOR))
+
+    def snapshot(self) -> EstimatesSnapshot:
+        errors = self._errors
+        median = statistics.median(errors) if errors else None
+        return EstimatesSnapshot(median, len(errors), dict(self._by_key))
+
+
+def _average(averages: dict[_K, float], key: _K, value: float) -> None:
+    old = averages.get(key)
+    averages[key] = value if old is None else old + _ALPHA * (value - old)
+
+
+class _Play:
+    """The room's slots and users played forward: when each slot frees, when each user may
+    start another request."""
+
+    def __init__(self, estimates: WaitEstimates, room: RoomState, now: float) -> None:
+        self._estimates, self._room, self._now = estimates, room, now
+        self._backends = {b.name: b for b in room.pool.backends}
+        self._frees: dict[str, list[float]] = {}  # slot group -> when each slot frees
+        self._ends: defaultdict[str, list[float]] = defaultdict(list)  # user -> run ends
+        running: defaultdict[str, list[float]] = defaultdict(list)
+        giving_way = room.giving_way  # background work that gives its slot up at once
+        for ticket, name, started in room.slots.holders.values():
+            service = estimates.service(name, ticket)
+            end = now + max(service - (now - started), _PAST_DUE * service)
+            if giving_way and ticket.lane is BACKGROUND:
+                end, giving_way = now, giving_way - 1
+            backend = self._backends.get(name)
+            if backend is not None:
+                running[backend.group(ticket.model)].append(end)
+            self._ends[ticket.user].append(end)
+        self._running = running
+
+    def start(self, ticket: Ticket) -> float:
+        """When ``ticket``'s request would start, after those played before it."""
+        best: tuple[float, str, Backend] | None = None
+        for backend in self._serving(ticket):
+            group = backend.group(ticket.model)
+            frees = self._frees.get(group)
+            if frees is None:
+                frees = self._slots(group, backend.slots)
+            if best is None or frees[0] < best[0]:
+                best = (frees[0], group, backend)
+        if best is None:
+            return 0.0
+        free_at, group, backend = best
+        start = max(free_at, self._user_ready(ticket), self._now)
+        end = start + self._estimates.service(backend.name, ticket)
+        heapq.heapreplace(self._frees[group], end)
+        self._ends[ticket.user].append(end)
+        return start - self._now
+
+    def _slots(self, group: str, slots: int) -> list[float]:
+        ends = sorted(self._running.get(group, ()))
+        frees = ends + [self._now] * max(0, slots - len(ends))
+        heapq.heapify(frees)
+        self._frees[group] = frees
+        return frees
+
+    def _serving(self, ticket: Ticket) -> Iterable[Backend]:
+        return self._room.pool.serving(ticket.api, ticket.model) or self._backends.values()
+
+    def _user_ready(self, ticket: Ticket) -> float:
+        """When the user is under their cap: with ``cap`` running, the earliest end."""
+        if not ticket.user:
+            return self._now
+        ends = self._ends[ticket.user]
+        cap = self._room.caps(ticket.user, ticket.lane)[0]
+        if len(ends) < cap:
+            return self._now
+        ends.sort()
+        return ends[len(ends) - cap]

@@ -1,0 +1,108 @@
+"""Waiting estimates from learned service times: "starts in about", Retry-After and the
+503's words are played out from how long each backend, model and class holds its slots, and
+how far off they were is measured and shown in /status."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.conftest import Gateway, StartGateway, StartSim, one_backend
+from tests.test_admission import idle, until
+
+MODEL = "llama3.2:3b"
+USERS = """\
+defaults: {max_concurrent: 1, max_queued: 2}
+users:
+  ann: {keys: [ann-key]}
+  ben: {keys: [ben-key]}
+  cat: {keys: [cat-key]}
+  dan: {keys: [dan-key]}
+"""
+
+
+async def generate(gateway: Gateway, key: str, tokens: int, prompt: str = "hi") -> int:
+    body = {"model": MODEL, "prompt": prompt, "stream": False, "options": {"num_predict": tokens}}
+    headers = {"Authorization": f"Bearer {key}"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(gateway.url + "/api/generate", json=body, headers=headers) as reply,
+    ):
+        await reply.read()
+        return reply.status
+
+
+async def status(gateway: Gateway) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as session, session.get(gateway.url + "/status") as reply:
+        return dict(await reply.json())
+
+
+async def test_service_times_are_learned_by_class_and_the_waits_played_out_from_them(
+    start_sim: StartSim, start_gateway: StartGateway
+) -> None:
+    """A long prompt holds the slot longer than a short one: each class has its own
+    service time, and a wait behind three short requests is estimated from theirs, not
+    from an average of everything."""
+    _, url = await start_sim(prefill_tokens_per_s=2000.0, decode_tokens_per_s=100.0)
+    gateway = await start_gateway(one_backend(url, slots=1, extra=USERS))
+    assert await generate(gateway, "ann-key", 20, "x" * 12_000) == 200  # heavy: 1.5 s prefill
+    for _ in range(3):
+        assert await generate(gateway, "ann-key", 20) == 200  # light: 0.2 s
+    learned = (await status(gateway))["queue"]["estimates"]["service_seconds"]["sim"][MODEL]
+    assert learned["heavy"] > 1.5 > 0.4 > learned["light"] > 0.2
+
+    admission = gateway.services.admission
+    runs = [asyncio.ensure_future(generate(gateway, f"{u}-key", 20)) for u in ("ann", "ben")]
+    await until(admission, lambda room: room.queue_depth == 1)
+    runs += [asyncio.ensure_future(generate(gateway, f"{u}-key", 20)) for u in ("cat", "dan")]
+    await until(admission, lambda room: room.queue_depth == 3)
+    waiting = (await status(gateway))["queue"]["waiting"]
+    starts = [w["estimated_start_seconds"] for w in waiting]
+    light = learned["light"]
+    # Each a light request's service after the one before it; the first within one.
+    assert 0 < starts[0] <= light
+    assert starts[1:] == [pytest.approx(starts[0] + light * n, rel=0.05) for n in (1, 2)]
+    assert await asyncio.gather(*runs) == [200] * 4
+    await until(admission, idle)
+    estimates = (await status(gateway))["queue"]["estimates"]
+    # Three waits were estimated as they joined and measured as they started.
+    assert estimates["samples"] == 3
+    assert estimates["median_error"] is not None and estimates["median_error"] < 0.3
+
+
+async def test_retry_after_says_when_the_learned_service_times_free_a_place(
+    start_sim: StartSim, start_gateway: StartGateway
+) -> None:
+    """A user at their cap is told to come back when their requests would have run: after
+    their running one and their two waiting ones, each the learned time of its class."""
+    _, url = await start_sim(decode_tokens_per_s=50.0)
+    gateway = await start_gateway(one_backend(url, slots=1, extra=USERS))
+    for _ in range(2):
+        assert await generate(gateway, "ann-key", 100) == 200  # 2 s each, learned
+    learned = gateway.services.admission.room.waits.service
+    admission = gateway.services.admission
+    runs = [asyncio.ensure_future(generate(gateway, "ben-key", 100)) for _ in range(3)]
+    await until(admission, lambda room: room.queue_depth == 2)
+    body = {"model": MODEL, "prompt": "hi", "stream": False, "options": {"num_predict": 100}}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            gateway.url + "/api/generate", json=body, headers={"Authorization": "Bearer ben-key"}
+        ) as reply,
+    ):
+        assert reply.status == 429 or reply.status == 503
+        said = (await reply.json())["error"]
+        retry_after = int(reply.headers["Retry-After"])
+    snapshot = admission.snapshot()
+    ticket = next(iter(gateway.services.admission.room.slots.holders.values()))[0]
+    service = learned("sim", ticket)
+    assert service == pytest.approx(2.0, rel=0.25)
+    # Ben's running one (under one service from now), his two waiting, then this one.
+    assert 2 * service <= retry_after <= 3 * service + 1
+    assert f"try again in about {retry_after} s" in said
+    assert snapshot.queue_depth == 2
+    for run in runs:
+        run.cancel()
