@@ -135,6 +135,7 @@ class GenJob:
     load: LoadOptions = field(default_factory=LoadOptions)
     # The rendered prompt, as a slot's prompt cache holds it ("": not cached at all).
     text: str = ""
+    slot: int | None = None  # the slot the request named (llama-server's id_slot)
 
 
 @dataclass

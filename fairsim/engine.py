@@ -96,7 +96,7 @@ class Engine:
             try:
                 loaded = time.perf_counter_ns()
                 pool = self.pool if runner is None else runner.slots
-                slot = await pool.acquire(job.text)
+                slot = await pool.acquire(job.text, job.slot)
                 try:
                     return await self._run(job, slot, emit, start, loaded)
                 finally:
@@ -125,7 +125,10 @@ class Engine:
         if job.faults.first_byte_delay > 0:
             await asyncio.sleep(job.faults.first_byte_delay)
         prefill_start = time.perf_counter_ns()
-        if self.host_cache is not None and job.text:
+        # A slot named by id_slot is taken as it is: llama-server swaps prompts with its
+        # host cache only for a slot it chose itself (get_available_slot's update_cache).
+        named = job.slot is not None and 0 <= job.slot < len(self.slots)
+        if self.host_cache is not None and job.text and not named:
             self.host_cache.swap(slot, job.text)
         cached = cached_tokens(slot.cached, job)
         slot.cached = ""  # overwritten from where the prompts part, as the engine does

@@ -152,7 +152,11 @@ class LlamaCppAPI:
         text = rendered(tools, prompt)
         # cache_prompt: false (llama-server's own field) evaluates the whole prompt.
         held = text if body.get("cache_prompt", True) is not False else ""
-        job = GenJob(self.alias, tokens_in(text), tokens, limited, None, faults, text=held)
+        named = body.get("id_slot")
+        slot = named if isinstance(named, int) and not isinstance(named, bool) else None
+        job = GenJob(
+            self.alias, tokens_in(text), tokens, limited, None, faults, text=held, slot=slot
+        )
         stream = body.get("stream") is True
         writer = _Writer(self, request, job, prompt, chat=chat, stream=stream)
         return await self.generated(request, job, writer, stream)

@@ -48,6 +48,8 @@ class SlotPool:
         self._free = [slot.id for slot in self.slots]
         self._waiters: deque[asyncio.Future[int]] = deque()
         self._task_ids = itertools.count(1)
+        # Requests that named their slot (llama-server's id_slot) and wait for that one.
+        self._wanting: dict[int, deque[asyncio.Future[int]]] = {}
 
     @property
     def waiting(self) -> int:
@@ -57,15 +59,21 @@ class SlotPool:
     def busy(self) -> int:
         return sum(1 for slot in self.slots if slot.busy)
 
-    async def acquire(self, text: str = "") -> SlotInfo:
-        """A free slot, in arrival order; of several, the best for a prompt of ``text``."""
-        if self._free and not self._waiters:
-            slot = self.slots[self._take_free(text)]
-            self._stats.running += 1
-            self._stats.max_running = max(self._stats.max_running, self._stats.running)
-            return self._start_task(slot)
+    async def acquire(self, text: str = "", wanted: int | None = None) -> SlotInfo:
+        """A free slot, in arrival order; of several, the best for a prompt of ``text``.
+        ``wanted``: the slot a request named (``id_slot``), kept for it until it is free;
+        one past the slots is no slot named (llama-server then takes any)."""
+        if wanted is not None and not 0 <= wanted < len(self.slots):
+            wanted = None
+        if wanted is not None and wanted in self._free:
+            self._free.remove(wanted)
+            heapq.heapify(self._free)
+            return self._started(self.slots[wanted])
+        if wanted is None and self._free and not self._waiters:
+            return self._started(self.slots[self._take_free(text)])
         waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        line = self._waiters if wanted is None else self._wanting.setdefault(wanted, deque())
+        line.append(waiter)
         self._stats.queued += 1
         self._changed()
         try:
@@ -73,24 +81,31 @@ class SlotPool:
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
                 self.release(self.slots[waiter.result()])
-            elif waiter in self._waiters:
-                self._waiters.remove(waiter)
+            elif waiter in line:
+                line.remove(waiter)
                 self._stats.queued -= 1
                 self._changed()
             raise
 
+    def _started(self, slot: SlotInfo) -> SlotInfo:
+        self._stats.running += 1
+        self._stats.max_running = max(self._stats.max_running, self._stats.running)
+        return self._start_task(slot)
+
     def release(self, slot: SlotInfo) -> None:
         slot.busy = False
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            self._stats.queued -= 1
-            if waiter.cancelled():
-                # Its task is being cancelled and has not run its cleanup yet.
-                continue
-            # Hand the slot straight to the oldest waiter: `running` does not dip.
-            self._start_task(slot)
-            waiter.set_result(slot.id)
-            return
+        # Those that named this slot first, then the others in arrival order.
+        for line in (self._wanting.get(slot.id, deque()), self._waiters):
+            while line:
+                waiter = line.popleft()
+                self._stats.queued -= 1
+                if waiter.cancelled():
+                    # Its task is being cancelled and has not run its cleanup yet.
+                    continue
+                # Hand the slot straight to the oldest waiter: `running` does not dip.
+                self._start_task(slot)
+                waiter.set_result(slot.id)
+                return
         heapq.heappush(self._free, slot.id)
         self._stats.running -= 1
         self._changed()

@@ -43,17 +43,22 @@ class LlamaServer:
 
 @asynccontextmanager
 async def running_llama_server(
-    log_path: Path, slots: int = 2, threads: int = 2
+    log_path: Path,
+    slots: int = 2,
+    threads: int = 2,
+    context: int = 4096,
+    extra: tuple[str, ...] = (),
 ) -> AsyncIterator[LlamaServer]:
-    """llama-server with ``slots`` slots (``-np``), 4096 tokens of context in all and
-    ``threads`` CPU threads, on a free loopback port. Stopped by its own PID on leaving."""
+    """llama-server with ``slots`` slots (``-np``), ``context`` tokens of context in all,
+    ``threads`` CPU threads and ``extra`` arguments, on a free loopback port. Stopped by its
+    own PID on leaving."""
     binary, model = server_files()
     port = free_port()
     with log_path.open("wb") as log:  # a file, not a pipe: its logs must never block it
         process = await asyncio.create_subprocess_exec(
             str(binary), "-m", str(model), "--alias", MODEL_ALIAS, "--host", "127.0.0.1",
-            "--port", str(port), "-np", str(slots), "-c", "4096", "-t", str(threads), "--metrics",
-            "--no-webui",
+            "--port", str(port), "-np", str(slots), "-c", str(context), "-t", str(threads),
+            "--metrics", "--no-webui", *extra,
             stdout=subprocess.DEVNULL, stderr=log,
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"

@@ -21,6 +21,7 @@ import openai
 import pytest
 
 from gateway.core import RequestClass
+from gateway.wire import with_slot
 from tests.conftest import Finished, Gateway, StartGateway, StartSim, one_backend
 from tests.llama_server import MODEL_ALIAS, running_llama_server, server_files
 from tests.test_admission import idle, until
@@ -238,3 +239,52 @@ async def test_a_real_llama_servers_cache_makes_later_turns_light(
     for record in records[1:]:
         assert record.prompt_tokens and record.cached_tokens
         assert record.prompt_tokens - record.cached_tokens < 100  # the new end alone
+
+
+class TestTheSlot:
+    """On llama-server the gateway picks the slot (``id_slot``), written last in the body:
+    the engine keeps the last of two equal keys, so the client's own cannot win."""
+
+    @pytest.mark.parametrize(
+        ("body", "written"),
+        [
+            (b'{"model":"m"}', b'{"model":"m","id_slot":1}'),
+            (b"{}", b'{"id_slot":1}'),
+            (b'{ "model": "m" }\n', b'{ "model": "m","id_slot":1}'),
+            (b'{"id_slot":0,"model":"m"}', b'{"id_slot":0,"model":"m","id_slot":1}'),
+        ],
+    )
+    def test_the_gateways_slot_is_the_last_key(self, body: bytes, written: bytes) -> None:
+        assert with_slot(body, 1) == written
+        assert json.loads(written)["id_slot"] == 1  # as any last-wins reader sees it
+
+    async def test_a_conversation_keeps_its_slot_and_the_engine_reads_all_of_it(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """Two conversations taking turns on a 2-slot llama-server: each keeps the slot that
+        holds it (its whole history read from the cache, not the tools alone), and a
+        client's own id_slot is overridden."""
+        simulator, url = await start_sim(flavor="llamacpp", parallel=2)
+        gateway = await start_gateway(one_backend(url, slots=2, kind="llamacpp"))
+        admission = gateway.services.admission
+        await until(
+            admission, lambda _: gateway.services.policy.current.pool.backends[0].state.slots == 2
+        )
+        slots_of: dict[str, set[int]] = {"one": set(), "two": set()}
+        histories: dict[str, list[dict[str, str]]] = {
+            name: [{"role": "system", "content": SYSTEM}] for name in slots_of
+        }
+        for turn in range(3):
+            for name, history in histories.items():
+                history.append({"role": "user", "content": f"{name} asks {turn}"})
+                finished = Finished(gateway)
+                answer = await chat(gateway, history, tools=TOOLS, id_slot=0)
+                record = await finished.first(("/v1/chat/completions",))
+                history.append({"role": "assistant", "content": answer})
+                held = [s.id for s in simulator.engine.slots if f"{name} asks {turn}" in s.cached]
+                slots_of[name].update(held)
+                if turn:  # the tools, the system prompt and every earlier turn: cached
+                    assert record.prompt_tokens and record.cached_tokens
+                    assert record.prompt_tokens - record.cached_tokens < 30
+        assert len(slots_of["one"]) == len(slots_of["two"]) == 1
+        assert slots_of["one"] != slots_of["two"]

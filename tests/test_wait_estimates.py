@@ -10,6 +10,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from gateway.admission import Ticket
+from gateway.core import Api
 from tests.conftest import Gateway, StartGateway, StartSim, one_backend
 from tests.test_admission import idle, until
 
@@ -25,7 +27,8 @@ users:
 
 
 async def generate(gateway: Gateway, key: str, tokens: int, prompt: str = "hi") -> int:
-    body = {"model": MODEL, "prompt": prompt, "stream": False, "options": {"num_predict": tokens}}
+    # Streamed, as people's chats are: the first byte is the first token, after the prefill.
+    body = {"model": MODEL, "prompt": prompt, "options": {"num_predict": tokens}}
     headers = {"Authorization": f"Bearer {key}"}
     async with (
         aiohttp.ClientSession() as session,
@@ -43,16 +46,24 @@ async def status(gateway: Gateway) -> dict[str, Any]:
 async def test_service_times_are_learned_by_class_and_the_waits_played_out_from_them(
     start_sim: StartSim, start_gateway: StartGateway
 ) -> None:
-    """A long prompt holds the slot longer than a short one: each class has its own
-    service time, and a wait behind three short requests is estimated from theirs, not
-    from an average of everything."""
+    """A long prompt holds the slot longer than a short one: the engine's prefill rate is
+    learned (tokens over the time to the first byte) beside each class's decode, and a wait
+    behind three short requests is estimated from theirs, not from an average of all."""
     _, url = await start_sim(prefill_tokens_per_s=2000.0, decode_tokens_per_s=100.0)
     gateway = await start_gateway(one_backend(url, slots=1, extra=USERS))
-    assert await generate(gateway, "ann-key", 20, "x" * 12_000) == 200  # heavy: 1.5 s prefill
+    # Heavy: 1.5 s of prefill each; the first loads the model (no measure of a prefill).
+    assert await generate(gateway, "ann-key", 20, "x" * 12_000) == 200
+    assert await generate(gateway, "ann-key", 20, "y" * 12_000) == 200
     for _ in range(3):
         assert await generate(gateway, "ann-key", 20) == 200  # light: 0.2 s
-    learned = (await status(gateway))["queue"]["estimates"]["service_seconds"]["sim"][MODEL]
-    assert learned["heavy"] > 1.5 > 0.4 > learned["light"] > 0.2
+    estimates = (await status(gateway))["queue"]["estimates"]
+    assert estimates["prefill_tokens_per_second"]["sim"] == pytest.approx(2000, rel=0.2)
+    decode = estimates["decode_seconds"]["sim"][MODEL]
+    assert decode["heavy"] == pytest.approx(0.2, abs=0.1)
+    assert decode["light"] == pytest.approx(0.2, abs=0.1)
+    ticket = Ticket("ben", MODEL, Api.OLLAMA, input_tokens=1)
+    light = gateway.services.admission.room.waits.service("sim", ticket)
+    assert light == pytest.approx(0.2, abs=0.1)
 
     admission = gateway.services.admission
     runs = [asyncio.ensure_future(generate(gateway, f"{u}-key", 20)) for u in ("ann", "ben")]
@@ -61,7 +72,6 @@ async def test_service_times_are_learned_by_class_and_the_waits_played_out_from_
     await until(admission, lambda room: room.queue_depth == 3)
     waiting = (await status(gateway))["queue"]["waiting"]
     starts = [w["estimated_start_seconds"] for w in waiting]
-    light = learned["light"]
     # Each a light request's service after the one before it; the first within one.
     assert 0 < starts[0] <= light
     assert starts[1:] == [pytest.approx(starts[0] + light * n, rel=0.05) for n in (1, 2)]

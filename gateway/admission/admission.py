@@ -140,9 +140,11 @@ class Admission:
         """Give back the permit's place, slot and hold, and let the next request in."""
         if self.replicas is not None:
             self.replicas.give_back(permit)
+        permit.unpin()
         if not permit.gave_way:  # a run cut short is no measure of how long slots are held
             held = self.clock() - permit.granted_at
-            self.room.waits.observe(permit.backend.name, permit.ticket, held)
+            waits, first = self.room.waits, permit.first_byte_after
+            waits.observe(permit.backend.name, permit.ticket, held, permit.evaluated, first)
         self.room.release(permit.ticket, permit.backend)
 
     def made_room(self, backend: Backend) -> None:
@@ -167,6 +169,7 @@ class Admission:
         if not others:
             return False
         chosen = room.prefer(others, permit.ticket)
+        permit.unpin()  # its slot on the failed backend
         permit.placement = room.take(permit.ticket, chosen)
         room.give_back(permit.ticket, failed)
         permit.backend, permit.hold = chosen, None

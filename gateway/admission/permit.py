@@ -44,7 +44,11 @@ class Permit:
     __slots__ = (
         "_admission",
         "_released",
+        "_waits_in_engine",
         "backend",
+        "engine_slot",
+        "evaluated",
+        "first_byte_after",
         "granted_at",
         "hold",
         "output_charged",
@@ -80,6 +84,10 @@ class Permit:
         self.output_charged = 0.0
         self.hold: Hold | None = None  # the claim in the hold store, once confirmed
         self.placement = placement  # how it finds its model: held, loaded, swapped
+        self.engine_slot: int | None = None  # llama-server's slot, when the gateway chose it
+        self._waits_in_engine = False  # for that slot: its first byte is no prefill's time
+        self.evaluated: int | None = None  # prompt tokens its engine evaluated, once it says
+        self.first_byte_after: float | None = None  # seconds from its grant to its reply
         # Resolved when background work gives its slot to a person (preemption.py); None
         # for people's requests, and for work whose reply has begun or may not give way.
         self.preempted: asyncio.Future[None] | None = None
@@ -112,6 +120,23 @@ class Permit:
         self.output_charged += tokens
         self._admission.room.ordering.on_output(self.ticket.payer, self.weight, tokens)
 
+    def pin(self) -> int | None:
+        """The llama-server slot this request goes to (``id_slot``), or None: where its
+        wait and its prefill together take least (``PromptCaches.pin``)."""
+        room, backend = self._admission.room, self.backend
+        self.unpin()  # a request moved to another backend leaves its first slot
+        waits, now = room.waits, self._admission.clock()
+        decode, rate = waits.decode(backend.name, self.ticket), waits.prefill_rate(backend.name)
+        pinned = room.prompts.pin(backend, self.ticket.prefix, now, decode, rate)
+        if pinned is not None:
+            self.engine_slot, self._waits_in_engine = pinned
+        return self.engine_slot
+
+    def unpin(self) -> None:
+        if self.engine_slot is not None:
+            self._admission.room.prompts.unpin(self.backend, self.engine_slot)
+            self.engine_slot = None
+
     def settle(
         self,
         prompt_tokens: int | None,
@@ -119,24 +144,31 @@ class Permit:
         output_tokens: int | None,
         *,
         answered: bool = True,
+        prefill_seconds: float | None = None,
     ) -> None:
         """Correct the charges with the backend's own counts, when it reported them: the
         prompt by what its engine evaluated (its cache read the rest). ``answered``: the
-        engine took the prompt (not an error), and holds it in its cache now."""
+        engine took the prompt (not an error), and holds it in its cache now;
+        ``prefill_seconds``: from its dispatch to its first byte."""
         room, ticket = self._admission.room, self.ticket
+        self.first_byte_after = prefill_seconds
         if prompt_tokens is not None:
             prompts, backend, prefix = room.prompts, self.backend, ticket.prefix
             predicted = prompts.matched(backend, prefix)
             if cached_tokens is None:  # the engine does not say: as estimated
                 cached_tokens = int(prompt_tokens * prefix.share(predicted))
             evaluated = prompt_tokens - min(cached_tokens, prompt_tokens)
+            self.evaluated = evaluated
             room.ordering.on_correction(ticket.payer, self.weight, evaluated - ticket.input_tokens)
             if answered:
                 if self.placement.loads:  # its engine started with an empty cache
                     prompts.emptied(backend)
                     predicted = 0
                 engine_share = cached_tokens / prompt_tokens if prompt_tokens else None
-                prompts.evaluated(backend, prefix, predicted, engine_share)
+                prompts.evaluated(backend, prefix, predicted, engine_share, self.engine_slot)
+                timed = not self._waits_in_engine and not self.placement.loads
+                if prefill_seconds is not None and timed:
+                    room.waits.observe_prefill(backend.name, evaluated, prefill_seconds)
         if output_tokens is not None:
             self.add_output(output_tokens - self.output_charged)
 

@@ -13,12 +13,21 @@ whole prefix, as llm-d's prefix-aware routing does. A prefix is held only once t
 has answered it with its counts; a reply that says the cache read less than the gateway
 thought forgets what it was wrong about. The hashes are keyed with a secret of this
 process, so no client can write a prompt that passes for another's.
+
+On llama-server the gateway also picks the slot (``id_slot``): each slot holds its last
+prompt, and a free slot holding nothing of a conversation costs it a whole prefill where
+the slot that holds it may free in a moment. A request goes to the slot where its wait and
+its prefill together are shortest, the wait from the service time of what runs there, the
+prefill from the rate the engine has shown; llama-server keeps a request for a busy slot
+until that slot is free. Only where the server has said how many slots it has (``/props``).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from gateway.backends import Backend
@@ -35,6 +44,7 @@ within a few dozen tokens and a 25 KB set of tools is a hundred hashes."""
 # holding more than this is only cheaper than estimated; its counts settle the charge.
 _BLOCKS_PER_SLOT = {"llamacpp": 512, "ollama": 128}
 _DEFAULT_BLOCKS_PER_SLOT = 128
+_CHARS_PER_TOKEN = 4
 
 
 class Prefix(NamedTuple):
@@ -86,11 +96,69 @@ class _Held:
         return len(self._blocks)
 
 
+@dataclass(slots=True)
+class _EngineSlot:
+    """One of llama-server's slots, as the gateway has assigned it."""
+
+    held: tuple[int, ...] = ()  # the blocks of the last prompt it answered
+    assigned: int = 0  # requests sent to it, not yet ended (a second waits in the engine)
+    free_at: float = 0.0  # when what is assigned to it likely ends
+    last_used: int = 0
+
+
+def _common(held: tuple[int, ...], blocks: tuple[int, ...]) -> int:
+    count = 0
+    for mine, theirs in zip(held, blocks, strict=False):
+        if mine != theirs:
+            break
+        count += 1
+    return count
+
+
 class PromptCaches:
-    """Every backend's remembered prompt prefixes (by backend name)."""
+    """Every backend's remembered prompt prefixes (by backend name), and llama-server's
+    slots as the gateway assigns them."""
 
     def __init__(self) -> None:
         self._by_backend: dict[str, _Held] = {}
+        self._slots: dict[str, list[_EngineSlot]] = {}
+        self._uses = itertools.count(1)
+
+    def pin(
+        self, backend: Backend, prefix: Prefix, now: float, decode: float, rate: float
+    ) -> tuple[int, bool] | None:
+        """The llama-server slot for a request of ``prefix`` that decodes for ``decode``
+        seconds on an engine that evaluates ``rate`` prompt tokens a second: where waiting
+        and prefilling take least; and whether it is taken now (the request waits for it
+        in the engine). None: the backend is not a llama-server that said its slots."""
+        if backend.kind != "llamacpp" or not backend.state.slots:
+            return None
+        slots = self._slots.get(backend.name)
+        if slots is None or len(slots) != backend.state.slots:  # first, or restarted
+            slots = self._slots[backend.name] = [_EngineSlot() for _ in range(backend.state.slots)]
+        tokens = prefix.size / _CHARS_PER_TOKEN
+
+        def prefill(slot: _EngineSlot) -> float:
+            return tokens * (1 - prefix.share(_common(slot.held, prefix.blocks))) / rate
+
+        def cost(slot: _EngineSlot) -> tuple[float, int]:
+            wait = max(0.0, slot.free_at - now) if slot.assigned else 0.0
+            return wait + prefill(slot), slot.last_used
+
+        chosen = min(range(len(slots)), key=lambda i: cost(slots[i]))
+        slot = slots[chosen]
+        taken = slot.assigned > 0
+        slot.free_at = max(now, slot.free_at if taken else now) + prefill(slot) + decode
+        slot.assigned += 1
+        return chosen, taken
+
+    def unpin(self, backend: Backend, chosen: int) -> None:
+        """The request sent to slot ``chosen`` of ``backend`` ended."""
+        slots = self._slots.get(backend.name)
+        if slots is not None and chosen < len(slots):
+            slot = slots[chosen]
+            slot.assigned = max(0, slot.assigned - 1)
+            slot.last_used = next(self._uses)
 
     def matched(self, backend: Backend, prefix: Prefix) -> int:
         """Leading blocks of ``prefix`` that ``backend``'s engine likely holds."""
@@ -112,14 +180,23 @@ class PromptCaches:
         return [b for b, n in zip(backends, held, strict=True) if n == most] if most else backends
 
     def evaluated(
-        self, backend: Backend, prefix: Prefix, predicted: int, engine_share: float | None
+        self,
+        backend: Backend,
+        prefix: Prefix,
+        predicted: int,
+        engine_share: float | None,
+        slot: int | None = None,
     ) -> None:
         """``backend``'s engine answered ``prefix`` (``predicted`` blocks of it thought
-        held); ``engine_share``: the part its counts say the cache read, if they say. Its
-        engine holds the prompt now; what it did not hold of what was predicted is forgotten
-        (another prompt evicted it), for every prompt that shares it."""
+        held), on ``slot`` if the gateway chose it; ``engine_share``: the part its counts
+        say the cache read, if they say. Its engine holds the prompt now; what it did not
+        hold of what was predicted is forgotten (another prompt evicted it), for every
+        prompt that shares it."""
         if not prefix.blocks:
             return
+        slots = self._slots.get(backend.name)
+        if slot is not None and slots is not None and slot < len(slots):
+            slots[slot].held = prefix.blocks
         held = self._by_backend.setdefault(backend.name, _Held())
         if engine_share is not None:
             engine_blocks = int(engine_share * prefix.size) // BLOCK_BYTES
@@ -132,6 +209,8 @@ class PromptCaches:
         """``backend``'s engine (re)loaded a model: what it held of that model is gone;
         as the prefixes are not kept by model, all of that backend's are forgotten."""
         self._by_backend.pop(backend.name, None)
+        for slot in self._slots.get(backend.name, ()):
+            slot.held = ()
 
     def blocks_held(self) -> dict[str, int]:
         """Blocks remembered, by backend (for /status)."""

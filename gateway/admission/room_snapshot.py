@@ -62,7 +62,8 @@ class EstimatesSnapshot:
 
     median_error: float | None  # |estimated - waited| / waited, over the last waits
     samples: int
-    service_seconds: dict[tuple[str, str, RequestClass], float] = field(default_factory=dict)
+    decode_seconds: dict[tuple[str, str, RequestClass], float] = field(default_factory=dict)
+    prefill_rates: dict[str, float] = field(default_factory=dict)  # tokens a second
 
 
 @dataclass(frozen=True, slots=True)

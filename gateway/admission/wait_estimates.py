@@ -1,8 +1,10 @@
 """How long a waiting request will wait, learned from how long requests hold their slots.
 
-Each backend, model and class has its own service time: a moving average of how long its
-requests held a slot (on one box a summary holds it for a minute and a quick question for
-two seconds; one average for both is wrong for both). A wait is played out from them: the
+A request holds its slot for its prefill and its decode. The prefill is its prompt's
+uncached part (``prompt_caches.py``) at the rate its engine has shown (tokens evaluated
+over the time to the first byte); the decode a moving average for its backend, model and
+class (a summary decodes for a minute, a quick question for two seconds: one average for
+both is wrong for both). A wait is played out from these service times: the
 running requests free their slots when their service time says (one already past it, a
 fifth of it from now), and the requests ahead, in the order the room would dispatch them,
 each take the earliest slot that serves their model, no sooner than their user's
@@ -29,6 +31,8 @@ from gateway.core import BACKGROUND, RequestClass
 __all__ = ["WaitEstimates"]
 
 _DEFAULT_SECONDS = 5.0  # until real requests have been timed
+_PREFILL_RATE = 1000.0  # prompt tokens a second, until an engine has shown its own
+_RATE_MIN_TOKENS = 64  # a prefill shorter than this is mostly overhead: no measure of rate
 _ALPHA = 0.2  # weight of the newest observation in each moving average
 _PAST_DUE = 0.2  # of its service time: how long a request past it is still expected to run
 _SAMPLES = 256  # errors kept for the median
@@ -44,25 +48,49 @@ class WaitEstimates:
     """Service times by backend, model and class; the waits played out from them."""
 
     def __init__(self) -> None:
-        self.seconds = _DEFAULT_SECONDS  # any request's: what swap waits reckon with
-        self._by_key: dict[_Key, float] = {}
+        self.seconds = _DEFAULT_SECONDS  # any request's hold: what swap waits reckon with
+        self._decode = _DEFAULT_SECONDS  # any request's decode
+        self._by_key: dict[_Key, float] = {}  # decode seconds
         self._by_model: dict[tuple[str, RequestClass], float] = {}
+        self._rates: dict[str, float] = {}  # prefill tokens a second, by backend
         self._errors: deque[float] = deque(maxlen=_SAMPLES)
 
-    def observe(self, backend: str, ticket: Ticket, held: float) -> None:
-        """``ticket``'s request held its slot on ``backend`` for ``held`` seconds."""
+    def observe(
+        self, backend: str, ticket: Ticket, held: float, evaluated: int | None, first: float | None
+    ) -> None:
+        """``ticket``'s request held its slot on ``backend`` for ``held`` seconds, its first
+        byte ``first`` seconds in (its prefill, and a load if it caused one), and its
+        engine evaluated ``evaluated`` prompt tokens (None: not said; as estimated)."""
         self.seconds += _ALPHA * (held - self.seconds)
+        if first is None:
+            tokens = ticket.input_tokens if evaluated is None else evaluated
+            first = tokens / self.prefill_rate(backend)
+        decode = max(0.0, held - first)
+        self._decode += _ALPHA * (decode - self._decode)
         cls = ticket.request_class
-        _average(self._by_key, (backend, ticket.model, cls), held)
-        _average(self._by_model, (ticket.model, cls), held)
+        _average(self._by_key, (backend, ticket.model, cls), decode)
+        _average(self._by_model, (ticket.model, cls), decode)
 
-    def service(self, backend: str, ticket: Ticket) -> float:
-        """How long ``ticket``'s request will likely hold a slot on ``backend``."""
+    def observe_prefill(self, backend: str, tokens: int, seconds: float) -> None:
+        """``backend``'s engine evaluated ``tokens`` prompt tokens in ``seconds``."""
+        if tokens >= _RATE_MIN_TOKENS and seconds > 0:
+            _average(self._rates, backend, tokens / seconds)
+
+    def prefill_rate(self, backend: str) -> float:
+        return self._rates.get(backend, _PREFILL_RATE)
+
+    def decode(self, backend: str, ticket: Ticket) -> float:
+        """How long ``ticket``'s request will likely decode on ``backend``."""
         cls = ticket.request_class
         found = self._by_key.get((backend, ticket.model, cls))
         if found is None:
-            found = self._by_model.get((ticket.model, cls), self.seconds)
+            found = self._by_model.get((ticket.model, cls), self._decode)
         return found
+
+    def service(self, backend: str, ticket: Ticket) -> float:
+        """How long ``ticket``'s request will likely hold a slot on ``backend``."""
+        prefill = ticket.input_tokens / self.prefill_rate(backend)
+        return prefill + self.decode(backend, ticket)
 
     def starts(self, room: RoomState, now: float) -> dict[int, float]:
         """Seconds until each waiting request likely starts, by ``id`` of its waiter."""
@@ -96,7 +124,7 @@ class WaitEstimates:
     def snapshot(self) -> EstimatesSnapshot:
         errors = self._errors
         median = statistics.median(errors) if errors else None
-        return EstimatesSnapshot(median, len(errors), dict(self._by_key))
+        return EstimatesSnapshot(median, len(errors), dict(self._by_key), dict(self._rates))
 
 
 def _average(averages: dict[_K, float], key: _K, value: float) -> None:

@@ -50,7 +50,8 @@ class RequestRecord:
     model: str | None = None
     request_class: RequestClass | None = None
     lane: Lane | None = None
-    input_estimate: int | None = None
+    input_estimate: int | None = None  # the whole prompt, estimated from the body
+    uncached_estimate: int | None = None  # of it, what the engine was expected to evaluate
     backend: str | None = None
     status: int = 0
     reason: Reason | None = None
@@ -100,6 +101,7 @@ class RequestRecord:
             "class": self.request_class,
             "lane": self.lane,
             "input_estimate": self.input_estimate,
+            "uncached_estimate": self.uncached_estimate,
             "backend": self.backend,
             "status": self.status,
             "reason": self.reason,

@@ -42,7 +42,7 @@ from gateway.routes.checks import (
     resolved,
 )
 from gateway.services import Services
-from gateway.wire import token_events
+from gateway.wire import SLOT_PATHS, token_events, with_slot
 
 __all__ = ["Generation"]
 
@@ -125,6 +125,7 @@ class Generation:
         cached = admission.room.prompts.cached_share(view.pool.serving(api, model), prefix)
         estimate = classify(fields.values, view.policy, cached)
         record.request_class, record.input_estimate = estimate.request_class, estimate.prompt_tokens
+        record.uncached_estimate = estimate.input_tokens
         record.lane = lane = lane_of(lanes, request.headers, user, model, path, fields.values)
         account = background_account(user) if lane is Lane.BACKGROUND else user
         if possible != PEOPLE_ONLY:
@@ -185,11 +186,13 @@ class Generation:
                 )
                 return None
             failed = response.status >= 400
+            first_byte, dispatched = record.first_byte_at, record.dispatched_at
             permit.settle(
                 record.prompt_tokens,
                 record.cached_tokens,
                 record.completion_tokens,
                 answered=not failed and record.reason is None,
+                prefill_seconds=None if first_byte is None else first_byte - dispatched,
             )
             permit.loaded(record.load_seconds)
             if failed and record.load_seconds is None:
@@ -235,6 +238,9 @@ class Generation:
     ) -> web.StreamResponse:
         record = request[RECORD]
         record.backend = permit.backend.name
+        # On llama-server, the slot that holds most of its prompt, or frees soonest.
+        if request.path in SLOT_PATHS and (slot := permit.pin()) is not None:
+            body = with_slot(body, slot)
         if permit.placement.unload:  # nearly never: no coroutine made for nothing
             await self._make_room(permit, target.timeouts.connect)
         services = self._services

@@ -241,13 +241,15 @@ def _estimates(estimates: EstimatesSnapshot) -> dict[str, Any]:
     waits; a wait under a second counts as one), and the service times it is made of."""
     error = estimates.median_error
     by_backend: dict[str, dict[str, dict[str, float]]] = {}
-    for (backend, model, request_class), seconds in sorted(estimates.service_seconds.items()):
+    for (backend, model, request_class), seconds in sorted(estimates.decode_seconds.items()):
         models = by_backend.setdefault(backend, {})
         models.setdefault(model, {})[request_class] = round(seconds, 3)
+    rates = estimates.prefill_rates
     return {
         "median_error": None if error is None else round(error, 3),
         "samples": estimates.samples,
-        "service_seconds": by_backend,
+        "decode_seconds": by_backend,
+        "prefill_tokens_per_second": {name: round(rate, 1) for name, rate in rates.items()},
     }
 
 

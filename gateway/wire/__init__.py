@@ -12,6 +12,7 @@ from gateway.wire.ambiguity import (
     go_fold,
     load_checked,
 )
+from gateway.wire.engine_slot import SLOT_PATHS, with_slot
 from gateway.wire.json_counts import TooManyValues
 from gateway.wire.json_decode import NestedTooDeeply, Pairs, TooManyObjects, parse_object_pairs
 from gateway.wire.ollama_fields import STRUCTS, field_type_error, go_type_name, option_type_error
@@ -19,6 +20,7 @@ from gateway.wire.server_tools import openai_refusal, server_tools
 from gateway.wire.tallies import TALLY_WINDOW, FinalCounts, TokenEvents, final_counts, token_events
 
 __all__ = [
+    "SLOT_PATHS",
     "STRUCTS",
     "TALLY_WINDOW",
     "AmbiguousField",
@@ -40,4 +42,5 @@ __all__ = [
     "parse_object_pairs",
     "server_tools",
     "token_events",
+    "with_slot",
 ]
