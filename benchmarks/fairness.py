@@ -34,7 +34,7 @@ from benchmarks import real_engine
 from benchmarks.chat_household import Household
 from benchmarks.household import Mix, Outcome, p95, run_mix
 from fairsim import SimConfig, Simulator
-from gateway.app import bound_url, create_app, start_server
+from gateway.app import SERVICES, bound_url, create_app, start_server
 from gateway.config.policy import parse_policy
 from gateway.config.settings import IN_MEMORY, Settings
 from gateway.core.logs import configure_logging
@@ -59,6 +59,8 @@ class Run:
     outcomes: list[Outcome]
     seconds: float
     max_running: int
+    # The gateway's waiting estimates: their median error over people's waits, and how many.
+    estimates: tuple[float | None, int] | None = None
 
     def light_ttft(self) -> list[float]:
         return [t for o in self.outcomes if o.request_class == "light" for t in o.ttft]
@@ -91,21 +93,25 @@ async def _run(
     simulator = Simulator(replace(sim))
     backend, sim_url = await _serve(simulator.make_app())
     runners = [backend]
-    url, keys = sim_url, None
+    url, keys, app = sim_url, None, None
     if scheduling is not None:
         policy = parse_policy(_policy(sim_url, scheduling, heavy_slots, mix))
-        gateway, url = await _serve(
-            create_app(Settings(log_level="WARNING", usage_db=IN_MEMORY), policy)
-        )
+        app = create_app(Settings(log_level="WARNING", usage_db=IN_MEMORY), policy)
+        gateway, url = await _serve(app)
         runners.append(gateway)
         keys = {user: f"{user}-key" for user in policy.users}
     started = time.perf_counter()
     try:
         outcomes = await run_mix(url, mix, keys)
     finally:
+        estimates = None
+        if app is not None:
+            found = app[SERVICES].admission.snapshot().estimates
+            estimates = (found.median_error, found.samples)
         for runner in reversed(runners):
             await runner.cleanup()
-    return Run(name, outcomes, time.perf_counter() - started, simulator.stats.max_running)
+    seconds = time.perf_counter() - started
+    return Run(name, outcomes, seconds, simulator.stats.max_running, estimates)
 
 
 async def compare(
@@ -155,6 +161,10 @@ def report(runs: list[Run]) -> str:
             f"  light p95 TTFT {p95(light) * 1000:.0f} ms = {p95(light) / reference:.2f}x the "
             f"direct reference; Jain index over light users' mean TTFT {jain(per_user):.3f}"
         )
+        if run.estimates is not None:
+            error, waits = run.estimates
+            said = "none measured" if error is None else f"median error {error:.0%}"
+            lines.append(f"  waiting estimates (people's): {said} over {waits} waits")
     return "\n".join(lines)
 
 

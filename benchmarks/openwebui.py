@@ -94,6 +94,8 @@ class Tally:
     restarts: int = 0
     wasted_slot_seconds: float = 0.0
     wasted_prompt_tokens: float = 0.0
+    estimate_error: float | None = None  # the waiting estimates' median error (/status)
+    estimated_waits: int = 0
 
 
 def _task(name: str) -> dict[str, Any]:
@@ -232,11 +234,14 @@ async def _run(engine: Engine, workdir: Path, tasks: bool, lanes: str) -> Tally:
             async with aiohttp.ClientSession() as session:
                 await asyncio.gather(*(replay.person(session, name) for name in PEOPLE))
         finally:
-            given_way = services.admission.snapshot().given_way
+            snapshot = services.admission.snapshot()
+            given_way, estimates = snapshot.given_way, snapshot.estimates
             await listener.close()
     replay.tally.restarts = given_way.restarts
     replay.tally.wasted_slot_seconds = given_way.slot_seconds
     replay.tally.wasted_prompt_tokens = given_way.prompt_tokens
+    replay.tally.estimate_error = estimates.median_error
+    replay.tally.estimated_waits = estimates.samples
     return replay.tally
 
 
@@ -263,6 +268,12 @@ def report(runs: list[tuple[str, Tally]]) -> str:
             f"  people's chats: {len(ttft)} answered, {tally.chats_refused} refused; TTFT p50 "
             f"{median:.2f} s, p95 {p95:.2f} s = {p95 / reference:.2f}x tasks off "
             f"({bound} 1.2x + 50 ms)"
+        )
+        error = tally.estimate_error
+        lines.append(
+            "  waiting estimates (people's): "
+            + ("no wait measured" if error is None else f"median error {error:.0%}")
+            + f" over {tally.estimated_waits} waits"
         )
         if tally.tasks_done or tally.tasks_refused:
             lines.append(

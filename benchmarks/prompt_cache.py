@@ -259,7 +259,7 @@ def _costs(run: Run) -> list[str]:
         f"the cache it would "
         f"have charged {sum(whole):,}; it charged the engine's count once each reply said it",
         f"  people running at once, at most: {run.most_people_running}",
-        f"  waiting estimates: median error {error} over {run.error_samples} waits",
+        f"  waiting estimates (people's): median error {error} over {run.error_samples} waits",
     ]
 
 

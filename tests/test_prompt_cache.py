@@ -257,34 +257,49 @@ class TestTheSlot:
     def test_the_gateways_slot_is_the_last_key(self, body: bytes, written: bytes) -> None:
         assert with_slot(body, 1) == written
         assert json.loads(written)["id_slot"] == 1  # as any last-wins reader sees it
+        # Where the gateway does not choose: llama-server's own choice, not the client's.
+        assert json.loads(with_slot(body, None))["id_slot"] == -1
 
     async def test_a_conversation_keeps_its_slot_and_the_engine_reads_all_of_it(
         self, start_sim: StartSim, start_gateway: StartGateway
     ) -> None:
-        """Two conversations taking turns on a 2-slot llama-server: each keeps the slot that
-        holds it (its whole history read from the cache, not the tools alone), and a
-        client's own id_slot is overridden."""
-        simulator, url = await start_sim(flavor="llamacpp", parallel=2)
-        gateway = await start_gateway(one_backend(url, slots=2, kind="llamacpp"))
+        """Two conversations on a 2-slot llama-server, started at once (one on each slot),
+        then taking turns: each goes back to the slot that holds it (its whole history read
+        from the cache, not the tools alone), though its client asks for slot 0."""
+        simulator, url = await start_sim(flavor="llamacpp", parallel=2, decode_tokens_per_s=20)
+        gateway = await start_gateway(
+            one_backend(url, slots=2, kind="llamacpp", extra="defaults: {max_concurrent: 2}\n")
+        )
         admission = gateway.services.admission
         await until(
             admission, lambda _: gateway.services.policy.current.pool.backends[0].state.slots == 2
         )
-        slots_of: dict[str, set[int]] = {"one": set(), "two": set()}
-        histories: dict[str, list[dict[str, str]]] = {
-            name: [{"role": "system", "content": SYSTEM}] for name in slots_of
-        }
-        for turn in range(3):
-            for name, history in histories.items():
-                history.append({"role": "user", "content": f"{name} asks {turn}"})
-                finished = Finished(gateway)
-                answer = await chat(gateway, history, tools=TOOLS, id_slot=0)
-                record = await finished.first(("/v1/chat/completions",))
-                history.append({"role": "assistant", "content": answer})
-                held = [s.id for s in simulator.engine.slots if f"{name} asks {turn}" in s.cached]
-                slots_of[name].update(held)
-                if turn:  # the tools, the system prompt and every earlier turn: cached
-                    assert record.prompt_tokens and record.cached_tokens
-                    assert record.prompt_tokens - record.cached_tokens < 30
-        assert len(slots_of["one"]) == len(slots_of["two"]) == 1
-        assert slots_of["one"] != slots_of["two"]
+        names = ("one", "two")
+        histories = {name: [{"role": "system", "content": SYSTEM}] for name in names}
+
+        async def turn(name: str, number: int) -> Any:
+            history = histories[name]
+            history.append({"role": "user", "content": f"{name} asks {number}"})
+            finished = Finished(gateway)
+            answer = await chat(gateway, history, tools=TOOLS, id_slot=0)
+            history.append({"role": "assistant", "content": answer})
+            return await finished.first(("/v1/chat/completions",))
+
+        # The second starts while the first runs: the slot it would wait for is taken.
+        first = asyncio.ensure_future(turn("one", 0))
+        await until(admission, lambda room: len(room.running) == 1)
+        await asyncio.gather(first, turn("two", 0))
+        slot_of = {name: self._holding(simulator, f"{name} asks 0") for name in names}
+        assert sorted(slot_of.values()) == [0, 1]
+        for number in (1, 2):
+            for name in names:
+                record = await turn(name, number)
+                assert self._holding(simulator, f"{name} asks {number}") == slot_of[name]
+                # The tools, the system prompt and every earlier turn: read from the cache.
+                assert record.prompt_tokens and record.cached_tokens
+                assert record.prompt_tokens - record.cached_tokens < 30
+
+    @staticmethod
+    def _holding(simulator: Any, text: str) -> int:
+        [slot] = [s.id for s in simulator.engine.slots if text in s.cached]
+        return slot

@@ -153,24 +153,30 @@ class Permit:
         room, ticket = self._admission.room, self.ticket
         self.first_byte_after = prefill_seconds
         if prompt_tokens is not None:
-            prompts, backend, prefix = room.prompts, self.backend, ticket.prefix
-            predicted = prompts.matched(backend, prefix)
+            predicted, held = room.prompts.matched(self.backend, ticket.prefix)
             if cached_tokens is None:  # the engine does not say: as estimated
-                cached_tokens = int(prompt_tokens * prefix.share(predicted))
+                cached_tokens = int(prompt_tokens * ticket.prefix.share(held))
             evaluated = prompt_tokens - min(cached_tokens, prompt_tokens)
             self.evaluated = evaluated
             room.ordering.on_correction(ticket.payer, self.weight, evaluated - ticket.input_tokens)
             if answered:
-                if self.placement.loads:  # its engine started with an empty cache
-                    prompts.emptied(backend)
-                    predicted = 0
                 engine_share = cached_tokens / prompt_tokens if prompt_tokens else None
-                prompts.evaluated(backend, prefix, predicted, engine_share, self.engine_slot)
-                timed = not self._waits_in_engine and not self.placement.loads
-                if prefill_seconds is not None and timed:
-                    room.waits.observe_prefill(backend.name, evaluated, prefill_seconds)
+                self._learn(predicted, engine_share, output_tokens or 0, prefill_seconds)
         if output_tokens is not None:
             self.add_output(output_tokens - self.output_charged)
+
+    def _learn(
+        self, predicted: int, engine_share: float | None, reply: int, prefill: float | None
+    ) -> None:
+        """What the engine holds now (this prompt and its ``reply``), and how fast it
+        evaluated the prompt (``prefill`` seconds to the first byte)."""
+        room, backend, prefix = self._admission.room, self.backend, self.ticket.prefix
+        if self.placement.loads:  # its engine started with an empty cache
+            room.prompts.emptied(backend)
+            predicted = 0
+        room.prompts.evaluated(backend, prefix, predicted, engine_share, self.engine_slot, reply)
+        if prefill is not None and not self._waits_in_engine and not self.placement.loads:
+            room.waits.observe_prefill(backend.name, self.evaluated or 0, prefill)
 
     def refused_by_backend(self) -> None:
         """The backend answered with an error and loaded nothing (``SwapPlanner.refused``)."""

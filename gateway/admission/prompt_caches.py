@@ -53,38 +53,51 @@ class Prefix(NamedTuple):
     blocks: tuple[int, ...]  # chained hashes, one per whole block, model and all before it
     size: int  # bytes of the whole rendered prompt (the last block is rarely whole)
 
-    def share(self, blocks: int) -> float:
-        """The part of the prompt that ``blocks`` leading blocks are."""
-        return min(1.0, blocks * BLOCK_BYTES / self.size) if self.size else 0.0
+    def share(self, held: int) -> float:
+        """The part of the prompt that ``held`` leading bytes are."""
+        return min(1.0, held / self.size) if self.size else 0.0
 
 
 NO_PREFIX = Prefix((), 0)
 
 
+def _through(blocks: int, ends: int) -> int:
+    """Bytes held through ``blocks`` whole blocks, the last of which ends a prompt the
+    engine holds of ``ends`` bytes (0: none ends there)."""
+    return max(blocks * BLOCK_BYTES, ends)
+
+
 class _Held:
     """One backend's remembered prefixes: block hashes, least recently used first. A
     prefix's blocks are touched from its end back to its start, so its start is always the
-    more recent: the cache forgets the ends of prompts before their shared beginnings."""
+    more recent: the cache forgets the ends of prompts before their shared beginnings.
+
+    The last whole block of a prompt the engine answered keeps that prompt's size with its
+    reply: a conversation's next turn, which repeats it all, finds the engine holding
+    everything up to the new message, not only the whole blocks."""
 
     __slots__ = ("_blocks",)
 
     def __init__(self) -> None:
-        self._blocks: OrderedDict[int, None] = OrderedDict()
+        self._blocks: OrderedDict[int, int] = OrderedDict()  # block -> bytes of a prompt ending
 
-    def matched(self, blocks: tuple[int, ...]) -> int:
-        """How many leading blocks of ``blocks`` are held."""
-        held, count = self._blocks, 0
+    def matched(self, blocks: tuple[int, ...]) -> tuple[int, int]:
+        """How many leading blocks of ``blocks`` are held, and how many bytes."""
+        held, count, ends = self._blocks, 0, 0
         for block in blocks:
-            if block not in held:
+            found = held.get(block)
+            if found is None:
                 break
-            count += 1
-        return count
+            count, ends = count + 1, found
+        return count, _through(count, ends)
 
-    def hold(self, blocks: tuple[int, ...], capacity: int) -> None:
+    def hold(self, blocks: tuple[int, ...], capacity: int, size: int) -> None:
+        """Hold ``blocks``, a prompt of ``size`` bytes with its reply."""
         held = self._blocks
         for block in reversed(blocks):
-            held[block] = None
+            held[block] = held.get(block, 0)
             held.move_to_end(block)
+        held[blocks[-1]] = max(held[blocks[-1]], size)
         while len(held) > capacity:
             held.popitem(last=False)
 
@@ -101,6 +114,7 @@ class _EngineSlot:
     """One of llama-server's slots, as the gateway has assigned it."""
 
     held: tuple[int, ...] = ()  # the blocks of the last prompt it answered
+    size: int = 0  # that prompt's bytes, with its reply
     assigned: int = 0  # requests sent to it, not yet ended (a second waits in the engine)
     free_at: float = 0.0  # when what is assigned to it likely ends
     last_used: int = 0
@@ -130,8 +144,10 @@ class PromptCaches:
         """The llama-server slot for a request of ``prefix`` that decodes for ``decode``
         seconds on an engine that evaluates ``rate`` prompt tokens a second: where waiting
         and prefilling take least; and whether it is taken now (the request waits for it
-        in the engine). None: the backend is not a llama-server that said its slots."""
-        if backend.kind != "llamacpp" or not backend.state.slots:
+        in the engine). None: the backend is not a llama-server that said its slots, or
+        the prompt is too short for a whole block (llama-server's own choice, by the longest
+        common prefix in tokens, knows it better than the gateway could)."""
+        if backend.kind != "llamacpp" or not backend.state.slots or not prefix.blocks:
             return None
         slots = self._slots.get(backend.name)
         if slots is None or len(slots) != backend.state.slots:  # first, or restarted
@@ -139,7 +155,9 @@ class PromptCaches:
         tokens = prefix.size / _CHARS_PER_TOKEN
 
         def prefill(slot: _EngineSlot) -> float:
-            return tokens * (1 - prefix.share(_common(slot.held, prefix.blocks))) / rate
+            common = _common(slot.held, prefix.blocks)
+            held = _through(common, slot.size if common == len(slot.held) else 0)
+            return tokens * (1 - prefix.share(held)) / rate
 
         def cost(slot: _EngineSlot) -> tuple[float, int]:
             wait = max(0.0, slot.free_at - now) if slot.assigned else 0.0
@@ -160,22 +178,22 @@ class PromptCaches:
             slot.assigned = max(0, slot.assigned - 1)
             slot.last_used = next(self._uses)
 
-    def matched(self, backend: Backend, prefix: Prefix) -> int:
-        """Leading blocks of ``prefix`` that ``backend``'s engine likely holds."""
+    def matched(self, backend: Backend, prefix: Prefix) -> tuple[int, int]:
+        """Leading blocks of ``prefix`` that ``backend``'s engine likely holds, and bytes."""
         held = self._by_backend.get(backend.name)
-        return 0 if held is None or not prefix.blocks else held.matched(prefix.blocks)
+        return (0, 0) if held is None or not prefix.blocks else held.matched(prefix.blocks)
 
     def cached_share(self, backends: Iterable[Backend], prefix: Prefix) -> float:
         """The part of ``prefix`` the best of ``backends`` likely holds (0 to 1)."""
         if not prefix.blocks:
             return 0.0
-        return prefix.share(max((self.matched(b, prefix) for b in backends), default=0))
+        return prefix.share(max((self.matched(b, prefix)[1] for b in backends), default=0))
 
     def holding_most(self, backends: list[Backend], prefix: Prefix) -> list[Backend]:
         """Those of ``backends`` that likely hold the most of ``prefix`` (all, if none does)."""
         if not prefix.blocks:
             return backends
-        held = [self.matched(b, prefix) for b in backends]
+        held = [self.matched(b, prefix)[1] for b in backends]
         most = max(held, default=0)
         return [b for b, n in zip(backends, held, strict=True) if n == most] if most else backends
 
@@ -186,31 +204,33 @@ class PromptCaches:
         predicted: int,
         engine_share: float | None,
         slot: int | None = None,
+        reply_tokens: int = 0,
     ) -> None:
         """``backend``'s engine answered ``prefix`` (``predicted`` blocks of it thought
-        held), on ``slot`` if the gateway chose it; ``engine_share``: the part its counts
-        say the cache read, if they say. Its engine holds the prompt now; what it did not
-        hold of what was predicted is forgotten (another prompt evicted it), for every
-        prompt that shares it."""
+        held) with ``reply_tokens``, on ``slot`` if the gateway chose it; ``engine_share``:
+        the part its counts say the cache read, if they say. Its engine holds the prompt and
+        the reply now; what it did not hold of what was predicted is forgotten (another
+        prompt evicted it), for every prompt that shares it."""
         if not prefix.blocks:
             return
+        size = prefix.size + reply_tokens * _CHARS_PER_TOKEN
         slots = self._slots.get(backend.name)
         if slot is not None and slots is not None and slot < len(slots):
-            slots[slot].held = prefix.blocks
+            slots[slot].held, slots[slot].size = prefix.blocks, size
         held = self._by_backend.setdefault(backend.name, _Held())
         if engine_share is not None:
             engine_blocks = int(engine_share * prefix.size) // BLOCK_BYTES
             if engine_blocks + 1 < predicted:  # a block's worth of tokenizing aside
                 held.forget(prefix.blocks[engine_blocks:predicted])
         per_slot = _BLOCKS_PER_SLOT.get(backend.kind, _DEFAULT_BLOCKS_PER_SLOT)
-        held.hold(prefix.blocks, max(1, backend.slots) * per_slot)
+        held.hold(prefix.blocks, max(1, backend.slots) * per_slot, size)
 
     def emptied(self, backend: Backend) -> None:
         """``backend``'s engine (re)loaded a model: what it held of that model is gone;
         as the prefixes are not kept by model, all of that backend's are forgotten."""
         self._by_backend.pop(backend.name, None)
         for slot in self._slots.get(backend.name, ()):
-            slot.held = ()
+            slot.held, slot.size = (), 0
 
     def blocks_held(self) -> dict[str, int]:
         """Blocks remembered, by backend (for /status)."""

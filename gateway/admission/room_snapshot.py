@@ -60,10 +60,12 @@ class WaitingRequest:
 class EstimatesSnapshot:
     """How good the waiting estimates have been, and what they are made of."""
 
-    median_error: float | None  # |estimated - waited| / waited, over the last waits
+    median_error: float | None  # |estimated - waited| / waited, people's last waits
     samples: int
     decode_seconds: dict[tuple[str, str, RequestClass], float] = field(default_factory=dict)
     prefill_rates: dict[str, float] = field(default_factory=dict)  # tokens a second
+    background_median_error: float | None = None  # the same, of background work's waits
+    background_samples: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,9 @@ each take the earliest slot that serves their model, no sooner than their user's
 ``max_concurrent`` lets them. Heavy slots and swaps are left out.
 
 Every estimate made when a request starts waiting is set against the wait it had; the
-median of those errors is in /status, so that "starts in about" is a measured promise.
+median of those errors is in /status, so that "starts in about" is a measured promise:
+people's apart from background work's, whose wait hangs on when people come (it takes a
+slot only where none runs), which no estimate can know.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from gateway.admission.room_snapshot import EstimatesSnapshot, in_order
 from gateway.admission.room_state import RoomState
 from gateway.admission.tickets import Ticket, Waiter
 from gateway.backends import Backend
-from gateway.core import BACKGROUND, RequestClass
+from gateway.core import BACKGROUND, Lane, RequestClass
 
 __all__ = ["WaitEstimates"]
 
@@ -53,7 +55,7 @@ class WaitEstimates:
         self._by_key: dict[_Key, float] = {}  # decode seconds
         self._by_model: dict[tuple[str, RequestClass], float] = {}
         self._rates: dict[str, float] = {}  # prefill tokens a second, by backend
-        self._errors: deque[float] = deque(maxlen=_SAMPLES)
+        self._errors: dict[Lane, deque[float]] = {lane: deque(maxlen=_SAMPLES) for lane in Lane}
 
     def observe(
         self, backend: str, ticket: Ticket, held: float, evaluated: int | None, first: float | None
@@ -119,12 +121,23 @@ class WaitEstimates:
         if waiter.expected is None:
             return
         waited = now - waiter.arrived
-        self._errors.append(abs(waiter.expected - waited) / max(waited, _ERROR_FLOOR))
+        error = abs(waiter.expected - waited) / max(waited, _ERROR_FLOOR)
+        self._errors[waiter.ticket.lane].append(error)
 
     def snapshot(self) -> EstimatesSnapshot:
-        errors = self._errors
-        median = statistics.median(errors) if errors else None
-        return EstimatesSnapshot(median, len(errors), dict(self._by_key), dict(self._rates))
+        people, background = self._errors[Lane.INTERACTIVE], self._errors[Lane.BACKGROUND]
+        return EstimatesSnapshot(
+            _median(people),
+            len(people),
+            dict(self._by_key),
+            dict(self._rates),
+            _median(background),
+            len(background),
+        )
+
+
+def _median(errors: deque[float]) -> float | None:
+    return statistics.median(errors) if errors else None
 
 
 def _average(averages: dict[_K, float], key: _K, value: float) -> None:
@@ -133,15 +146,23 @@ def _average(averages: dict[_K, float], key: _K, value: float) -> None:
 
 
 class _Play:
-    """The room's slots and users played forward: when each slot frees, when each user may
-    start another request."""
+    """The room's slots and users played forward: when each slot frees (and each slot heavy
+    requests may hold), when each user may start another request, until when people run on
+    each slot group (background work starts only where none does, unless the policy lets
+    it run beside them)."""
 
     def __init__(self, estimates: WaitEstimates, room: RoomState, now: float) -> None:
         self._estimates, self._room, self._now = estimates, room, now
+        policy = room.policy
+        self._heavy, self._beside = policy.classes.heavy, policy.lanes.background.beside_people
         self._backends = {b.name: b for b in room.pool.backends}
         self._frees: dict[str, list[float]] = {}  # slot group -> when each slot frees
-        self._ends: defaultdict[str, list[float]] = defaultdict(list)  # user -> run ends
+        self._heavy_frees: dict[str, list[float]] = {}  # the same, of the heavy share
+        self._ends: defaultdict[tuple[str, Lane], list[float]] = defaultdict(list)  # runs
+        self._people: defaultdict[str, list[float]] = defaultdict(list)  # group -> ends
+        self._light: defaultdict[str, list[float]] = defaultdict(list)  # people's light
         running: defaultdict[str, list[float]] = defaultdict(list)
+        heavy: defaultdict[str, list[float]] = defaultdict(list)
         giving_way = room.giving_way  # background work that gives its slot up at once
         for ticket, name, started in room.slots.holders.values():
             service = estimates.service(name, ticket)
@@ -150,44 +171,71 @@ class _Play:
                 end, giving_way = now, giving_way - 1
             backend = self._backends.get(name)
             if backend is not None:
-                running[backend.group(ticket.model)].append(end)
-            self._ends[ticket.user].append(end)
-        self._running = running
+                group = backend.group(ticket.model)
+                running[group].append(end)
+                if ticket.heavy:
+                    heavy[group].append(end)
+                self._ran(ticket, group, end)
+            self._ends[ticket.user, ticket.lane].append(end)
+        self._running, self._running_heavy = running, heavy
 
     def start(self, ticket: Ticket) -> float:
         """When ``ticket``'s request would start, after those played before it."""
         best: tuple[float, str, Backend] | None = None
         for backend in self._serving(ticket):
-            group = backend.group(ticket.model)
-            frees = self._frees.get(group)
-            if frees is None:
-                frees = self._slots(group, backend.slots)
-            if best is None or frees[0] < best[0]:
-                best = (frees[0], group, backend)
+            at, group = self._earliest(ticket, backend)
+            if best is None or at < best[0]:
+                best = (at, group, backend)
         if best is None:
             return 0.0
-        free_at, group, backend = best
-        start = max(free_at, self._user_ready(ticket), self._now)
+        at, group, backend = best
+        start = max(at, self._user_ready(ticket))
         end = start + self._estimates.service(backend.name, ticket)
         heapq.heapreplace(self._frees[group], end)
-        self._ends[ticket.user].append(end)
+        if ticket.heavy:
+            heapq.heapreplace(self._heavy_frees[group], end)
+        self._ran(ticket, group, end)
+        self._ends[ticket.user, ticket.lane].append(end)
         return start - self._now
 
-    def _slots(self, group: str, slots: int) -> list[float]:
-        ends = sorted(self._running.get(group, ()))
-        frees = ends + [self._now] * max(0, slots - len(ends))
-        heapq.heapify(frees)
-        self._frees[group] = frees
-        return frees
+    def _earliest(self, ticket: Ticket, backend: Backend) -> tuple[float, str]:
+        """When a slot of ``backend`` could take ``ticket``'s request, and its slot group."""
+        group, slots = backend.group(ticket.model), backend.slots
+        at = max(self._now, self._heap(self._frees, self._running, group, slots)[0])
+        if ticket.heavy:  # within the heavy share, after the light ones (or the gate's wait)
+            share = self._heavy.slots_on(slots)
+            at = max(at, self._heap(self._heavy_frees, self._running_heavy, group, share)[0])
+            light = max(self._light.get(group, ()), default=self._now)
+            at = max(at, min(light, self._now + self._heavy.wait_for_light))
+        elif ticket.lane is BACKGROUND and not self._beside:
+            at = max(at, max(self._people.get(group, ()), default=self._now))
+        return at, group
+
+    def _heap(
+        self, heaps: dict[str, list[float]], running: dict[str, list[float]], group: str, n: int
+    ) -> list[float]:
+        heap = heaps.get(group)
+        if heap is None:
+            ends = sorted(running.get(group, ()))
+            heap = heaps[group] = ends + [self._now] * max(0, n - len(ends))
+            heapq.heapify(heap)
+        return heap
+
+    def _ran(self, ticket: Ticket, group: str, end: float) -> None:
+        if ticket.lane is not BACKGROUND:
+            self._people[group].append(end)
+            if not ticket.heavy:
+                self._light[group].append(end)
 
     def _serving(self, ticket: Ticket) -> Iterable[Backend]:
         return self._room.pool.serving(ticket.api, ticket.model) or self._backends.values()
 
     def _user_ready(self, ticket: Ticket) -> float:
-        """When the user is under their cap: with ``cap`` running, the earliest end."""
+        """When the user is under their cap in the lane: with ``cap`` running, the
+        earliest end."""
         if not ticket.user:
             return self._now
-        ends = self._ends[ticket.user]
+        ends = self._ends[ticket.user, ticket.lane]
         cap = self._room.caps(ticket.user, ticket.lane)[0]
         if len(ends) < cap:
             return self._now

@@ -34,10 +34,10 @@ _SEPARATOR = b"\x1e"  # between parts: no JSON text contains it unescaped
 
 def prefix_of(fields: dict[str, Any], model: str) -> Prefix:
     """The hashed blocks of the prompt ``fields`` carries for ``model``; none for a request
-    that keeps llama-server from its cache (``cache_prompt: false``) or picks its own slot
-    (``id_slot``): the engine may evaluate all of it, and what it reads from its cache then
-    is no measure of what it holds."""
-    if fields.get("cache_prompt") is False or fields.get("id_slot", -1) != -1:
+    that keeps llama-server from its cache (``cache_prompt: false``): the engine evaluates
+    all of it, and what it reads from its cache then is no measure of what it holds. (A
+    client's ``id_slot`` is overwritten on the way to llama-server: ``wire/engine_slot.py``.)"""
+    if fields.get("cache_prompt") is False:
         return NO_PREFIX
     rendered = _rendered(fields)
     whole = min(len(rendered) // BLOCK_BYTES, _MAX_BLOCKS)

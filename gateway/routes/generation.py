@@ -238,9 +238,10 @@ class Generation:
     ) -> web.StreamResponse:
         record = request[RECORD]
         record.backend = permit.backend.name
-        # On llama-server, the slot that holds most of its prompt, or frees soonest.
-        if request.path in SLOT_PATHS and (slot := permit.pin()) is not None:
-            body = with_slot(body, slot)
+        # On llama-server, the slot that holds most of its prompt, or frees soonest; else
+        # its own choice (-1), whichever slot the client named.
+        if request.path in SLOT_PATHS and permit.backend.kind == "llamacpp":
+            body = with_slot(body, permit.pin())
         if permit.placement.unload:  # nearly never: no coroutine made for nothing
             await self._make_room(permit, target.timeouts.connect)
         services = self._services

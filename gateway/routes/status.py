@@ -244,10 +244,12 @@ def _estimates(estimates: EstimatesSnapshot) -> dict[str, Any]:
     for (backend, model, request_class), seconds in sorted(estimates.decode_seconds.items()):
         models = by_backend.setdefault(backend, {})
         models.setdefault(model, {})[request_class] = round(seconds, 3)
-    rates = estimates.prefill_rates
+    rates, background = estimates.prefill_rates, estimates.background_median_error
     return {
-        "median_error": None if error is None else round(error, 3),
+        "median_error": None if error is None else round(error, 3),  # people's waits
         "samples": estimates.samples,
+        "background_median_error": None if background is None else round(background, 3),
+        "background_samples": estimates.background_samples,
         "decode_seconds": by_backend,
         "prefill_tokens_per_second": {name: round(rate, 1) for name, rate in rates.items()},
     }

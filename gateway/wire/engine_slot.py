@@ -6,6 +6,8 @@ keeping it until the slot is free. Its JSON reader (nlohmann's) keeps the last o
 equal keys: the gateway's, written at the end of the object, is the one it acts on, whatever
 the client wrote before it. (Checked on the pinned server: a body with ``"id_slot":0`` and
 then ``"id_slot":1`` ran on slot 1; an ``id_slot`` past its slots runs on a free one.)
+Where the gateway does not choose, it writes -1, llama-server's own choice: a client cannot
+pin its request to a slot that the gateway's picture of the slots does not know is taken.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ SLOT_PATHS = frozenset(("/v1/chat/completions", "/v1/completions"))
 """The routes whose bodies llama-server reads ``id_slot`` from."""
 
 
-def with_slot(body: bytes, slot: int) -> bytes:
-    """``body`` (a JSON object) with ``"id_slot": slot`` as its last member."""
+def with_slot(body: bytes, slot: int | None) -> bytes:
+    """``body`` (a JSON object) with ``"id_slot": slot`` as its last member (None: -1,
+    llama-server's own choice of slot)."""
+    slot = -1 if slot is None else slot
     end = body.rstrip()
     if not end.endswith(b"}"):  # not an object: the parser refused it already
         return body
