@@ -103,7 +103,8 @@ class Run:
     name: str
     turns: list[Turn] = field(default_factory=list)
     records: list[RequestRecord] = field(default_factory=list)  # the gateway's, if any
-    most_people_running: int = 0
+    most_people_running: int = 0  # in the gateway's books
+    most_slots_processing: int = 0  # in the engine's own (its /slots, sampled)
     median_error: float | None = None
     error_samples: int = 0
 
@@ -180,29 +181,48 @@ async def _run(name: str, kind: str, workdir: Path, *, tools: bool, direct: bool
             timeout=aiohttp.ClientTimeout(total=None),
         ) as session,
     ):
-        if direct:
-            await asyncio.gather(
-                *(_conversation(session, engine_url, p, tools, run) for p in PEOPLE)
-            )
-            return run
-        app = create_app(Settings(log_level="WARNING"), parse_policy(_policy(engine_url)))
-        services = app[SERVICES]
-        services.on_finished.append(run.records.append)
-        listener = Listener(app, services.settings, services.connections)
-        await listener.start(port=0)
-        admission = services.admission
-        people = admission.room.runs(Lane.INTERACTIVE)
-        watch = asyncio.ensure_future(_watch(admission.changed, people, run))
+        sampling = asyncio.ensure_future(_sample_slots(session, engine_url, run))
         try:
-            await asyncio.gather(
-                *(_conversation(session, listener.url, p, tools, run) for p in PEOPLE)
-            )
+            if direct:
+                await asyncio.gather(
+                    *(_conversation(session, engine_url, p, tools, run) for p in PEOPLE)
+                )
+            else:
+                await _through_gateway(session, engine_url, tools, run)
         finally:
-            watch.cancel()
-            estimates = admission.snapshot().estimates
-            run.median_error, run.error_samples = estimates.median_error, estimates.samples
-            await listener.close()
+            sampling.cancel()
     return run
+
+
+async def _through_gateway(
+    session: aiohttp.ClientSession, engine_url: str, tools: bool, run: Run
+) -> None:
+    app = create_app(Settings(log_level="WARNING"), parse_policy(_policy(engine_url)))
+    services = app[SERVICES]
+    services.on_finished.append(run.records.append)
+    listener = Listener(app, services.settings, services.connections)
+    await listener.start(port=0)
+    admission = services.admission
+    people = admission.room.runs(Lane.INTERACTIVE)
+    watch = asyncio.ensure_future(_watch(admission.changed, people, run))
+    try:
+        await asyncio.gather(*(_conversation(session, listener.url, p, tools, run) for p in PEOPLE))
+    finally:
+        watch.cancel()
+        estimates = admission.snapshot().estimates
+        run.median_error, run.error_samples = estimates.median_error, estimates.samples
+        await listener.close()
+
+
+async def _sample_slots(session: aiohttp.ClientSession, url: str, run: Run) -> None:
+    """How many of the engine's slots process at once, by its own /slots, every 100 ms (a
+    sample, not every moment)."""
+    while True:
+        async with session.get(url + "/slots") as reply:
+            slots = await reply.json() if reply.status == 200 else []
+        busy = sum(1 for slot in slots if slot.get("is_processing"))
+        run.most_slots_processing = max(run.most_slots_processing, busy)
+        await asyncio.sleep(0.1)
 
 
 async def _watch(changed: Callable[[], asyncio.Future[None]], people: Any, run: Run) -> None:
@@ -223,7 +243,8 @@ def report(runs: list[Run]) -> str:
         later = run.later_ttft()
         lines.append(
             f"{run.name}: TTFT of turns 2-{TURNS}: p50 {_p(later, 0.5):.2f} s, "
-            f"p95 {_p(later, 0.95):.2f} s ({len(later)} turns)"
+            f"p95 {_p(later, 0.95):.2f} s ({len(later)} turns); the engine's slots "
+            f"processing at once, at most {run.most_slots_processing} (sampled)"
         )
     tools, bare, direct = runs
     slower = max(_p(bare.later_ttft(), 0.95), _p(direct.later_ttft(), 0.95))
@@ -258,7 +279,7 @@ def _costs(run: Run) -> list[str]:
         f"{statistics.median(ratios):.2f}x, max {max(ratios):.2f}x the engine's count); without "
         f"the cache it would "
         f"have charged {sum(whole):,}; it charged the engine's count once each reply said it",
-        f"  people running at once, at most: {run.most_people_running}",
+        f"  people running at once, at most: {run.most_people_running} in the gateway's books",
         f"  waiting estimates (people's): median error {error} over {run.error_samples} waits",
     ]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import os
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -24,6 +25,7 @@ from gateway.config.settings import Settings
 from gateway.edge.http.connections import Listener
 from gateway.edge.record import RequestRecord
 from gateway.services import Services
+from tests.llama_server import running_llama_server, server_files
 from tests.processes import required_binary, stop
 
 StartSim = Callable[..., Awaitable[tuple[Simulator, str]]]
@@ -203,3 +205,17 @@ class Finished:
                 self._added.clear()
                 await self._added.wait()
         return found[0]
+
+
+@pytest.fixture
+async def llama_server(tmp_path: Path) -> AsyncIterator[str]:
+    """The real llama-server with 2 slots on a free loopback port, stopped by its own PID
+    (skipped where it is not installed, except on CI: `make test` installs it)."""
+    try:
+        server_files()
+    except ImportError as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"llama-server is not installed ({exc}); `make test` installs it")
+    async with running_llama_server(tmp_path / "llama-server.log") as server:
+        yield server.url

@@ -7,6 +7,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import aiohttp
 import ollama
@@ -69,9 +70,10 @@ async def held(gateway: Gateway, key: str | None, prompt: str) -> AsyncIterator[
         yield
 
 
-async def generate_status(gateway: Gateway, key: str, prompt: str = "hi") -> int:
-    """The HTTP status of a whole (non-streamed) generate request from ``key``'s user."""
-    body = {"model": MODEL, "prompt": prompt, "stream": False}
+async def generate_status(gateway: Gateway, key: str, prompt: str = "hi", **fields: Any) -> int:
+    """The HTTP status of a generate request from ``key``'s user, read whole (not streamed,
+    unless ``fields`` say otherwise)."""
+    body = {"model": MODEL, "prompt": prompt, "stream": False, **fields}
     headers = {"Authorization": f"Bearer {key}"}
     async with (
         aiohttp.ClientSession() as session,

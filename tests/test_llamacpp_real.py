@@ -10,33 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import ollama
 import openai
-import pytest
 import structlog
 
 from tests.conftest import StartGateway, StartSim
-from tests.llama_server import MODEL_ALIAS, running_llama_server, server_files
+from tests.llama_server import MODEL_ALIAS
 from tests.test_admission import until
-
-
-@pytest.fixture
-async def llama_server(tmp_path: Path) -> AsyncIterator[str]:
-    """llama-server with 2 slots on a free loopback port, stopped by its own PID."""
-    try:
-        server_files()
-    except ImportError as exc:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"llama-server is not installed ({exc}); `make test` installs it")
-    async with running_llama_server(tmp_path / "llama-server.log") as server:
-        yield server.url
 
 
 async def test_a_real_llama_server_behind_the_gateway(

@@ -30,7 +30,6 @@ from fairplan import (
 from gateway.__main__ import main
 from gateway.config.policy import parse_policy
 from tests.conftest import Gateway, StartGateway, StartSim, one_backend
-from tests.test_llamacpp_real import llama_server  # noqa: F401 (fixture)
 from tests.test_metrics import MODEL
 
 GIB = 1024**3
@@ -172,7 +171,7 @@ class TestShapes:
 
     async def test_a_real_llama_server_reports_its_context_but_not_its_layers(
         self,
-        llama_server: str,  # noqa: F811
+        llama_server: str,
         capsys: pytest.CaptureFixture[str],
     ) -> None:
         """/v1/models gives n_ctx_train and /props the slots; layers, KV heads and head size

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -23,7 +20,7 @@ import pytest
 from gateway.core import RequestClass
 from gateway.wire import with_slot
 from tests.conftest import Finished, Gateway, StartGateway, StartSim, one_backend
-from tests.llama_server import MODEL_ALIAS, running_llama_server, server_files
+from tests.llama_server import MODEL_ALIAS
 from tests.test_admission import idle, until
 
 MODEL = "llama3.2:3b"
@@ -191,18 +188,6 @@ async def test_what_the_engine_no_longer_holds_is_forgotten(
     )
     expected = (policy.costs.input * record.prompt_tokens + policy.costs.output * 12) / weight
     assert counter(gateway) - before == pytest.approx(expected)
-
-
-@pytest.fixture
-async def llama_server(tmp_path: Path) -> AsyncIterator[str]:
-    try:
-        server_files()
-    except ImportError as exc:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"llama-server is not installed ({exc}); `make test` installs it")
-    async with running_llama_server(tmp_path / "llama-server.log") as server:
-        yield server.url
 
 
 async def test_a_real_llama_servers_cache_makes_later_turns_light(

@@ -13,7 +13,7 @@ import pytest
 from gateway.admission import Ticket
 from gateway.core import Api
 from tests.conftest import Gateway, StartGateway, StartSim, one_backend
-from tests.test_admission import idle, until
+from tests.test_admission import generate_status, idle, until
 
 MODEL = "llama3.2:3b"
 USERS = """\
@@ -28,14 +28,7 @@ users:
 
 async def generate(gateway: Gateway, key: str, tokens: int, prompt: str = "hi") -> int:
     # Streamed, as people's chats are: the first byte is the first token, after the prefill.
-    body = {"model": MODEL, "prompt": prompt, "options": {"num_predict": tokens}}
-    headers = {"Authorization": f"Bearer {key}"}
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(gateway.url + "/api/generate", json=body, headers=headers) as reply,
-    ):
-        await reply.read()
-        return reply.status
+    return await generate_status(gateway, key, prompt, stream=True, options={"num_predict": tokens})
 
 
 async def status(gateway: Gateway) -> dict[str, Any]:

@@ -161,20 +161,18 @@ class Permit:
             room.ordering.on_correction(ticket.payer, self.weight, evaluated - ticket.input_tokens)
             if answered:
                 engine_share = cached_tokens / prompt_tokens if prompt_tokens else None
-                self._learn(predicted, engine_share, output_tokens or 0, prefill_seconds)
+                self._learn(predicted, engine_share, prefill_seconds)
         if output_tokens is not None:
             self.add_output(output_tokens - self.output_charged)
 
-    def _learn(
-        self, predicted: int, engine_share: float | None, reply: int, prefill: float | None
-    ) -> None:
-        """What the engine holds now (this prompt and its ``reply``), and how fast it
-        evaluated the prompt (``prefill`` seconds to the first byte)."""
+    def _learn(self, predicted: int, engine_share: float | None, prefill: float | None) -> None:
+        """What the engine holds now (this prompt), and how fast it evaluated it
+        (``prefill`` seconds to the first byte)."""
         room, backend, prefix = self._admission.room, self.backend, self.ticket.prefix
         if self.placement.loads:  # its engine started with an empty cache
             room.prompts.emptied(backend)
             predicted = 0
-        room.prompts.evaluated(backend, prefix, predicted, engine_share, self.engine_slot, reply)
+        room.prompts.evaluated(backend, prefix, predicted, engine_share, self.engine_slot)
         if prefill is not None and not self._waits_in_engine and not self.placement.loads:
             room.waits.observe_prefill(backend.name, self.evaluated or 0, prefill)
 

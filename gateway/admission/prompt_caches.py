@@ -72,9 +72,11 @@ class _Held:
     prefix's blocks are touched from its end back to its start, so its start is always the
     more recent: the cache forgets the ends of prompts before their shared beginnings.
 
-    The last whole block of a prompt the engine answered keeps that prompt's size with its
-    reply: a conversation's next turn, which repeats it all, finds the engine holding
-    everything up to the new message, not only the whole blocks."""
+    The last whole block of a prompt the engine answered keeps that prompt's size: a
+    conversation's next turn, which repeats it all, finds the engine holding everything up
+    to the reply it got, not only the whole blocks. (The reply itself the engine holds as
+    the tokens it generated; rendered by the template into the next turn they part from
+    those early, and on llama-server it is evaluated again: measured, not assumed.)"""
 
     __slots__ = ("_blocks",)
 
@@ -92,7 +94,7 @@ class _Held:
         return count, _through(count, ends)
 
     def hold(self, blocks: tuple[int, ...], capacity: int, size: int) -> None:
-        """Hold ``blocks``, a prompt of ``size`` bytes with its reply."""
+        """Hold ``blocks``, a prompt of ``size`` bytes."""
         held = self._blocks
         for block in reversed(blocks):
             held[block] = held.get(block, 0)
@@ -114,7 +116,7 @@ class _EngineSlot:
     """One of llama-server's slots, as the gateway has assigned it."""
 
     held: tuple[int, ...] = ()  # the blocks of the last prompt it answered
-    size: int = 0  # that prompt's bytes, with its reply
+    size: int = 0  # that prompt's bytes
     assigned: int = 0  # requests sent to it, not yet ended (a second waits in the engine)
     free_at: float = 0.0  # when what is assigned to it likely ends
     last_used: int = 0
@@ -139,12 +141,20 @@ class PromptCaches:
         self._uses = itertools.count(1)
 
     def pin(
-        self, backend: Backend, prefix: Prefix, now: float, decode: float, rate: float
+        self,
+        backend: Backend,
+        prefix: Prefix,
+        now: float,
+        decode: float,
+        rate: float,
     ) -> tuple[int, bool] | None:
         """The llama-server slot for a request of ``prefix`` that decodes for ``decode``
         seconds on an engine that evaluates ``rate`` prompt tokens a second: where waiting
         and prefilling take least; and whether it is taken now (the request waits for it
-        in the engine). None: the backend is not a llama-server that said its slots, or
+        in the engine). (Sending a heavy request to a cold slot instead, to warm it for later
+        turns, was measured worse on the real server: its prefill stalled the light turns
+        beside it for seconds.) None: the backend is not a llama-server that said its
+        slots, or
         the prompt is too short for a whole block (llama-server's own choice, by the longest
         common prefix in tokens, knows it better than the gateway could)."""
         if backend.kind != "llamacpp" or not backend.state.slots or not prefix.blocks:
@@ -204,16 +214,15 @@ class PromptCaches:
         predicted: int,
         engine_share: float | None,
         slot: int | None = None,
-        reply_tokens: int = 0,
     ) -> None:
         """``backend``'s engine answered ``prefix`` (``predicted`` blocks of it thought
-        held) with ``reply_tokens``, on ``slot`` if the gateway chose it; ``engine_share``:
-        the part its counts say the cache read, if they say. Its engine holds the prompt and
-        the reply now; what it did not hold of what was predicted is forgotten (another
-        prompt evicted it), for every prompt that shares it."""
+        held), on ``slot`` if the gateway chose it; ``engine_share``: the part its counts
+        say the cache read, if they say. Its engine holds the prompt now; what it did not
+        hold of what was predicted is forgotten (another prompt evicted it), for every
+        prompt that shares it."""
         if not prefix.blocks:
             return
-        size = prefix.size + reply_tokens * _CHARS_PER_TOKEN
+        size = prefix.size
         slots = self._slots.get(backend.name)
         if slot is not None and slots is not None and slot < len(slots):
             slots[slot].held, slots[slot].size = prefix.blocks, size
