@@ -47,6 +47,9 @@ $(DEV_STAMP): pyproject.toml | $(BIN)/python
 
 run: $(RUNTIME_STAMP)
 	@echo "the fairgate command is $(BIN)/fairgate (in another terminal: $(BIN)/fairgate status)"
+	@test -e "$(CONFIG)" -a "$(CONFIG)" != deploy/fairgate.example.yaml || echo "no fairgate.yaml \
+	here: serving deploy/fairgate.example.yaml, whose keys anyone may know; write your own \
+	with $(BIN)/fairgate init (it asks the local Ollama or llama-server what it serves)"
 	FAIRGATE_CONFIG=$${FAIRGATE_CONFIG:-$(CONFIG)} $(BIN)/fairgate serve
 
 test: lint $(LLAMA_STAMP) services

@@ -38,6 +38,7 @@ from pydantic import ValidationError
 from gateway import __version__
 from gateway.cli.check_config import add_check_arguments
 from gateway.cli.first_run import listen_problem, warn_about_example_keys
+from gateway.cli.init import add_init_arguments
 from gateway.cli.keys import add_keys_arguments
 from gateway.cli.status import add_status_arguments, run_status
 from gateway.cli.usage import add_usage_arguments, run_usage
@@ -93,6 +94,12 @@ def _parser() -> argparse.ArgumentParser:
         "FAIRGATE_* settings, from the environment and .env, or from --env-file.",
     )
     add_check_arguments(check)
+
+    init = commands.add_parser(
+        "init",
+        help="write a first policy: the local server's models, the household, fresh keys",
+    )
+    add_init_arguments(init)
 
     keys = commands.add_parser("keys", help="make a key for a user, or hash one for the policy")
     add_keys_arguments(keys)
