@@ -23,7 +23,7 @@ LLAMA_STAMP := $(VENV)/.llama-stamp
 LLAMA_CMAKE_ARGS := -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
 	-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
 
-.PHONY: run test lint demo sim venv clean services bench
+.PHONY: run test lint demo sim venv clean services bench docs
 
 venv: $(DEV_STAMP)
 
@@ -44,6 +44,10 @@ $(RUNTIME_STAMP): pyproject.toml | $(BIN)/python
 # The dev install includes the runtime one, so it satisfies `make run` too.
 $(DEV_STAMP): pyproject.toml | $(BIN)/python
 	$(LOCKED) sh -c '[ $@ -nt pyproject.toml ] || { $(BIN)/python -m pip install --quiet -e ".[dev]" && touch $@ $(RUNTIME_STAMP); }'
+
+# The policy reference, written again from the policy's definitions (a test checks it is).
+docs: $(RUNTIME_STAMP)
+	$(BIN)/python -m gateway.config.reference > docs/policy.md
 
 run: $(RUNTIME_STAMP)
 	@echo "the fairgate command is $(BIN)/fairgate (in another terminal: $(BIN)/fairgate status)"
