@@ -4,6 +4,7 @@ it loads the model with, as Ollama reads them."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import aiohttp
 import pytest
@@ -99,3 +100,72 @@ async def test_a_message_whose_keys_are_spelt_in_capitals_is_estimated_as_ollama
             assert reply.status == 200, await reply.text()
         records.append(await finished.first(("/api/chat",)))
     assert {(r.request_class, r.input_estimate) for r in records} == {(RequestClass.HEAVY, 3000)}
+
+
+class TestWhatAnEstimateCouldNotSee:
+    """Long prompts in fields the estimate once skipped (issue 41's reproductions): a
+    tool's output, a tool call's arguments, a thought. Walking every string of a message
+    counts them, and any field not listed yet."""
+
+    LONG = "hello " * 1500  # 9,000 characters: about 2,250 tokens, heavy at 2,048
+
+    @pytest.mark.parametrize(
+        ("path", "body"),
+        [
+            (
+                "/v1/responses",
+                {"input": [
+                    {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+                    {"type": "function_call_output", "call_id": "c1", "output": LONG},
+                    {"role": "user", "content": "ok?"},
+                ]},
+            ),
+            (
+                "/v1/chat/completions",
+                {"messages": [
+                    {"role": "assistant", "content": None, "tool_calls": [{
+                        "id": "c1", "type": "function",
+                        "function": {"name": "f", "arguments": LONG},
+                    }]},
+                    {"role": "tool", "tool_call_id": "c1", "content": "done"},
+                ]},
+            ),
+            (
+                "/api/chat",
+                {"stream": False, "messages": [
+                    {"role": "assistant", "content": "", "thinking": LONG},
+                    {"role": "user", "content": "and?"},
+                ]},
+            ),
+            (
+                "/api/chat",
+                {"stream": False, "messages": [
+                    {"role": "assistant", "tool_calls": [
+                        {"function": {"name": "f", "arguments": {"text": LONG}}}
+                    ]},
+                    {"role": "user", "content": "and?"},
+                ]},
+            ),
+            (
+                "/v1/responses",
+                {"input": [{"type": "reasoning", "encrypted_content": LONG, "summary": []},
+                           {"role": "user", "content": "ok?"}]},
+            ),
+        ],
+        ids=["responses-function_call_output", "chat-tool_call-arguments", "ollama-thinking",
+             "ollama-tool_call-arguments", "responses-reasoning"],
+    )  # fmt: skip
+    async def test_a_long_prompt_in_it_is_heavy(
+        self, start_sim: StartSim, start_gateway: StartGateway, path: str, body: dict[str, Any]
+    ) -> None:
+        _, url = await start_sim(models=[MODEL])
+        gateway = await start_gateway(one_backend(url, slots=2))
+        finished = Finished(gateway)
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(gateway.url + path, json={"model": MODEL, **body}) as reply,
+        ):
+            await reply.read()
+        record = await finished.first((path,))
+        assert record.input_estimate is not None and record.input_estimate >= 2048
+        assert record.request_class is RequestClass.HEAVY

@@ -13,6 +13,10 @@ Tool schemas, function definitions and output schemas count too: the model's tem
 renders them into the prompt as JSON, and Open WebUI sends 36 tools (about 25 KB) with a
 one-line question. Compact JSON tokenizes at about the same four characters a token.
 
+A message or an input item is walked whole: every string in it counts (a tool call's
+arguments, a tool's output, a thought, a reasoning item's content), but for the few keys
+that say what a part is; so a field no one listed is not silently zero.
+
 What the engine already holds in its prompt cache it does not evaluate again
 (``admission/prompt_caches.py``): the class and the charge are of the rest, so a chat's
 later turns are light however long the tools and history they repeat.
@@ -84,38 +88,13 @@ def _prompt_size(fields: dict[str, Any]) -> tuple[int, int]:
         kind = _PROMPT_FIELDS.get(key)
         if kind is None:
             continue
-        if kind is _MESSAGES:
-            text_chars, text_images = _messages_size(value)
-        elif kind is _TEXT:
-            text_chars, text_images = _content_size(value)
-        elif kind is _SCHEMA:
+        if kind is _SCHEMA:
             text_chars, text_images = _schema_size(value), 0
-        else:
+        elif kind is _IMAGES:
             text_chars, text_images = 0, _count(value)
+        else:  # text, or messages (or the Responses API's input items)
+            text_chars, text_images = _walked(value)
         characters, images = characters + text_chars, images + text_images
-    return characters, images
-
-
-def _messages_size(messages: object) -> tuple[int, int]:
-    """Text and images of every message (a message's content is most often one string)."""
-    # A body is the client's: any field may hold any JSON type. The backend refuses the
-    # wrong ones in its own words; the estimate only must not fail on them.
-    if not isinstance(messages, list):
-        return 0, 0
-    characters, images = 0, 0
-    for message in messages:
-        if isinstance(message, dict):
-            # Its keys as Go's decoder reads them into a message (a "Content" is content).
-            message = canonical_keys(message) or message
-            content = message.get("content")
-            if isinstance(content, str):
-                characters += len(content)
-            else:
-                text_chars, text_images = _content_size(content)
-                characters, images = characters + text_chars, images + text_images
-            pictures = message.get("images")
-            if isinstance(pictures, list):
-                images += len(pictures)
     return characters, images
 
 
@@ -136,39 +115,47 @@ def _count(value: object) -> int:
 
 # Content parts that are an image: OpenAI's chat and Responses parts, Anthropic's block.
 _IMAGE_PARTS = frozenset(("image_url", "input_image", "image"))
-# How deep a tool result's blocks are read: Ollama reads one level of them
-# (anthropic.convertToolResultContent); a little more costs nothing and hides nothing.
-_MAX_DEPTH = 3
+# Keys (folded, as Go's decoder folds them) whose values say what a part is, not what the
+# model reads: a role, a block's type, ids, a thought's signature, cache hints.
+_STRUCTURE = frozenset(
+    ("type", "role", "id", "name", "tool_use_id", "call_id", "cache_control", "media_type",
+     "status", "index", "signature")
+)  # fmt: skip
+# Keys whose object a template writes out as JSON: a tool call's input or arguments.
+_RENDERED_AS_JSON = frozenset(("input", "arguments", "parameters"))
+_MAX_DEPTH = 32  # deeper than any message; the body's parser bounds nesting anyway
 
 
-def _content_size(content: object, depth: int = 0) -> tuple[int, int]:
-    """Text and images of a string, a list of strings, OpenAI content parts or Anthropic
-    content blocks: text, thinking, a tool call's input (compact JSON, as the template
-    renders it: Claude Code's Write and Edit carry whole files there) and a tool result's
-    content, each block's keys as Go's decoder reads them into Ollama's ContentBlock."""
-    if isinstance(content, str):
-        return len(content), 0
-    if not isinstance(content, list):
+def _walked(value: object, depth: int = 0) -> tuple[int, int]:
+    """Text and images in a prompt-carrying value, however deep: every string counts
+    (a message's content, a tool call's arguments, a tool's output, a thought, a reasoning
+    item: no field the gateway has not listed is silently zero), but for the few keys that
+    only say what a part is; an image part, a data: URL or an ``images`` list counts as
+    images. Keys are read as Go's decoder reads them (``"Content"`` is content)."""
+    if isinstance(value, str):
+        return (0, 1) if value.startswith("data:image/") else (len(value), 0)
+    if depth >= _MAX_DEPTH:
         return 0, 0
     characters, images = 0, 0
-    for part in content:
-        if isinstance(part, str):
-            characters += len(part)
-        elif isinstance(part, dict):
-            # {"Type": "text", "TEXT": ...} is a text block to Go: its keys fold.
-            part = canonical_keys(part) or part
-            if part.get("type") in _IMAGE_PARTS:
-                images += 1
-            text, thinking = part.get("text"), part.get("thinking")
-            characters += len(text) if isinstance(text, str) else 0
-            characters += len(thinking) if isinstance(thinking, str) else 0
-            arguments = part.get("input")
-            if isinstance(arguments, dict):
-                characters += _schema_size(arguments)
-            # A tool result's own content (a string or blocks): what an agent such as
-            # Claude Code sends most of, files and command output.
-            inner = part.get("content")
-            if inner is not None and depth < _MAX_DEPTH:
-                inner_chars, inner_images = _content_size(inner, depth + 1)
-                characters, images = characters + inner_chars, images + inner_images
+    if isinstance(value, list):
+        for item in value:
+            item_chars, item_images = _walked(item, depth + 1)
+            characters, images = characters + item_chars, images + item_images
+        return characters, images
+    if not isinstance(value, dict):
+        return 0, 0  # a number or a boolean: no prompt text
+    folded = canonical_keys(value) or value
+    if folded.get("type") in _IMAGE_PARTS:
+        return 0, 1
+    for key, item in folded.items():
+        name = key.lower()
+        if name in _STRUCTURE:
+            continue
+        if name == "images" and isinstance(item, list):
+            images += len(item)
+        elif name in _RENDERED_AS_JSON and isinstance(item, dict):
+            characters += _schema_size(item)
+        else:
+            item_chars, item_images = _walked(item, depth + 1)
+            characters, images = characters + item_chars, images + item_images
     return characters, images
