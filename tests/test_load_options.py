@@ -196,3 +196,51 @@ async def _no_listing(request: web.Request, handler: Handler) -> web.StreamRespo
     if request.path == "/api/tags":
         return web.json_response({"error": "simulated failure"}, status=500)
     return await handler(request)
+
+
+class TestNobodyReloadsAnothersModel:
+    """Ollama reloads a model when a request's num_ctx, num_batch, num_gpu, main_gpu,
+    use_mmap or num_thread differs from the loaded runner's (server/sched.go needsReload),
+    for everybody. Issue 41: bob alternating them reloaded alice's model all day."""
+
+    async def alternate(self, gateway: Gateway, **options: tuple[Any, Any]) -> None:
+        for turn in range(6):
+            chosen = {name: values[turn % 2] for name, values in options.items()}
+            assert await chat(gateway, LLAMA, options=chosen) == 200
+
+    @pytest.mark.parametrize(
+        "options",
+        [
+            {"num_batch": (256, 1024)},
+            {"num_gpu": (0, 99)},
+            {"main_gpu": (0, 1)},
+            {"use_mmap": (True, False)},
+            {"num_thread": (2, 4)},
+        ],
+        ids=["num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread"],
+    )
+    async def test_the_runner_options_are_dropped_unless_the_admin_forwards_them(
+        self, start_sim: StartSim, start_gateway: StartGateway, options: dict[str, Any]
+    ) -> None:
+        sim, url = await start_sim()
+        gateway = await start_gateway(FAST + backend(url))
+        await self.alternate(gateway, **options)
+        assert sim.stats.reloads == 0
+        forwarded, forwarded_url = await start_sim()
+        open_gateway = await start_gateway(
+            FAST + "runner_options: forward\n" + backend(forwarded_url)
+        )
+        await self.alternate(open_gateway, **options)
+        assert forwarded.stats.reloads == 5  # the control: each change reloads
+
+    async def test_a_resident_model_is_never_reloaded_by_a_clients_num_ctx(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        sim, url = await start_sim()
+        gateway = await start_gateway(FAST + backend(url, f", resident: [{LLAMA}]"))
+        await self.alternate(gateway, num_ctx=(2048, 8192))
+        assert sim.stats.reloads == 0
+        kept, kept_url = await start_sim()
+        control = await start_gateway(FAST + backend(kept_url, f", keep_warm: [{LLAMA}]"))
+        await self.alternate(control, num_ctx=(2048, 8192))
+        assert kept.stats.reloads >= 5  # kept warm, not resident: the client's num_ctx goes

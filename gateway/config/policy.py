@@ -77,6 +77,13 @@ class Policy(Strict):
         default=NumCtxPolicy(),
         description="What Ollama requests may ask of options.num_ctx, every model.",
     )
+    runner_options: Literal["drop", "forward"] = Field(
+        default="drop",
+        description="Ollama's other options fixed at load (num_batch, num_gpu, main_gpu, "
+        "use_mmap, num_thread): a request whose value differs from the loaded runner's "
+        "reloads the model for everybody. drop: removed from every request (the server's "
+        "own settings hold); forward: sent as the client wrote them.",
+    )
     models: dict[str, ModelPolicy] = Field(
         default_factory=dict, description="Rules for one model's requests (num_ctx)."
     )

@@ -37,13 +37,46 @@ _INT64 = 2**63
 _LONGEST_KEEP_ALIVE = 64
 
 
+# The other options of Ollama's api.Runner: needsReload compares them all with the loaded
+# runner's (server/sched.go), so a client's differing value reloads the model for everybody.
+RUNNER_OPTIONS = frozenset(("num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread"))
+
+
 def apply_load_policy(fields: dict[str, Any], policy: Policy, model: str) -> bool:
-    """The keep_alive and num_ctx rules applied to an Ollama body in place; True when it
-    changed. Both are applied before the one re-encoding, so that what they checked is
-    what Ollama reads."""
+    """The keep_alive, num_ctx and runner options rules applied to an Ollama body in place;
+    True when it changed. All are applied before the one re-encoding, so that what they
+    checked is what Ollama reads.
+
+    A model a backend holds ``resident`` is never reloaded by a client either: its requests'
+    own ``num_ctx`` is dropped (the admin's num_ctx rules, if any, still set one value for
+    all), as the runner options are."""
     kept = kept_alive(policy.backends, model)
     changed = apply_keep_alive_policy(fields, policy.keep_alive, kept)
-    return apply_num_ctx_policy(fields, policy.num_ctx_for(model)) or changed
+    rules = policy.num_ctx_for(model)
+    if not rules.active and kept is not None and kept < 0 and _resident(policy, model):
+        rules = _DROP_NUM_CTX
+    changed = apply_num_ctx_policy(fields, rules) or changed
+    if policy.runner_options == "drop":
+        changed = _drop_runner_options(fields) or changed
+    return changed
+
+
+_DROP_NUM_CTX = NumCtxPolicy(override="default")
+
+
+def _resident(policy: Policy, model: str) -> bool:
+    key = model_key(model)
+    return any(key in map(model_key, b.resident) for b in policy.backends if b.resident)
+
+
+def _drop_runner_options(fields: dict[str, Any]) -> bool:
+    """Remove the runner options from ``options`` (a copy: the parsed body stays as it
+    was); True when there were any. Ollama matches option names exactly (``FromMap``)."""
+    options = fields.get("options")
+    if not isinstance(options, dict) or RUNNER_OPTIONS.isdisjoint(options):
+        return False
+    fields["options"] = {k: v for k, v in options.items() if k not in RUNNER_OPTIONS}
+    return True
 
 
 def num_ctx_of(fields: dict[str, Any]) -> int | None:
