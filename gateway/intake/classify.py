@@ -148,6 +148,10 @@ def _walked(value: object, depth: int = 0) -> tuple[int, int]:
     if folded.get("type") in _IMAGE_PARTS:
         return 0, 1
     for key, item in folded.items():
+        if type(item) is str and not item.startswith("data:image/"):  # most: no call
+            if key not in _STRUCTURE and key.lower() not in _STRUCTURE:
+                characters += len(item)
+            continue
         name = key.lower()
         if name in _STRUCTURE:
             continue

@@ -41,14 +41,30 @@ def prefix_of(fields: dict[str, Any], model: str) -> Prefix:
         return NO_PREFIX
     rendered = _rendered(fields)
     whole = min(len(rendered) // BLOCK_BYTES, _MAX_BLOCKS)
+    if not whole:  # a short prompt: no block a cache could be known to hold
+        return Prefix((), len(rendered))
     blocks = []
-    chain = hashlib.blake2b(model.encode(), digest_size=8, key=_KEY).digest()
+    chain = _seed(model)
     for start in range(0, whole * BLOCK_BYTES, BLOCK_BYTES):
         chain = hashlib.blake2b(
             chain + rendered[start : start + BLOCK_BYTES], digest_size=8, key=_KEY
         ).digest()
         blocks.append(int.from_bytes(chain, "little"))
     return Prefix(tuple(blocks), len(rendered))
+
+
+_SEEDS: dict[str, bytes] = {}
+_SEEDS_KEPT = 1024  # model names: a client may send many, the dict stays bounded
+
+
+def _seed(model: str) -> bytes:
+    """The hash every chain of ``model`` starts from (a cache holds one model's prompts)."""
+    seed = _SEEDS.get(model)
+    if seed is None:
+        seed = hashlib.blake2b(model.encode(), digest_size=8, key=_KEY).digest()
+        if len(_SEEDS) < _SEEDS_KEPT:
+            _SEEDS[model] = seed
+    return seed
 
 
 def _rendered(fields: dict[str, Any]) -> bytes:
