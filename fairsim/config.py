@@ -136,6 +136,8 @@ class GenJob:
     # The rendered prompt, as a slot's prompt cache holds it ("": not cached at all).
     text: str = ""
     slot: int | None = None  # the slot the request named (llama-server's id_slot)
+    # llama-server's cache_prompt: false evaluates the whole prompt (the slot holds it after)
+    reuse: bool = True
 
 
 @dataclass

@@ -130,7 +130,7 @@ class Engine:
         named = job.slot is not None and 0 <= job.slot < len(self.slots)
         if self.host_cache is not None and job.text and not named:
             self.host_cache.swap(slot, job.text)
-        cached = cached_tokens(slot.cached, job)
+        cached = cached_tokens(slot.cached, job) if job.reuse else 0
         slot.cached = ""  # overwritten from where the prompts part, as the engine does
         await self.prefill(job.prompt_tokens - cached)
         slot.cached = job.text

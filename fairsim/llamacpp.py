@@ -150,13 +150,12 @@ class LlamaCppAPI:
         )
         tokens, limited = output_budget(limit, self.engine.config.default_output_tokens)
         text = rendered(tools, prompt)
-        # cache_prompt: false (llama-server's own field) evaluates the whole prompt.
-        held = text if body.get("cache_prompt", True) is not False else ""
         named = body.get("id_slot")
         slot = named if isinstance(named, int) and not isinstance(named, bool) else None
         job = GenJob(
-            self.alias, tokens_in(text), tokens, limited, None, faults, text=held, slot=slot
-        )
+            self.alias, tokens_in(text), tokens, limited, None, faults, text=text, slot=slot,
+            reuse=body.get("cache_prompt", True) is not False,
+        )  # fmt: skip
         stream = body.get("stream") is True
         writer = _Writer(self, request, job, prompt, chat=chat, stream=stream)
         return await self.generated(request, job, writer, stream)

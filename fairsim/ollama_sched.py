@@ -226,7 +226,7 @@ class OllamaScheduler:
             request.model,
             request.wanted,
             size,
-            SlotPool(self.config.parallel, self.stats, self.changed),
+            SlotPool(self.config.parallel, self.stats, self.changed, forks=True),
             session if request.keep_alive is None else request.keep_alive,
         )
         self.loaded[request.model] = runner

@@ -2,11 +2,15 @@
 runner's ``OLLAMA_NUM_PARALLEL`` (its ``semaphore.Weighted``, which is FIFO and unbounded:
 llm/llama_server.go ``s.sem.Acquire``).
 
-Each slot keeps the prompt it last ran (and its reply) as its prompt cache: a request that
-starts the same way is evaluated only from where the two part. Of the free slots, a request
-takes the one whose cache shares the most of its prompt (more than a tenth of it), else
-the one least recently used: llama-server's ``get_available_slot`` (``--slot-prompt-
-similarity`` 0.1), and about what Ollama's runner does (``LoadCacheSlot``)."""
+Each slot keeps the prompt it last ran as its prompt cache: a request that starts the same
+way is evaluated only from where the two part. Which free slot a request takes:
+
+- llama-server (``get_available_slot``): the one whose cache shares the most of its prompt
+  (more than a tenth of it, ``--slot-prompt-similarity`` 0.1), else the least recently used.
+- Ollama's runner (``InputCache.findBestCacheSlot``, several slots): the slot whose whole
+  cache starts the prompt, if free; else the least recently used free slot, into which the
+  longest common prefix of any slot is first copied ("forking cache slot"), so that one
+  conversation never overwrites another's."""
 
 from __future__ import annotations
 
@@ -41,7 +45,15 @@ def cached_tokens(held: str, job: GenJob) -> int:
 class SlotPool:
     """``parallel`` slots; every change is counted in the shared ``stats`` and announced."""
 
-    def __init__(self, parallel: int, stats: SimStats, changed: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        parallel: int,
+        stats: SimStats,
+        changed: Callable[[], None],
+        forks: bool = False,
+    ) -> None:
+        """``forks``: choose and fill slots as Ollama's runner does, not llama-server."""
+        self._forks = forks
         self.slots = [SlotInfo(i) for i in range(max(1, parallel))]
         self._stats = stats
         self._changed = changed
@@ -111,6 +123,8 @@ class SlotPool:
         self._changed()
 
     def _take_free(self, text: str) -> int:
+        if self._forks and text:
+            return self._fork(text)
         free = self._free
         if len(free) > 1:
             similar = [(_shared(self.slots[i].cached, text), i) for i in free]
@@ -121,6 +135,22 @@ class SlotPool:
             heapq.heapify(free)
             return chosen
         return heapq.heappop(free)
+
+    def _fork(self, text: str) -> int:
+        """Ollama's findBestCacheSlot: the free slot that holds a whole prefix of the
+        prompt, else the oldest free one with the longest common prefix copied in."""
+        longest = max(self.slots, key=lambda slot: _shared(slot.cached, text))
+        common = _shared(longest.cached, text)
+        free = self._free
+        if common == len(longest.cached) and longest.id in free:
+            chosen = longest.id
+        else:
+            chosen = min(free, key=lambda i: (self.slots[i].last_used, i))
+            if common and longest.id != chosen:
+                self.slots[chosen].cached = longest.cached[:common]
+        free.remove(chosen)
+        heapq.heapify(free)
+        return chosen
 
     def _start_task(self, slot: SlotInfo) -> SlotInfo:
         slot.busy = True

@@ -17,6 +17,7 @@ import aiohttp
 import openai
 import pytest
 
+from fairsim.slots import HostCache
 from gateway.core import RequestClass
 from gateway.wire import with_slot
 from tests.conftest import Finished, Gateway, StartGateway, StartSim, one_backend
@@ -162,15 +163,14 @@ async def test_a_prompt_the_engine_refused_is_not_taken_for_held(
     assert record.request_class is RequestClass.LIGHT and record.cached_tokens
 
 
-async def test_what_the_engine_no_longer_holds_is_forgotten(
+async def test_a_turn_the_engine_no_longer_holds_is_charged_as_it_evaluated_it(
     start_sim: StartSim, start_gateway: StartGateway
 ) -> None:
     """One slot and a small host cache: other long prompts push a conversation out of the
-    engine. Its next turn was thought cached; the engine's count says it was not, and the
-    charge follows the engine, not the guess."""
+    engine. Its next turn was thought cached (light); the engine's count says it was not,
+    and the charge follows the engine, not the guess."""
     simulator, url = await start_sim(flavor="llamacpp", parallel=1)
-    assert simulator.engine.host_cache is not None
-    simulator.engine.host_cache.__init__(entries=1)  # type: ignore[misc]
+    simulator.engine.host_cache = HostCache(entries=1)
     gateway = await start_gateway(HEAVY_AT_500 + one_backend(url, slots=1, kind="llamacpp"))
     policy = gateway.services.policy.current.policy
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hi."}]
@@ -288,3 +288,24 @@ class TestTheSlot:
     def _holding(simulator: Any, text: str) -> int:
         [slot] = [s.id for s in simulator.engine.slots if text in s.cached]
         return slot
+
+
+async def test_the_simulated_ollama_forks_a_shared_prefix_rather_than_overwrite_a_slot(
+    start_sim: StartSim,
+) -> None:
+    """Ollama's runner (InputCache.findBestCacheSlot) copies the longest common prefix into
+    its oldest free slot rather than overwrite another conversation's: after a second
+    conversation with the same tools, the first is still held whole beside it."""
+    simulator, url = await start_sim(parallel=2)
+    texts = []
+    async with aiohttp.ClientSession() as session:
+        for who in ("first", "second"):
+            message = {"role": "user", "content": f"the {who} conversation"}
+            body = {"model": MODEL, "stream": False, "tools": TOOLS, "messages": [message]}
+            async with session.post(url + "/api/chat", json=body) as reply:
+                texts.append(await reply.json())
+    runner = next(iter(simulator.engine.scheduler.loaded.values()))
+    held = [slot.cached for slot in runner.slots.slots]
+    assert any("the first conversation" in text for text in held)
+    assert any("the second conversation" in text for text in held)
+    assert texts[1]["prompt_eval_count"] > 500  # the whole prompt, cached or not

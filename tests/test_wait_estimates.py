@@ -109,3 +109,4 @@ async def test_retry_after_says_when_the_learned_service_times_free_a_place(
     assert snapshot.queue_depth == 2
     for run in runs:
         run.cancel()
+    await asyncio.gather(*runs, return_exceptions=True)

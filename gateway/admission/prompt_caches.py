@@ -240,7 +240,3 @@ class PromptCaches:
         self._by_backend.pop(backend.name, None)
         for slot in self._slots.get(backend.name, ()):
             slot.held, slot.size = (), 0
-
-    def blocks_held(self) -> dict[str, int]:
-        """Blocks remembered, by backend (for /status)."""
-        return {name: len(held) for name, held in self._by_backend.items()}

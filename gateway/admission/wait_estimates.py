@@ -113,8 +113,14 @@ class WaitEstimates:
         return play.start(ticket)
 
     def expect(self, room: RoomState, waiter: Waiter, now: float) -> None:
-        """Note when ``waiter``, which has just joined, will likely start."""
-        waiter.expected = self.starts(room, now).get(id(waiter))
+        """Note when ``waiter``, which has just joined, will likely start: played up to it,
+        not beyond."""
+        play = _Play(self, room, now)
+        for other in in_order(room):
+            start = play.start(other.ticket)
+            if other is waiter:
+                waiter.expected = start
+                return
 
     def started(self, waiter: Waiter, now: float) -> None:
         """``waiter`` starts now: how far off its estimate was."""

@@ -33,6 +33,7 @@ from gateway.core.units import (
 from gateway.core.vocabulary import (
     API_PREFIXES,
     BACKGROUND,
+    EMBEDDING_PATHS,
     GENERATION_PATHS,
     REFUSALS,
     Api,
@@ -45,6 +46,7 @@ from gateway.core.vocabulary import (
 __all__ = [
     "API_PREFIXES",
     "BACKGROUND",
+    "EMBEDDING_PATHS",
     "GENERATION_PATHS",
     "REFUSALS",
     "REQUEST_ID",

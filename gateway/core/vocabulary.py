@@ -10,6 +10,7 @@ from enum import Enum, StrEnum
 __all__ = [
     "API_PREFIXES",
     "BACKGROUND",
+    "EMBEDDING_PATHS",
     "GENERATION_PATHS",
     "REFUSALS",
     "Api",
@@ -41,6 +42,9 @@ GENERATION_PATHS = (
 )
 """The routes that run a model: the ones admitted, queued and relayed, and the paths a lane
 rule may name."""
+
+EMBEDDING_PATHS = frozenset(("/api/embed", "/api/embeddings", "/v1/embeddings"))
+"""Of those, the ones that embed: no prompt cache serves them from one request to the next."""
 
 
 def api_of(path: str) -> Api:

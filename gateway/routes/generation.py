@@ -9,10 +9,11 @@ from dataclasses import replace
 import structlog
 from aiohttp import web
 
-from gateway.admission import REVOKED, Permit, Refusal, Ticket
+from gateway.admission import NO_PREFIX, REVOKED, Permit, Refusal, Ticket
 from gateway.backends import Backend
 from gateway.config import Policy, background_account
 from gateway.core import (
+    EMBEDDING_PATHS,
     GENERATION_PATHS,
     Api,
     BackendFailure,
@@ -121,7 +122,7 @@ class Generation:
             if apply_load_policy(fields.values, view.policy, model):
                 fields.changed()
         # Of the prompt, what the engine will evaluate: not what its cache holds already.
-        prefix = prefix_of(fields.values, model)
+        prefix = NO_PREFIX if path in EMBEDDING_PATHS else prefix_of(fields.values, model)
         cached = admission.room.prompts.cached_share(view.pool.serving(api, model), prefix)
         estimate = classify(fields.values, view.policy, cached)
         record.request_class, record.input_estimate = estimate.request_class, estimate.prompt_tokens
