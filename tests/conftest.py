@@ -25,7 +25,7 @@ from gateway.config.settings import Settings
 from gateway.edge.http.connections import Listener
 from gateway.edge.record import RequestRecord
 from gateway.services import Services
-from tests.llama_server import running_llama_server, server_files
+from tests.llama_server import LlamaServer, running_llama_router, running_llama_server, server_files
 from tests.processes import required_binary, stop
 
 StartSim = Callable[..., Awaitable[tuple[Simulator, str]]]
@@ -207,15 +207,28 @@ class Finished:
         return found[0]
 
 
-@pytest.fixture
-async def llama_server(tmp_path: Path) -> AsyncIterator[str]:
-    """The real llama-server with 2 slots on a free loopback port, stopped by its own PID
-    (skipped where it is not installed, except on CI: `make test` installs it)."""
+def _needs_llama_server() -> None:
+    """Skip where llama-server is not installed, except on CI: `make test` installs it."""
     try:
         server_files()
     except ImportError as exc:
         if os.environ.get("CI"):
             raise
         pytest.skip(f"llama-server is not installed ({exc}); `make test` installs it")
+
+
+@pytest.fixture
+async def llama_server(tmp_path: Path) -> AsyncIterator[str]:
+    """The real llama-server with 2 slots on a free loopback port, stopped by its own PID."""
+    _needs_llama_server()
     async with running_llama_server(tmp_path / "llama-server.log") as server:
         yield server.url
+
+
+@pytest.fixture
+async def llama_router(tmp_path: Path) -> AsyncIterator[LlamaServer]:
+    """The real llama-server as a router: models ``family`` and ``coder`` (both the SmolLM2
+    file), one loaded at a time, 2 slots each."""
+    _needs_llama_server()
+    async with running_llama_router(tmp_path / "router") as server:
+        yield server

@@ -17,7 +17,13 @@ from pathlib import Path
 
 from tests.processes import free_port, stop, until_answers
 
-__all__ = ["MODEL_ALIAS", "LlamaServer", "running_llama_server", "server_files"]
+__all__ = [
+    "MODEL_ALIAS",
+    "LlamaServer",
+    "running_llama_router",
+    "running_llama_server",
+    "server_files",
+]
 
 MODEL_ALIAS = "smollm2"
 
@@ -64,6 +70,40 @@ async def running_llama_server(
     url = f"http://127.0.0.1:{port}"
     try:
         await until_answers(url + "/health", 60, process, log_path)
+        yield LlamaServer(url, process.pid)
+    finally:
+        await stop(process)
+
+
+@asynccontextmanager
+async def running_llama_router(
+    directory: Path,
+    names: tuple[str, ...] = ("family", "coder"),
+    models_max: int = 1,
+    slots: int = 2,
+    context: int = 2048,
+    threads: int = 1,
+) -> AsyncIterator[LlamaServer]:
+    """llama-server in router mode (``--models-dir``): the model file under each of
+    ``names`` (symlinks in ``directory``), at most ``models_max`` loaded at once, each child
+    with ``slots`` slots of ``context`` tokens in all. Its log is ``directory/router.log``;
+    stopped by its own PID on leaving (its children stop with it: their stdin closes)."""
+    binary, model = server_files()
+    models = directory / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (models / f"{name}.gguf").symlink_to(model)
+    port, log_path = free_port(), directory / "router.log"
+    with log_path.open("wb") as log:
+        process = await asyncio.create_subprocess_exec(
+            str(binary), "--models-dir", str(models), "--models-max", str(models_max),
+            "--host", "127.0.0.1", "--port", str(port), "-np", str(slots), "-c", str(context),
+            "-t", str(threads), "--no-webui",
+            stdout=subprocess.DEVNULL, stderr=log, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        await until_answers(url + "/models", 60, process, log_path)
         yield LlamaServer(url, process.pid)
     finally:
         await stop(process)

@@ -138,8 +138,8 @@ BROKEN = [
     Broken(
         "a misspelt backend kind",
         "backends:\n  - {name: gpu, url: http://127.0.0.1:11434, slots: 2, kind: olama}\n",
-        "fairgate.yaml:2: backends[0].kind: 'olama' is not 'ollama', 'llamacpp' or 'openai'; "
-        "did you mean 'ollama'?",
+        "fairgate.yaml:2: backends[0].kind: 'olama' is not 'ollama', 'llamacpp', "
+        "'llamacpp-router' or 'openai'; did you mean 'ollama'?",
     ),
     Broken(
         "an address that cannot be",

@@ -153,8 +153,14 @@ class TestPolicy:
             " max_loaded_models: 2, resident: [llama3.2:3b]}\n"
         )
         assert policy.backends[0].memory == 24 * 2**30
-        with pytest.raises(PolicyError, match="memory, resident: only for an ollama backend"):
+        both = "memory: only for an ollama backend; resident: only for an ollama or llamacpp-router"
+        with pytest.raises(PolicyError, match=both):
             parse_policy(
                 "backends:\n  - {name: cpp, url: http://x, kind: llamacpp, memory: 8GB,"
                 " resident: [a]}\n"
             )
+        # A router holds several models, each with its own slots: it counts them, not bytes.
+        router = "- {name: r, url: http://x, kind: llamacpp-router, max_loaded_models: 2,"
+        parse_policy(f"backends:\n  {router} resident: [a]}}\n")
+        with pytest.raises(PolicyError, match=r"memory: only for an ollama backend \(the router"):
+            parse_policy(f"backends:\n  {router} memory: 8GB}}\n")

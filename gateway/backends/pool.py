@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from gateway.config import BackendConfig, model_key
+from gateway.config import MANY_MODEL_KINDS, BackendConfig, model_key
 from gateway.core import Api
 
 __all__ = [
@@ -42,6 +42,10 @@ class BackendState:
     failures: int = 0  # consecutive failed probes
     successes: int = 0  # consecutive good probes
     slots: int | None = None  # as the backend reports them (llama.cpp /props)
+    model_limit: int | None = None  # models loaded at once, as it reports it (the router's)
+    # The router's own name for each model key: it matches names exactly, where the keys
+    # are Ollama's spelling-blind ones.
+    names: dict[str, str] = field(default_factory=dict)
     models: frozenset[str] | None = None  # model keys it serves; None: not known yet
     loaded: dict[str, LoadedModel] = field(default_factory=dict)  # by model key
     sizes: dict[str, int] = field(default_factory=dict)  # model key -> bytes on disk (tags)
@@ -106,14 +110,18 @@ class Backend:
     # The server (its URL), not the name: a reload renaming a backend cannot forget what
     # runs on it. Computed once, as ``per_model``: every dispatch reads them several times.
     key: str = field(init=False, compare=False, repr=False)
-    # Ollama's parallel slots belong to each loaded model (OLLAMA_NUM_PARALLEL).
+    # Ollama's parallel slots belong to each loaded model (OLLAMA_NUM_PARALLEL), as the
+    # router's do to each of its child servers.
     per_model: bool = field(init=False, compare=False, repr=False)
+    # llama-server's own API (a router passes it on): timings, id_slot, /apply-template.
+    llama_server: bool = field(init=False, compare=False, repr=False)
     # ``group`` of each model name, as asked: every request asks it twice or more.
     _groups: dict[str, str] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "key", self.url.rstrip("/"))
-        object.__setattr__(self, "per_model", self.kind == "ollama")
+        object.__setattr__(self, "per_model", self.kind in MANY_MODEL_KINDS)
+        object.__setattr__(self, "llama_server", self.kind.startswith("llamacpp"))
 
     def group(self, model: str) -> str:
         """What a request's slot is counted under: the server and, on Ollama, the model."""
@@ -131,11 +139,22 @@ class Backend:
         return self.configured_slots or self.state.slots or 1
 
     @property
+    def model_limit(self) -> int | None:
+        """Models it holds at once, at most (None: no limit): configured, else reported (the
+        router's --models-max), else Ollama's automatic limit."""
+        if self.max_loaded_models is not None:
+            return self.max_loaded_models
+        if self.kind == "ollama":
+            return OLLAMA_AUTOMATIC_MAX_LOADED
+        return self.state.model_limit
+
+    @property
     def capacity(self) -> int:
         """Requests it can run at once, every model together."""
         if not self.per_model:
             return self.slots
-        return self.slots * (self.max_loaded_models or OLLAMA_AUTOMATIC_MAX_LOADED)
+        limit = self.model_limit or len(self.state.models or ()) or 1
+        return self.slots * limit
 
     def speaks(self, api: Api) -> bool:
         """Ollama's native API is served only by Ollama; every kind speaks OpenAI's /v1;
@@ -159,7 +178,7 @@ class Backend:
 
     def has_loaded(self, model: str) -> bool:
         """Whether a request would find the model in memory (no load to wait for)."""
-        if self.kind == "ollama":
+        if self.per_model:
             return model_key(model) in self.state.loaded
         # llama-server keeps its one model resident, unless it went to sleep (/props).
         return not self.state.sleeping

@@ -114,6 +114,9 @@ def _probe(url: str | None) -> Found | None:
             return Found(base, "ollama", models)
         if (props := _get(base + "/props")) is not None:
             listed = _get(base + "/v1/models") or {}
+            if props.get("role") == "router":  # --models-dir: a child server per model
+                models = [m["id"] for m in listed.get("data", []) if isinstance(m, dict)]
+                return Found(base, "llamacpp-router", models)
             models = [m["id"] for m in listed.get("data", []) if isinstance(m, dict)]
             slots = props.get("total_slots")
             return Found(base, "llamacpp", models, slots if isinstance(slots, int) else None)
@@ -172,6 +175,13 @@ def _policy(found: Found, keys: dict[str, str], open_webui: bool) -> str:
 
 
 def _backend(found: Found) -> list[str]:
+    if found.kind == "llamacpp-router":
+        return [
+            "  - name: local",
+            f"    url: {found.url}",
+            "    kind: llamacpp-router",
+            "    # its models, --models-max and each model's slots are read from it",
+        ]
     if found.kind == "llamacpp":
         said = f"its {found.slots} slots" if found.slots else "its slots"
         return [

@@ -5,7 +5,7 @@ one schema module per section, read without surprises and explained as
 May import: ``wire``, ``core`` (never aiohttp).
 """
 
-from gateway.config.backends import BackendConfig
+from gateway.config.backends import MANY_MODEL_KINDS, BackendConfig
 from gateway.config.base import model_key
 from gateway.config.budgets import Budget
 from gateway.config.cors import CorsPolicy
@@ -42,6 +42,7 @@ __all__ = [
     "ANY_HOST",
     "BACKGROUND_ACCOUNT",
     "IN_MEMORY",
+    "MANY_MODEL_KINDS",
     "MIN_NUM_CTX",
     "PERSON_SEPARATOR",
     "PRESETS",

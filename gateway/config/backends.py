@@ -16,17 +16,16 @@ from gateway.config.base import Strict
 from gateway.config.problems import problem_at
 from gateway.core import Duration, Size
 
-__all__ = ["BackendConfig", "check_backends"]
+__all__ = ["MANY_MODEL_KINDS", "BackendConfig", "check_backends"]
 
-BackendKind = Literal["ollama", "llamacpp", "openai"]
-_OLLAMA_ONLY = (
-    "keep_warm",
-    "keep_alive",
-    "max_loaded_models",
-    "memory",
-    "resident",
-    "default_num_ctx",
-)
+BackendKind = Literal["ollama", "llamacpp", "llamacpp-router", "openai"]
+# The kinds that load models on demand, several at once, each with slots of its own: Ollama,
+# and llama-server's router (``--models-dir``), which runs a child server per loaded model.
+MANY_MODEL_KINDS = frozenset({"ollama", "llamacpp-router"})
+# Read for those kinds only: their swaps and what stays loaded.
+_MANY_MODELS_ONLY = ("max_loaded_models", "resident")
+# Read for Ollama only: its pings, keep_alive, memory as /api/ps counts it, num_ctx.
+_OLLAMA_ONLY = ("keep_warm", "keep_alive", "memory", "default_num_ctx")
 
 
 class BackendConfig(Strict):
@@ -34,12 +33,17 @@ class BackendConfig(Strict):
 
     name: str = Field(min_length=1, description="Name used in logs, metrics and /status.")
     url: str = Field(description="Base URL, e.g. http://127.0.0.1:11434.")
-    kind: BackendKind = Field(default="ollama", description="ollama, llamacpp or openai.")
+    kind: BackendKind = Field(
+        default="ollama",
+        description="ollama, llamacpp (one llama-server), llamacpp-router (llama-server "
+        "with --models-dir: a child server per loaded model) or openai.",
+    )
     slots: int | None = Field(
         default=None,
         ge=1,
-        description="Requests it runs at once: llama-server's -np; for ollama, per loaded "
-        "model, as OLLAMA_NUM_PARALLEL (which must equal it) applies to each.",
+        description="Requests it runs at once: llama-server's -np (read from it if not "
+        "given); for ollama and llamacpp-router, per loaded model, as OLLAMA_NUM_PARALLEL "
+        "(which must equal it) and the router's -np apply to each.",
     )
     keep_warm: list[str] = Field(
         default_factory=list,
@@ -51,8 +55,9 @@ class BackendConfig(Strict):
     max_loaded_models: int | None = Field(
         default=None,
         ge=1,
-        description="ollama: models loaded at once, at most (OLLAMA_MAX_LOADED_MODELS if set, "
-        "else its automatic 3 per GPU); the gateway plans swaps to stay within it.",
+        description="ollama, llamacpp-router: models loaded at once, at most "
+        "(OLLAMA_MAX_LOADED_MODELS if set, else its automatic 3 per GPU; the router's "
+        "--models-max, read from it if not given); the gateway plans swaps to stay within it.",
     )
     memory: Size | None = Field(
         default=None,
@@ -70,8 +75,8 @@ class BackendConfig(Strict):
 
     resident: list[str] = Field(
         default_factory=list,
-        description="ollama: models the gateway never unloads to make room for another "
-        "(keep_warm models neither).",
+        description="ollama, llamacpp-router: models the gateway never unloads to make room "
+        "for another (keep_warm models neither).",
     )
     default_num_ctx: int = Field(
         default=4096,
@@ -92,17 +97,23 @@ class BackendConfig(Strict):
         # Ollama does not expose OLLAMA_NUM_PARALLEL, so the admin has to state it.
         if self.kind == "ollama" and self.slots is None:
             raise ValueError("an ollama backend needs slots (its OLLAMA_NUM_PARALLEL)")
-        if self.kind != "ollama":
-            # Read for Ollama only (its swaps, its pings, its context): given for another
-            # kind, each would do nothing without a word.
-            given = [
-                name
-                for name in _OLLAMA_ONLY
-                if name in self.model_fields_set and getattr(self, name) not in (None, [])
-            ]
-            if given:
-                raise ValueError(f"{', '.join(given)}: only for an ollama backend")
+        # Each read for some kinds only: given for another kind, it would do nothing
+        # without a word. Every such field is named at once.
+        problems = []
+        if self.kind != "ollama" and (given := self._given(_OLLAMA_ONLY)):
+            router = self.kind == "llamacpp-router" and "memory" in given
+            why = " (the router counts models, not bytes: its --models-max)" if router else ""
+            problems.append(f"{given}: only for an ollama backend{why}")
+        if self.kind not in MANY_MODEL_KINDS and (given := self._given(_MANY_MODELS_ONLY)):
+            problems.append(f"{given}: only for an ollama or llamacpp-router backend")
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
+
+    def _given(self, names: tuple[str, ...]) -> str:
+        """Which of ``names`` the admin set, to something, as one phrase."""
+        set_ = self.model_fields_set
+        return ", ".join(n for n in names if n in set_ and getattr(self, n) not in (None, []))
 
 
 def check_backends(backends: list[BackendConfig]) -> list[BackendConfig]:

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from gateway.admission import NO_PREFIX, REVOKED, Permit, Refusal, Ticket
 from gateway.backends import Backend
+from gateway.backends.watch import unload_models
 from gateway.config import Policy, background_account
 from gateway.core import (
     EMBEDDING_PATHS,
@@ -265,7 +266,7 @@ class Generation:
         victims = permit.placement.unload
         permit.placement = replace(permit.placement, unload=())  # once, whatever happens
         try:
-            await self._services.warmth.unload(permit.backend, victims, within)
+            await unload_models(self._services.upstream.session, permit.backend, victims, within)
         finally:
             self._services.admission.made_room(permit.backend)
 
@@ -318,7 +319,7 @@ def _target(request: web.Request, backend: Backend, policy: Policy, fail_fast: b
         backend.url + request.path_qs,
         policy.timeouts,
         fail_fast=fail_fast,
-        close_connection=backend.kind == "llamacpp",
+        close_connection=backend.llama_server,
         keep_origin=not policy.cors.origins,
         events=token_events(request.path),
     )

@@ -199,7 +199,7 @@ class Reads:
         target = Target(
             backend.url + request.path,
             policy.timeouts,
-            close_connection=backend.kind == "llamacpp",  # as the generation routes do
+            close_connection=backend.llama_server,  # as the generation routes do
             keep_origin=not policy.cors.origins,
         )
         relay = Relay(self._services.upstream.replies, target, self._services.reply_headers)

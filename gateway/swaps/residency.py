@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from gateway.backends import OLLAMA_AUTOMATIC_MAX_LOADED, Backend, LoadedModel
+from gateway.backends import Backend, LoadedModel
 from gateway.config import model_key
 
 __all__ = ["Residency", "Resident", "ResidentsSnapshot"]
@@ -44,7 +44,7 @@ class ResidentsSnapshot:
     residents: tuple[Resident, ...]
     memory_used: int
     memory: int | None
-    max_loaded_models: int
+    max_loaded_models: int | None  # None: no limit
 
 
 @dataclass(slots=True)
@@ -204,7 +204,7 @@ class Residency:
             residents=tuple(sorted(residents.values(), key=lambda r: r.model)),
             memory_used=sum(r.size for r in residents.values()),
             memory=backend.memory,
-            max_loaded_models=backend.max_loaded_models or OLLAMA_AUTOMATIC_MAX_LOADED,
+            max_loaded_models=backend.model_limit,
         )
 
     def _of(self, backend: Backend) -> _Backend:

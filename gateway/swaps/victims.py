@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
-from gateway.backends import OLLAMA_AUTOMATIC_MAX_LOADED, Backend
+from gateway.backends import Backend
 from gateway.swaps.residency import Residency, Resident
 
 __all__ = ["BackendPlans", "fits", "fits_beside", "load_seconds", "victims"]
@@ -82,7 +82,8 @@ def fits(
     staying = [r for m, r in held.items() if m not in leaving and m != model]
     if not staying:
         return True  # alone it loads, as Ollama loads a first model whatever its size
-    if len(staying) + 1 > (backend.max_loaded_models or OLLAMA_AUTOMATIC_MAX_LOADED):
+    limit = backend.model_limit
+    if limit is not None and len(staying) + 1 > limit:
         return False
     if backend.memory is None:
         return True

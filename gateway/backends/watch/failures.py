@@ -14,7 +14,12 @@ import aiohttp
 
 __all__ = ["cause_of", "http_cause", "sentence"]
 
-_SERVERS = {"ollama": "Ollama", "llamacpp": "llama-server", "openai": "the server"}
+_SERVERS = {
+    "ollama": "Ollama",
+    "llamacpp": "llama-server",
+    "llamacpp-router": "llama-server's router",
+    "openai": "the server",
+}
 
 
 def cause_of(exc: BaseException, kind: str, within: float) -> str:

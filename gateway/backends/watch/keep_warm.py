@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 import aiohttp
 import structlog
 
-from gateway.backends.pool import Backend, BackendState, BackendStates
+from gateway.backends.pool import BackendState, BackendStates
 from gateway.config import BackendConfig, Warmth, model_key
 from gateway.core import KeyedTasks, whole_seconds
 from gateway.relay import Upstream
@@ -93,26 +93,6 @@ class KeepWarm:
             self.pings[config.name, model, "ok" if ok else "failed"] += 1
             if not ok:
                 raise ValueError(f"the keep-warm ping for {model} failed")
-
-    async def unload(self, backend: Backend, models: tuple[str, ...], within: float) -> None:
-        """Unload ``models`` (a planned swap's victims, drained) from ``backend`` with an
-        empty ``keep_alive: 0`` request each, before the request that needs the room goes:
-        Ollama then has room, and unloads nothing of its own choosing. A failure is logged;
-        Ollama then makes room its own way."""
-        for model in models:
-            body = {"model": model, "keep_alive": 0}
-            try:
-                async with self._upstream.session.post(
-                    backend.url + "/api/generate", json=body, timeout=aiohttp.ClientTimeout(within)
-                ) as reply:
-                    await reply.read()
-                    log.info(
-                        "model_unloaded", backend=backend.name, model=model, status=reply.status
-                    )
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                log.warning(
-                    "model_unload_failed", backend=backend.name, model=model, error=repr(exc)
-                )
 
     async def _ping(self, config: BackendConfig, model: str) -> bool:
         body = {"model": model, "keep_alive": whole_seconds(config.keep_alive)}

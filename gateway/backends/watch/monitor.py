@@ -109,14 +109,18 @@ class BackendMonitor:
         state.successes += 1
         state.failures = 0
         state.last_error = None
+        # A router with no model loaded cannot say its children's slots: the last seen stand.
+        keep = seen.slots is None and config.kind == "llamacpp-router"
+        slots = state.slots if keep else seen.slots
         # What Ollama holds decides what can be dispatched without a swap: a change wakes
         # the waiting room as a change of slots or models does.
         changed = (state.slots, state.models, _held(state.loaded)) != (
-            seen.slots,
+            slots,
             seen.models,
             _held(seen.loaded),
         )
-        state.slots, state.models, state.loaded = seen.slots, seen.models, seen.loaded
+        state.slots, state.models, state.loaded = slots, seen.models, seen.loaded
+        state.model_limit, state.names = seen.model_limit, seen.names
         # What the gateway sent after the probe started is newer than what it read.
         state.sizes, state.observed_at = seen.sizes, started
         state.sleeping = seen.sleeping

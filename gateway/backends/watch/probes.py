@@ -4,6 +4,10 @@
   ``expires_at``). Its parallelism cannot be read: the policy states it.
 - llama.cpp: ``GET /health`` (503 "Loading model" while loading), ``/props`` (``total_slots``,
   ``is_sleeping``), ``/v1/models``.
+- llama.cpp's router (``--models-dir``): ``GET /health``, ``/props`` (``"role": "router"``,
+  ``max_instances``: its --models-max), ``/models`` (each model, its aliases and ``status``),
+  and for one loaded model ``/props?model=NAME&autoload=false`` (its child's
+  ``total_slots``). ``autoload=false``: without it, asking a child's props loads the model.
 - any OpenAI-compatible server: ``GET /v1/models``.
 """
 
@@ -12,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 
@@ -33,6 +38,8 @@ class Observation:
     sizes: dict[str, int] = field(default_factory=dict)  # model -> bytes on disk (Ollama)
     slots: int | None = None
     sleeping: bool = False
+    model_limit: int | None = None  # the router's --models-max (None: no limit)
+    names: dict[str, str] = field(default_factory=dict)  # model key -> the router's own name
 
 
 Getter = Callable[[str], Awaitable[Any]]
@@ -52,7 +59,12 @@ async def probe(session: aiohttp.ClientSession, kind: str, url: str, within: flo
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             raise ProbeFailed(cause_of(exc, kind, within)) from exc
 
-    probes = {"ollama": _ollama, "llamacpp": _llamacpp, "openai": _openai}
+    probes = {
+        "ollama": _ollama,
+        "llamacpp": _llamacpp,
+        "llamacpp-router": _llamacpp_router,
+        "openai": _openai,
+    }
     return await probes[kind](get)
 
 
@@ -84,6 +96,10 @@ def _count(value: Any) -> int | None:
 async def _llamacpp(get: Getter) -> Observation:
     await get("/health")
     props = await get("/props")
+    if _is_router(props):
+        # Served as one model, a router's swaps would be its own and none of its models
+        # would show as loaded: say what to write instead.
+        raise ProbeFailed("this llama-server is a router (--models-dir): kind: llamacpp-router")
     slots = props.get("total_slots") if isinstance(props, dict) else None
     openai_models = _entries(await get("/v1/models"), "data")
     return Observation(
@@ -91,6 +107,54 @@ async def _llamacpp(get: Getter) -> Observation:
         slots=slots if isinstance(slots, int) and slots > 0 else None,
         sleeping=bool(isinstance(props, dict) and props.get("is_sleeping")),
     )
+
+
+# The router's words for a child that holds (or is taking) memory: ``loading`` counts, as
+# its room is taken from the moment the child starts.
+_HELD = frozenset({"loaded", "loading", "sleeping"})
+
+
+async def _llamacpp_router(get: Getter) -> Observation:
+    await get("/health")
+    props = await get("/props")
+    if not _is_router(props):
+        raise ProbeFailed("this llama-server serves one model, not a router: kind: llamacpp")
+    limit = props.get("max_instances")
+    names: dict[str, str] = {}
+    loaded: dict[str, LoadedModel] = {}
+    for entry in _entries(await get("/models"), "data"):
+        name = str(entry.get("id"))
+        aliases = entry.get("aliases")
+        for called in [name, *(aliases if isinstance(aliases, list) else [])]:
+            names[model_key(str(called))] = name
+        status = entry.get("status")
+        if isinstance(status, dict) and status.get("value") in _HELD:
+            loaded[model_key(name)] = LoadedModel()
+    return Observation(
+        models=frozenset(names),
+        loaded=loaded,
+        slots=await _child_slots(get, [names[m] for m in loaded]),
+        model_limit=_count(limit),
+        names=names,
+    )
+
+
+async def _child_slots(get: Getter, loaded: list[str]) -> int | None:
+    """Slots of a loaded child, from its own /props (the router passes its -np on to every
+    child); None while none is loaded, or when the child went in the meantime."""
+    for name in loaded:
+        try:
+            child = await get(f"/props?model={quote(name, safe='')}&autoload=false")
+        except ProbeFailed:
+            continue  # unloaded since /models said it was: another may answer
+        slots = child.get("total_slots") if isinstance(child, dict) else None
+        if isinstance(slots, int) and slots > 0:
+            return slots
+    return None
+
+
+def _is_router(props: Any) -> bool:
+    return isinstance(props, dict) and props.get("role") == "router"
 
 
 async def _openai(get: Getter) -> Observation:

@@ -1,0 +1,113 @@
+"""llama-server's router (``--models-dir``, ``--models-max 1``) behind the gateway, for real:
+two names for the SmolLM2 file, ``family`` and ``coder``, one loaded at a time.
+
+What the router does on its own, read in its source (tools/server/server-models.cpp) and
+seen here: a request naming an unloaded model asks the least recently used child to stop
+(it finishes what it runs, and is killed after 10 s) while the router keeps sending it
+new requests, and ``POST /models/unload`` answers before the child has stopped. Through
+the gateway, what the router holds is read from ``/models``; a swap drains the model
+going out (no new requests for it), unloads it, waits until the router says so, and only
+then sends the request for the model coming in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import yaml
+
+from gateway.config import model_key
+from tests.conftest import StartGateway
+from tests.llama_server import LlamaServer
+from tests.test_admission import until
+from tests.test_hostile_clients import status_of
+from tests.test_init import init
+
+FAMILY, CODER = "family", "coder"
+
+
+def _policy(url: str, kind: str = "llamacpp-router") -> str:
+    return (
+        f"backends:\n  - {{name: router, url: {url}, kind: {kind}}}\n"
+        "monitoring: {interval: 300ms}\n"
+        "defaults: {max_concurrent: 2, max_queued: 4}\n"
+        "timeouts: {first_byte: 120s}\n"
+        "queue: {max_wait: 120s}\n"
+    )
+
+
+async def _router_models(url: str) -> dict[str, str]:
+    async with aiohttp.ClientSession() as session, session.get(url + "/models") as reply:
+        listed: dict[str, Any] = await reply.json()
+    return {entry["id"]: entry["status"]["value"] for entry in listed["data"]}
+
+
+async def test_the_router_is_read_and_its_swaps_are_planned(
+    llama_router: LlamaServer, start_gateway: StartGateway
+) -> None:
+    """The router's models, its --models-max and its children's slots are read; a request
+    for the other model waits for the running one to finish, then finds room made."""
+    gateway = await start_gateway(_policy(llama_router.url))
+    admission = gateway.services.admission
+    router = gateway.services.policy.current.pool.backends[0]
+    await until(admission, lambda _: router.state.models is not None, within=30)
+    assert router.state.models == {model_key(FAMILY), model_key(CODER)}
+    assert router.model_limit == 1
+
+    async with openai.AsyncOpenAI(
+        base_url=gateway.url + "/v1", api_key="x", max_retries=0
+    ) as client:
+
+        async def chat(model: str, tokens: int) -> openai.types.chat.ChatCompletion:
+            return await client.chat.completions.create(
+                model=model,
+                messages=[{"role": "user", "content": "Tell a story about a fox."}],
+                max_tokens=tokens,
+                extra_body={"ignore_eos": True},
+            )
+
+        first = await chat(FAMILY, 4)
+        assert first.choices[0].message.content
+        # The child's slots come from its own /props, once the probe sees it loaded.
+        await until(admission, lambda _: router.state.slots == 2, within=30)
+        assert model_key(FAMILY) in router.state.loaded
+
+        # A family reply is running when the coder asks: it finishes, then the swap.
+        story = asyncio.create_task(chat(FAMILY, 48))
+        await until(admission, lambda _: admission.room.slots.busy.get(router.group(FAMILY)))
+        code = await chat(CODER, 4)
+        told = await story
+        assert told.usage is not None and told.usage.completion_tokens == 48
+        assert told.choices[0].finish_reason == "length"
+        assert code.choices[0].message.content
+
+    assert await _router_models(llama_router.url) == {FAMILY: "unloaded", CODER: "loaded"}
+    counts = admission.room.swaps.counts
+    assert counts[router.key, model_key(CODER), "swaps"] == 1
+    assert counts[router.key, model_key(FAMILY), "evictions"] == 1
+    held = (await status_of(gateway))["backends"]["router"]
+    assert held["max_loaded_models"] == 1 and held["slots_per_model"] == 2
+    assert list(held["models"]) == [model_key(CODER)]
+
+
+async def test_a_router_named_as_one_llama_server_says_which_kind_to_write(
+    llama_router: LlamaServer, start_gateway: StartGateway
+) -> None:
+    gateway = await start_gateway(_policy(llama_router.url, kind="llamacpp"))
+    router = gateway.services.policy.current.pool.backends[0]
+    admission = gateway.services.admission
+    await until(admission, lambda _: router.state.last_error is not None, within=30)
+    assert "kind: llamacpp-router" in str(router.state.last_error)
+
+
+async def test_init_writes_a_router_as_one(llama_router: LlamaServer, tmp_path: Path) -> None:
+    policy = tmp_path / "fairgate.yaml"
+    assert (
+        await init("--backend", llama_router.url, "--person", "ann", "--output", str(policy)) == 0
+    )
+    backend = yaml.safe_load(policy.read_text())["backends"][0]
+    assert backend["kind"] == "llamacpp-router" and "slots" not in backend
