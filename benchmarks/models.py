@@ -17,7 +17,7 @@ queue held meanwhile. Prints per scenario and run: requests, 503s, light-chat TT
 tokens/s, loads, reloads and evictions (Ollama's own, and the gateway's), seconds requests
 were held in Ollama's queue, and for the gateway each swap's drain.
 
-    .venv/bin/python -m benchmarks.models
+    .venv/bin/python -m benchmarks.models [SCENARIO NUMBER...]
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import asyncio
 import json
 import random
 import statistics
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -69,6 +70,7 @@ class User:
     think: tuple[float, float] = (0.3, 1.5)  # seconds between a reply and the next question
     start: float = 0.0  # seconds after the run starts
     family: bool = True  # counted in "light chats" of the scenario's verdict
+    background: bool = False  # an agent's work: sent with X-Lane: background
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,19 @@ SCENARIOS = (
         "",
         f", memory: {6 * GB}",
     ),
+    Scenario(
+        "4. two models, memory for one: two people and an agent on the large one, a child "
+        "on the small one",
+        replace(SIM, models=[LLAMA, QWEN], memory=6 * GB),
+        (
+            User("ann", QWEN, 10, think=(0.5, 2.0)),
+            User("bea", QWEN, 10, think=(0.5, 2.0)),
+            User("agent", QWEN, 14, output=64, think=(0.1, 0.4), family=False, background=True),
+            User("kid", LLAMA, 8, think=(0.5, 2.0), family=False),
+        ),
+        "lanes: {header: X-Lane}\n",
+        f", memory: {6 * GB}",
+    ),
 )
 
 
@@ -170,6 +185,7 @@ async def _user(
             | ({} if user.num_ctx is None else {"num_ctx": user.num_ctx}),
         }
         headers = {"Authorization": f"Bearer {user.name}-key"} if keyed else {}
+        headers |= {"X-Lane": "background"} if user.background else {}
         sent = time.perf_counter()
         async with session.post(url + "/api/chat", json=body, headers=headers) as reply:
             if reply.status != 200:
@@ -225,7 +241,7 @@ async def run(scenario: Scenario, through_gateway: bool) -> Run:
                 *(_user(session, url, s, through_gateway, n) for n, s in enumerate(seen))
             )
         seconds = time.perf_counter() - started
-        swaps = gateway.admission.admission.room.swaps if gateway is not None else None
+        swaps = gateway.admission.room.swaps if gateway is not None else None
         result = Run(
             "through the gateway" if through_gateway else "direct to Ollama",
             seen,
@@ -327,13 +343,29 @@ def _both(runs: list[Run]) -> str:
     )
 
 
-VERDICTS = (_thrash, _resident, _both)
+def _child(runs: list[Run]) -> str:
+    direct, gate = runs
+    loads = gate.sim.stats.loads / max(1, direct.sim.stats.loads)
+    ttft = p95(gate.light_ttft()) / p95(direct.light_ttft())
+    kid = [next(s for s in r.seen if s.user.name == "kid") for r in runs]
+    return (
+        f"=> through the gateway {loads:.2f}x direct's loads, the large model's people's "
+        f"light p95 TTFT {ttft:.2f}x direct's; the child served {len(kid[1].ttft)} of "
+        f"{kid[1].user.chats}, refused {kid[1].refused} (direct: {len(kid[0].ttft)}, "
+        f"{kid[0].refused}), TTFT p95 {p95(kid[1].ttft):.2f} s (direct {p95(kid[0].ttft):.2f} s)"
+    )
 
 
-async def compare() -> list[str]:
-    """Every scenario, direct then through the gateway, one after another."""
+VERDICTS = (_thrash, _resident, _both, _child)
+
+
+async def compare(only: set[int] | None = None) -> list[str]:
+    """Every scenario (or those numbered in ``only``), direct then through the gateway, one
+    after another."""
     reports = []
-    for scenario, verdict in zip(SCENARIOS, VERDICTS, strict=True):
+    for number, (scenario, verdict) in enumerate(zip(SCENARIOS, VERDICTS, strict=True), 1):
+        if only and number not in only:
+            continue
         runs = [await run(scenario, through_gateway=False), await run(scenario, True)]
         reports.append(report(scenario, runs, verdict))
     return reports
@@ -342,7 +374,8 @@ async def compare() -> list[str]:
 def main() -> None:
     configure_logging("json", "ERROR")  # cold starts are what these runs are about
     print(__doc__.split("\n\n")[0])
-    for text in asyncio.run(compare()):
+    only = {int(n) for n in sys.argv[1:]}  # scenario numbers; none: all
+    for text in asyncio.run(compare(only)):
         print(text, flush=True)
 
 

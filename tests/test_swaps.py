@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import random
 from contextlib import AsyncExitStack
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
+import pytest
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
@@ -87,7 +89,7 @@ class TestSwaps:
         """Memory for one model: qwen's requests wait in the gateway while llama's request
         runs; llama's next request waits too (no new work for the victim); when llama is idle
         the gateway unloads it and sends qwen's. Ollama never holds a request for a drain."""
-        memory = f", memory: {ONE_MODEL}"
+        memory = f", memory: {ONE_MODEL}, swap_after: 0s"  # planned at once
         sim, gateway = await start(start_sim, start_gateway, memory, memory=ONE_MODEL)
         admission = gateway.services.admission
         async with running(gateway, LLAMA):
@@ -108,6 +110,29 @@ class TestSwaps:
         # Ollama unloaded only what the gateway asked it to, and held nobody.
         assert (sim.stats.evictions, sim.stats.loads, sim.stats.unloads) == (0, 3, 2)
         assert sim.stats.drain_held_seconds == 0
+
+    async def test_a_swap_waits_its_turn_and_takes_every_request_gathered_in_one_load(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """While llama is in use, qwen's first request waits ``swap_after`` before the swap
+        is planned (a timer wakes the room: nothing else happens meanwhile); the qwen
+        request that came in the meantime goes in the same load."""
+        memory = f", memory: {ONE_MODEL}, swap_after: 1s"
+        sim, gateway = await start(start_sim, start_gateway, memory, memory=ONE_MODEL)
+        admission = gateway.services.admission
+        gpu = admission.room.pool.backends[0]
+        async with running(gateway, LLAMA):
+            first = waiting(gateway, QWEN)
+            await until(admission, lambda s: s.queue_depth == 1)
+            asked = admission.clock()
+            second = waiting(gateway, QWEN)
+            await until(admission, lambda s: s.queue_depth == 2)
+            assert admission.room.swaps.under_way(gpu) is None
+            await until(admission, lambda _: admission.room.swaps.under_way(gpu) is not None)
+            assert admission.clock() - asked >= 0.9  # the first joined a moment before
+        assert (await first, await second) == (200, 200)
+        assert counts(gateway)[gpu.key, QWEN, "loads"] == 1
+        assert sim.stats.loads == 2  # llama, then qwen once for both
 
     async def test_requests_for_models_that_stay_keep_flowing_while_a_victim_drains(
         self, start_sim: StartSim, start_gateway: StartGateway
@@ -360,6 +385,46 @@ class TestPlanner:
         assert not planner.plan(backend, QWEN, None, self.busy(phi=1), {})  # one at a time
         planner.made_room(backend)
         assert planner.admits(backend, PHI, None, self.busy(phi=1))
+
+    def test_a_swap_is_due_after_its_cost_unless_the_models_it_unloads_are_idle(self) -> None:
+        """While its victim is in use, a request for another model waits the loads the swap
+        brings (its model's and the victim's, to come back), at most its patience; with the
+        victim idle, not at all; ``swap_after`` in place of the cost when given."""
+        planner, backend = self.planner, self.backend
+        self.hold(LLAMA, QWEN)
+        plans = planner.plans_of(backend)
+        plans.load_seconds.update({LLAMA: 1.5, QWEN: 3.0, PHI: 2.0})
+        # llama is the victim each time: it runs or is wanted less than qwen.
+        busy, wanted = self.busy(llama=1, qwen=2), {(backend.key, LLAMA): 1, (backend.key, QWEN): 2}
+        for runs, demand, waited, patience, due in (
+            ({}, {}, 0.0, 10.0, True),  # nobody runs or waits for either: at once
+            (busy, {}, 3.4, 10.0, False),  # phi 2.0 + llama 1.5 = 3.5
+            (busy, {}, 3.5, 10.0, True),
+            ({}, wanted, 3.4, 10.0, False),  # waited for counts as in use
+            (busy, {}, 1.0, 1.0, True),  # at most its patience
+        ):
+            found = planner.room_for([backend], PHI, None, runs, demand, waited, patience)
+            assert (found is backend) is due, (runs, demand, waited)
+            assert planner.due_in == (None if due else pytest.approx(3.5 - waited))
+            planner.due_in = None
+        fixed = replace(backend, swap_after=0.5)
+        assert planner.room_for([fixed], PHI, None, busy, {}, 0.5, 10.0)
+
+    def test_a_model_being_loaded_stays_held_after_its_request_went(self) -> None:
+        """Ollama goes on loading a model whose request was cancelled; a probe during the
+        load shows nothing. Until the load has had time to end (twice its last, and 5 s),
+        only a probe that shows it settles it, else room would look free beside it."""
+        planner, backend = self.planner, self.backend
+        planner.plans_of(backend).load_seconds[QWEN] = 2.0
+        assert planner.placed(backend, QWEN, None, {}).kind == "load"
+        self.now += 1.0
+        planner.residency.ran(backend, QWEN)  # its request went, mid-load
+        backend.state.observed_at = self.now + 0.1  # a probe since, that shows nothing
+        assert planner.residency.context(backend, QWEN, {}) == 4096
+        assert list(planner.residency.residents(backend, {})) == [QWEN]
+        self.now += 9.0  # sent 10 s ago: past 2 x 2 s + 5 s
+        backend.state.observed_at = self.now
+        assert planner.residency.context(backend, QWEN, {}) is None
 
     def test_the_victim_is_the_least_busy_then_least_wanted_then_longest_unused(self) -> None:
         """Running requests first, then waiting ones, then when it was last used."""

@@ -5,16 +5,13 @@ counts it keeps are never seen half-updated. Its slot ledger (``slot_ledger.py``
 ledger of this replica's running requests and busy slots; the cross-replica hold store only
 confirms them.
 
-A request runs only when its user has fewer than ``max_concurrent`` running and a backend
-that serves it has a free slot (heavy requests: a free heavy slot too, and no light request
-running there, for at most ``classes.heavy.wait_for_light``: ``prefill_gate.py``). Dispatch
-looks only at users with requests waiting, and the ordering (FIFO or fair) picks among them
-(``admission/turns.py``).
-
-Two lanes (``admission/queues.py``): each user has an interactive and a background queue, with
-their own bounds. A slot goes to background work only when no interactive request can take
-it, and background work holds at most ``lanes.background.max_slots`` of a backend. Which
-bound a request would pass is asked of the room at the end of ``turns.py``.
+A request runs when its user has fewer than ``max_concurrent`` running and a backend that
+serves it a free slot (heavy requests: a free heavy slot, and no light request running there
+for at most ``classes.heavy.wait_for_light``: ``prefill_gate.py``); the ordering (FIFO or
+fair) picks among the users waiting (``admission/turns.py``). Two lanes
+(``admission/queues.py``), each user an interactive and a background queue: a slot goes to
+background work only when no interactive request can take it, up to
+``lanes.background.max_slots``. Which bound a request would pass: the end of ``turns.py``.
 """
 
 from __future__ import annotations
@@ -276,6 +273,10 @@ class WaitingRoom:
         waiter.turn.set_result(backend)
 
     def _wake_for_held(self) -> None:
+        # A swap that would make room, due later (``swap_due``), or a held heavy request.
+        due_in, self.swaps.due_in = self.swaps.due_in, None
+        if due_in is not None:
+            self._wake_in(due_in)
         if not self.gate.holding:
             return  # nearly always: no heavy request is held
         opens = self.gate.opens_at(self.policy.classes.heavy.wait_for_light)
@@ -325,8 +326,7 @@ class WaitingRoom:
 
     def snapshot(self, now: float) -> RoomSnapshot:
         """The room at ``now``, for /status, metrics and the house page."""
-        waits = self.waits
-        starts = waits.starts(self, now) if self.lines.depth else {}
+        waits, starts = self.waits, self.waits.starts(self, now) if self.lines.depth else {}
         snapshot = room_snapshot(self, now, self.preemptions.waste, self.giving_way, starts)
         return replace(snapshot, estimates=waits.snapshot())
 

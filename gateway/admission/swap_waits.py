@@ -61,7 +61,7 @@ def waits(
     if plans.unloading is not None:
         return SwapWait(f"a swap on {backend.name} is making room", load)
     if swap is None:
-        if planner.plan(backend, model, asked, busy, {}, dry_run=True):
+        if planner.would_swap(backend, model, asked, busy):
             return SwapWait(f"{model} waits for room on {backend.name}", load)
         protected = ", ".join(sorted(backend.protected)) or "models in use"
         return SwapWait(f"{model} does not fit on {backend.name} beside {protected}", load)

@@ -5,8 +5,8 @@ A request may start on a backend that serves it where its slot group has a free 
 heavy request also needs a free heavy slot and an open prefill gate (``prefill_gate.py``), a
 background request a free background slot and no person waiting for that backend; on Ollama,
 memory must hold its model (``gateway.swaps``). Each user offers its first request
-that could go (a person's request also when a swap would make room for it), and the
-ordering (FIFO or fair) chooses among the offers.
+that could go (also when a swap that would make room for it is due: ``swap_due``), and
+the ordering (FIFO or fair) chooses among the offers.
 
 Questions put to the room's state (``RoomState``), with the room's bounds at the end: they
 change no count of the room (only the prefill gate notes since when a heavy request is
@@ -64,13 +64,13 @@ def _offers(room: RoomState, lane: Lane) -> dict[int, Offer]:
     for user, queue in room.lines.queues(lane).items():
         if room.lines.at_cap(user, lane):
             continue
-        offer = _first_offer(room, queue, lane)
+        offer = _first_offer(room, queue)
         if offer is not None:
             offers[offer.waiter.candidate.seq] = offer
     return offers
 
 
-def _first_offer(room: RoomState, queue: Iterable[Waiter], lane: Lane) -> Offer | None:
+def _first_offer(room: RoomState, queue: Iterable[Waiter]) -> Offer | None:
     # A user's first request that could go offers itself, so that one stuck request (a
     # model that does not fit, a heavy lane that is full) does not hold back the rest.
     for waiter in queue:
@@ -79,8 +79,7 @@ def _first_offer(room: RoomState, queue: Iterable[Waiter], lane: Lane) -> Offer 
         free = free_to_start(room, waiter.ticket)
         if free:
             return Offer(waiter, room.prefer(free, waiter.ticket))
-        # Only a person's request may have a model unloaded for it.
-        swap = _swap_for(room, waiter.ticket) if lane is Lane.INTERACTIVE else None
+        swap = _swap_for(room, waiter)
         if swap is not None:
             return Offer(waiter, swap, swap=True)
     return None
@@ -166,12 +165,24 @@ def waits(room: RoomState) -> Counter[tuple[str, str]]:
     )
 
 
-def _swap_for(room: RoomState, ticket: Ticket) -> Backend | None:
-    """A backend where a swap would make room for ``ticket``'s model, if one would."""
+# The longest a person's request waits for its swap to be due, as a share of its max_wait:
+# the swap itself (the drain, the load) must still fit in what is left.
+_PATIENCE = 1 / 3
+
+
+def _swap_for(room: RoomState, waiter: Waiter) -> Backend | None:
+    """A backend where a swap would make room for ``waiter``'s model and is due, if one
+    would (``swap_due``)."""
+    ticket = waiter.ticket
     if not room.swaps.may_plan_for(ticket.user):
         return None
     backends = room.pool.serving(ticket.api, ticket.model)
-    return room.swaps.room_for(backends, ticket.model, ticket.num_ctx, room.slots.busy, waits(room))
+    waited = room.clock() - waiter.arrived
+    patience = room.policy.max_wait_of(ticket.lane) * _PATIENCE
+    busy, demand, person = room.slots.busy, waits(room), ticket.lane is not BACKGROUND
+    return room.swaps.room_for(
+        backends, ticket.model, ticket.num_ctx, busy, demand, waited, patience, person
+    )
 
 
 def _kept_for_people(room: RoomState) -> frozenset[str]:

@@ -107,6 +107,7 @@ class Backend:
     memory: int | None = None
     protected: frozenset[str] = frozenset()  # model keys never unloaded for another
     default_num_ctx: int = 4096
+    swap_after: float | None = None  # seconds; None: the swap's own cost (``swap_due``)
     # The server (its URL), not the name: a reload renaming a backend cannot forget what
     # runs on it. Computed once, as ``per_model``: every dispatch reads them several times.
     key: str = field(init=False, compare=False, repr=False)
@@ -200,6 +201,7 @@ class BackendPool:
                 c.memory,
                 frozenset(map(model_key, [*c.resident, *c.keep_warm])),
                 c.default_num_ctx,
+                None if c.swap_after == "auto" else c.swap_after,
             )
             for c in configs
         ]

@@ -23,7 +23,7 @@ BackendKind = Literal["ollama", "llamacpp", "llamacpp-router", "openai"]
 # and llama-server's router (``--models-dir``), which runs a child server per loaded model.
 MANY_MODEL_KINDS = frozenset({"ollama", "llamacpp-router"})
 # Read for those kinds only: their swaps and what stays loaded.
-_MANY_MODELS_ONLY = ("max_loaded_models", "resident")
+_MANY_MODELS_ONLY = ("max_loaded_models", "resident", "swap_after")
 # Read for Ollama only: its pings, keep_alive, memory as /api/ps counts it, num_ctx.
 _OLLAMA_ONLY = ("keep_warm", "keep_alive", "memory", "default_num_ctx")
 
@@ -77,6 +77,15 @@ class BackendConfig(Strict):
         default_factory=list,
         description="ollama, llamacpp-router: models the gateway never unloads to make room "
         "for another (keep_warm models neither).",
+    )
+    swap_after: Literal["auto"] | Duration = Field(
+        default="auto",
+        description="ollama, llamacpp-router: while the models held are in use, how long a "
+        "person's request for another waits before the gateway swaps for it (requests for "
+        "the same model gathered meanwhile go in the same load). auto: the swap's cost, the "
+        "seconds it spends loading (that model, and the ones it unloads when they come "
+        "back), at most a third of max_wait; 0s: at once, as Ollama and the router do. An "
+        "idle model is swapped out at once either way.",
     )
     default_num_ctx: int = Field(
         default=4096,

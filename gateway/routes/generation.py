@@ -196,7 +196,7 @@ class Generation:
                 answered=not failed and record.reason is None,
                 prefill_seconds=None if first_byte is None else first_byte - dispatched,
             )
-            permit.loaded(record.load_seconds)
+            permit.loaded(_load_seconds(permit, record.load_seconds, first_byte, dispatched))
             if failed and record.load_seconds is None:
                 permit.refused_by_backend()
             else:
@@ -269,6 +269,17 @@ class Generation:
             await unload_models(self._services.upstream.session, permit.backend, victims, within)
         finally:
             self._services.admission.made_room(permit.backend)
+
+
+def _load_seconds(
+    permit: Permit, said: float | None, first_byte: float | None, dispatched: float
+) -> float | None:
+    """How long the reply's model took to load: as Ollama says it (load_duration); the
+    router says nothing of its loads, so there the wait for the first byte of a request
+    that loaded its model (its unloads, its load, its prompt: the swap's whole price)."""
+    if said is not None or permit.backend.kind != "llamacpp-router" or first_byte is None:
+        return said
+    return first_byte - dispatched if permit.placement.loads else None
 
 
 async def _unless_preempted(

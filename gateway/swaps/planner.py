@@ -18,9 +18,12 @@ request that needs a load (server/sched.go, ``processPending``). A request whose
   other for a while (``SwapBar``);
 - why a request waits for memory, in the words of its 503, is asked in ``swap_waits``.
 
-Only interactive requests start a swap: background work runs on what is loaded, or loads
-what fits. Only a model the backend lists is held or swapped for: while its list is unknown,
-requests go and Ollama decides, and a made-up name never waits for room nor unloads a model.
+Swaps are rationed (``swap_due``): while the models held are in use, a request for another
+waits the swap's cost before it is planned, and background work swaps only models nobody
+uses, or after a third of its max_wait. Only a model the backend lists is held or swapped
+for: while its list is unknown, requests go and Ollama decides, and a made-up name never
+waits for room nor unloads a model.
+
 Pure: no I/O; the clock and the running counts are passed in.
 """
 
@@ -32,11 +35,12 @@ from dataclasses import dataclass
 
 from gateway.backends import Backend
 from gateway.config import model_key
+from gateway.swaps.bar import SwapBar
 from gateway.swaps.outcomes import RESIDENT, DoneSwap, Placement, SwapsSnapshot
 from gateway.swaps.residency import Residency
-from gateway.swaps.victims import BackendPlans, fits_beside, victims
+from gateway.swaps.victims import BackendPlans, fits_beside, load_seconds, swap_due, victims
 
-__all__ = ["SWAP_BAR_SECONDS", "PlannedSwap", "SwapBar", "SwapPlanner"]
+__all__ = ["PlannedSwap", "SwapPlanner"]
 
 _RECENT = 32  # swaps remembered for /status
 
@@ -67,6 +71,9 @@ class SwapPlanner:
         self.bar = SwapBar(clock)
         self.counts: defaultdict[tuple[str, str, str], float] = defaultdict(float)
         self.recent: deque[DoneSwap] = deque(maxlen=_RECENT)
+        # Seconds until the soonest swap that would make room is due (``room_for``): the
+        # waiting room wakes then. Cleared by whoever reads it.
+        self.due_in: float | None = None
 
     def refused(
         self, user: str, backend: Backend, model: str, placement: Placement, alone: bool
@@ -130,28 +137,41 @@ class SwapPlanner:
         asked: int | None,
         busy: Mapping[str, int],
         demand: Mapping[tuple[str, str], int],
-        *,
-        dry_run: bool = False,
     ) -> bool:
-        """Plan the swap that makes room for ``model``: True if there is one (and, unless
-        ``dry_run``, it now drains its victims). ``demand``: waiting requests by backend
-        key and model key."""
-        if not backend.per_model:
-            return False
-        if backend.key in self._swaps or self.plans_of(backend).unloading is not None:
-            return False  # one swap at a time, until its room is made
-        if self.admits(backend, model, asked, busy):
-            return False  # memory is not what keeps it waiting: its slots are
-        model = model_key(model)
-        num_ctx = self.residency.num_ctx(backend, model, asked)
-        chosen = victims(
-            self.residency, backend, self.plans_of(backend), model, num_ctx, busy, demand
-        )
+        """Plan the swap that makes room for ``model``: True if there is one, and it now
+        drains its victims. ``demand``: waiting requests by backend key and model key."""
+        chosen = self._victims(backend, model, asked, busy, demand)
         if chosen is None:
             return False
-        if not dry_run:
-            self._swaps[backend.key] = PlannedSwap(model, num_ctx, chosen, self._clock())
+        num_ctx = self.residency.num_ctx(backend, model_key(model), asked)
+        self._swaps[backend.key] = PlannedSwap(model_key(model), num_ctx, chosen, self._clock())
         return True
+
+    def would_swap(
+        self, backend: Backend, model: str, asked: int | None, busy: Mapping[str, int]
+    ) -> bool:
+        """Whether a swap could make room for ``model`` on ``backend`` now, due or not."""
+        return self._victims(backend, model, asked, busy, {}) is not None
+
+    def _victims(
+        self,
+        backend: Backend,
+        model: str,
+        asked: int | None,
+        busy: Mapping[str, int],
+        demand: Mapping[tuple[str, str], int],
+    ) -> tuple[str, ...] | None:
+        """The models a swap for ``model`` would unload, if one may be planned now."""
+        if not backend.per_model:
+            return None
+        if backend.key in self._swaps or self.plans_of(backend).unloading is not None:
+            return None  # one swap at a time, until its room is made
+        if self.admits(backend, model, asked, busy):
+            return None  # memory is not what keeps it waiting: its slots are
+        model = model_key(model)
+        num_ctx = self.residency.num_ctx(backend, model, asked)
+        plans = self.plans_of(backend)
+        return victims(self.residency, backend, plans, model, num_ctx, busy, demand)
 
     def placed(
         self, backend: Backend, model: str, asked: int | None, busy: Mapping[str, int]
@@ -179,7 +199,7 @@ class SwapPlanner:
             placement = RESIDENT if held == num_ctx else _RELOAD
         else:
             placement = _LOAD
-        self._send(backend, plans, model, num_ctx, now)
+        self._send(backend, plans, model, num_ctx, now, placement)
         return placement
 
     def admitted(
@@ -211,14 +231,22 @@ class SwapPlanner:
             placement = _RELOAD
         # ``_send``, written out: one call less on every request's path.
         now = self._clock()
-        residency.sent(backend, model, num_ctx, now)
+        loading = _loading(plans, model) if placement.loads else 0.0
+        residency.sent(backend, model, num_ctx, now, loading)
         plans.last_used[model] = now
         return placement
 
     def _send(
-        self, backend: Backend, plans: BackendPlans, model: str, num_ctx: int, now: float
+        self,
+        backend: Backend,
+        plans: BackendPlans,
+        model: str,
+        num_ctx: int,
+        now: float,
+        placement: Placement,
     ) -> None:
-        self.residency.sent(backend, model, num_ctx, now)
+        loading = _loading(plans, model) if placement.loads else 0.0
+        self.residency.sent(backend, model, num_ctx, now, loading)
         plans.last_used[model] = now
 
     def answered(self, backend: Backend, model: str, placement: Placement) -> None:
@@ -247,11 +275,25 @@ class SwapPlanner:
         asked: int | None,
         busy: Mapping[str, int],
         demand: Mapping[tuple[str, str], int],
+        waited: float,
+        patience: float,
+        person: bool = True,
     ) -> Backend | None:
-        """The first of ``backends`` where a swap would make room for ``model``, if any."""
+        """The first of ``backends`` where a swap would make room for ``model`` and is due
+        for a request (a ``person``'s, or background work's) that has ``waited``
+        (``swap_due``); when one would make room but is not due yet, ``due_in`` says how
+        soon it will be."""
         for backend in backends:
-            if self.plan(backend, model, asked, busy, demand, dry_run=True):
+            chosen = self._victims(backend, model, asked, busy, demand)
+            if chosen is None:
+                continue
+            plans = self.plans_of(backend)
+            key = model_key(model)
+            left = swap_due(backend, plans, key, chosen, busy, demand, patience, person)
+            if waited >= left:
                 return backend
+            if self.due_in is None or left - waited < self.due_in:
+                self.due_in = left - waited
         return None
 
     def keep_only(self, wanted: Collection[tuple[str, str]]) -> None:
@@ -277,33 +319,7 @@ class SwapPlanner:
         return found
 
 
-# The bar on users whose swaps were wasted: for a while, no swap is planned for them.
-#
-# Ollama checks a body before it evicts anything, so on its own a request it refuses (a body
-# it cannot decode, a capability the model lacks) costs nobody a model. Behind the gateway,
-# which unloads the victims itself before it sends the request, each such request would
-# unload another user's model for nothing. So a user whose swap was wasted plans no swap for
-# ``SWAP_BAR_SECONDS``: at most one such loss in that time, whatever they send.
-
-# How long a user whose swap was wasted (``SwapBar.wasted``) plans no other.
-SWAP_BAR_SECONDS = 300.0
-
-
-class SwapBar:
-    """The users for whom no swap is planned, each until when."""
-
-    def __init__(self, clock: Callable[[], float]) -> None:
-        self._clock = clock
-        self._barred: dict[str, float] = {}  # user -> until when no swap is planned for them
-
-    def wasted(self, user: str) -> None:
-        """Models were unloaded for ``user``'s request, for nothing: no swap is planned for
-        them for ``SWAP_BAR_SECONDS``."""
-        now = self._clock()
-        # Pruned where it grows, so that it holds only the users barred in the last 300 s.
-        self._barred = {other: until for other, until in self._barred.items() if until > now}
-        self._barred[user] = now + SWAP_BAR_SECONDS
-
-    def seconds_left(self, user: str) -> float:
-        """Seconds until a swap may be planned for ``user`` again (0: it may now)."""
-        return max(0.0, self._barred.get(user, 0.0) - self._clock())
+def _loading(plans: BackendPlans, model: str) -> float:
+    """How long a load of ``model`` may be under way, generously: twice its last load (a
+    busy disk is slower), and a few seconds more."""
+    return 2 * load_seconds(plans, model) + 5.0

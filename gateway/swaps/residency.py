@@ -53,6 +53,10 @@ class _Sent:
 
     num_ctx: int
     at: float
+    # Until when a load it asked for may still be under way: till then, only a probe that
+    # shows the model ends the record. Ollama goes on loading a model whose request has
+    # gone, so a probe during the load, which shows nothing, must not make room look free.
+    loading_until: float = float("-inf")
 
 
 @dataclass(slots=True)
@@ -147,6 +151,8 @@ class Residency:
             if state.models is not None:
                 del mine.sent[model]
             return found, None
+        if seen is None and sent.loading_until > state.observed_at:
+            return found, sent  # loading still, as far as anyone can tell
         if sent.at <= state.observed_at and not busy.get(backend.group(model), 0):
             del mine.sent[model]  # the probe since knows better
             seen_ctx = seen.context_length if seen is not None else None
@@ -167,17 +173,22 @@ class Residency:
             return on_disk + (seen_size - on_disk) * num_ctx // seen_ctx
         return int(on_disk * _UNSEEN_OVERHEAD)
 
-    def sent(self, backend: Backend, model: str, num_ctx: int, at: float) -> None:
+    def sent(
+        self, backend: Backend, model: str, num_ctx: int, at: float, loading: float = 0.0
+    ) -> None:
         """A request for ``model`` (a model key) with ``num_ctx`` was dispatched to
-        ``backend`` at ``at`` (the clock's time)."""
+        ``backend`` at ``at`` (the clock's time); ``loading``: seconds its load may take,
+        when it loads the model."""
         if not backend.per_model:
             return
         sent = self._of(backend).sent
         found = sent.get(model)
         if found is None:
-            sent[model] = _Sent(num_ctx, at)
+            found = sent[model] = _Sent(num_ctx, at)
         else:  # its previous dispatch, as nearly always: updated rather than made anew
             found.num_ctx, found.at = num_ctx, at
+        if loading:
+            found.loading_until = at + loading
 
     def unsent(self, backend: Backend, model: str) -> None:
         """The request for ``model`` sent to ``backend`` was refused without a load: it
@@ -190,7 +201,7 @@ class Residency:
         (one started during its load does not show the model yet)."""
         sent = self._of(backend).sent.get(model_key(model))
         if sent is not None:
-            sent.at = self._clock()
+            sent.at = max(sent.at, self._clock())
 
     def gone(self, backend: Backend, model: str) -> None:
         """The gateway is unloading ``model`` from ``backend``."""

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from gateway.backends import Backend
 from gateway.swaps.residency import Residency, Resident
 
-__all__ = ["BackendPlans", "fits", "fits_beside", "load_seconds", "victims"]
+__all__ = ["BackendPlans", "fits", "fits_beside", "load_seconds", "swap_due", "victims"]
 
 _DEFAULT_LOAD_SECONDS = 10.0  # until a load of the model has been timed
 
@@ -94,3 +94,39 @@ def fits(
 def load_seconds(plans: BackendPlans, model: str) -> float:
     """About how long a load of ``model`` takes: its last one, else a guess."""
     return plans.load_seconds.get(model, _DEFAULT_LOAD_SECONDS)
+
+
+def swap_due(
+    backend: Backend,
+    plans: BackendPlans,
+    model: str,
+    chosen: tuple[str, ...],
+    busy: Mapping[str, int],
+    demand: Mapping[tuple[str, str], int],
+    patience: float,
+    person: bool = True,
+) -> float:
+    """How long a request for ``model`` waits before the swap that unloads ``chosen`` is
+    planned for it. A person's: at once when nobody runs or waits for any of them (the
+    swap costs nobody anything); else the backend's ``swap_after``, by default the swap's
+    cost: the seconds of loading it brings (``model`` now, each victim again when its
+    users come back); at most ``patience``. Background work's: the cost, and only while
+    nobody runs or waits for them; ``patience`` whatever they do, so that it is never
+    refused for want of a swap, nor swaps a person's model out between two questions.
+
+    So swaps are rationed: while the models held are in use, a request for another waits
+    as long as the switch would make the backend's users wait, and in that time more
+    requests for its model gather and go with it, in one load. A backend that switched at
+    every change of model, as Ollama and the router do on their own, would load about
+    once per change."""
+    idle = all(
+        not busy.get(backend.group(v), 0) and not demand.get((backend.key, v), 0) for v in chosen
+    )
+    if idle and person:
+        return 0.0
+    if not idle and not person:
+        return patience
+    if backend.swap_after is not None:
+        return min(backend.swap_after, patience)
+    cost = load_seconds(plans, model) + sum(load_seconds(plans, v) for v in chosen if v != model)
+    return min(cost, patience)
