@@ -67,7 +67,7 @@ bench: $(DEV_STAMP) services
 # Real servers the tests start on loopback: Prometheus (and promtool) and redis-server, from
 # Debian's packages; installed when missing. And chromium, the browser the house page's
 # tests drive through playwright (which downloads no browser of its own); nginx and caddy,
-# which run the README's proxy files in front of a gateway.
+# which run the proxy files of docs/tls.md in front of a gateway.
 services:
 	@command -v prometheus >/dev/null && command -v promtool >/dev/null \
 		&& command -v redis-server >/dev/null && command -v chromium >/dev/null \
