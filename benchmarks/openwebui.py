@@ -12,7 +12,7 @@ runs, one after another:
 1. tasks off: the chats alone, the reference;
 2. tasks on, no lanes setting at all: the defaults (the open-webui preset is on, and
    background work gives its slot to a person who would wait for it);
-3. tasks on, the README's Open WebUI lanes setting;
+3. tasks on, the Open WebUI lanes setting of docs/open-webui.md;
 4. tasks on, lanes turned off (``presets: []``): what the defaults spare the people.
 
 Printed per run: the people's chats answered and refused, their TTFT p50/p95 against the
@@ -75,7 +75,7 @@ class Engine:
 SIM_ENGINE = Engine("the simulator", MODEL, "/api/chat", "ollama", tools=True)
 LLAMA_ENGINE = Engine("llama-server", MODEL_ALIAS, "/v1/chat/completions", "llamacpp", False)
 
-# The README's Open WebUI example (its lanes part), as an admin would copy it.
+# docs/open-webui.md's Open WebUI example (its lanes part), as an admin would copy it.
 DOCUMENTED_LANES = (
     "lanes:\n"
     "  presets: [open-webui]\n"
@@ -291,8 +291,8 @@ async def compare(engine: Engine) -> list[tuple[str, Tally]]:
         return [
             ("tasks off (the reference)", await _run(engine, workdir, False, "")),
             ("tasks on, no lanes setting (the defaults)", await _run(engine, workdir, True, "")),
-            ("tasks on, the README's lanes setting", await _run(engine, workdir, True,
-                                                                  DOCUMENTED_LANES)),
+            ("tasks on, the documented lanes setting", await _run(engine, workdir, True,
+                                                                    DOCUMENTED_LANES)),
             ("tasks on, lanes off (presets: [])", await _run(engine, workdir, True,
                                                             "lanes: {presets: []}\n")),
         ]  # fmt: skip

@@ -292,7 +292,7 @@ class TestRouting:
     async def test_ollamas_own_routes_on_llama_cpp_alone_say_to_use_v1(
         self, start_sim: StartSim, start_gateway: StartGateway
     ) -> None:
-        """The README's no_backend row: not 'model not found', but where to go instead."""
+        """docs/errors.md's no_backend row: not 'model not found', but where to go instead."""
         gateway = await llama_gateway(start_sim, start_gateway)
         await until(
             gateway.services.admission,

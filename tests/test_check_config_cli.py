@@ -1,6 +1,6 @@
 """``fairgate check-config``, a real process: it passes exactly when the service would start.
 
-The README's systemd section has the admin run it with ``--env-file`` before starting the
+docs/install.md's systemd section has the admin run it with ``--env-file`` before starting the
 unit, so it must read that file as systemd does, and check the settings as well as the policy.
 """
 

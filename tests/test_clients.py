@@ -2,8 +2,8 @@
 
 The real client packages (ollama, openai, langchain-ollama, llama-index) and curl talk to the
 gateway here; the clients that cannot run in the tests (the ollama CLI, Open WebUI, Continue,
-a TV app) are sent the headers they send, as read in their sources. The README's table of
-clients is rendered from ``WAYS`` and checked against it: print it with
+a TV app) are sent the headers they send, as read in their sources. docs/clients.md's table
+of clients is rendered from ``WAYS`` and checked against it: print it with
 ``python -m tests.test_clients``.
 """
 
@@ -24,7 +24,7 @@ import pytest
 
 from tests.conftest import Finished, StartGateway, StartSim
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+PAGE = Path(__file__).resolve().parent.parent / "docs" / "clients.md"
 MODEL = "llama3.2:3b"
 KEY = "alice-key"
 TV_ADDRESS = "127.0.0.2"  # loopback too, but not the address every other client comes from
@@ -52,7 +52,7 @@ class Way:
     """One way a client can be told the key, and who the gateway then says is asking."""
 
     client: str
-    how: str  # Markdown, as the README shows it
+    how: str  # Markdown, as docs/clients.md shows it
     runs_as: str  # alice (the key's user), anonymous (no key arrived), tv, or 401
     send: Send
     checked: str  # what the test runs: the client itself, or the headers it sends
@@ -269,7 +269,7 @@ _OUTCOMES = {
 
 
 @pytest.mark.parametrize("way", WAYS, ids=lambda way: f"{way.client} {way.how}")
-async def test_each_client_runs_as_the_user_the_readme_says(
+async def test_each_client_runs_as_the_user_the_docs_say(
     way: Way, start_sim: StartSim, start_gateway: StartGateway, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The client, given the key this way, is served as the user the table names (or 401)."""
@@ -284,7 +284,7 @@ async def test_each_client_runs_as_the_user_the_readme_says(
         assert record.status == 200
 
 
-def readme_table() -> str:
+def clients_table() -> str:
     lines = [
         "| client | how it is given the key | the gateway serves it as | tested with |",
         "| --- | --- | --- | --- |",
@@ -297,12 +297,12 @@ def readme_table() -> str:
 _TABLE = re.compile(r"<!-- clients: .*? -->\n(.*?)\n<!-- /clients -->", re.DOTALL)
 
 
-def test_the_readme_table_of_clients_is_the_one_tested_here() -> None:
-    """README's client table is rendered from WAYS (python -m tests.test_clients prints it)."""
-    found = _TABLE.search(README.read_text())
-    assert found is not None, "README.md has no <!-- clients: ... --> block"
-    assert found.group(1) == readme_table()
+def test_the_table_of_clients_in_the_docs_is_the_one_tested_here() -> None:
+    """docs/clients.md's table is rendered from WAYS (python -m tests.test_clients prints it)."""
+    found = _TABLE.search(PAGE.read_text())
+    assert found is not None, "docs/clients.md has no <!-- clients: ... --> block"
+    assert found.group(1) == clients_table()
 
 
 if __name__ == "__main__":
-    print(readme_table())
+    print(clients_table())

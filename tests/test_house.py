@@ -1,10 +1,15 @@
 """The house page, "where am I" and the /status they read, in a real browser (Debian's
-chromium, driven by playwright) against a real gateway and simulator on loopback."""
+chromium, driven by playwright) against a real gateway and simulator on loopback; and the
+picture of the house page in the docs, taken here."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import re
+import struct
 import time
+import zlib
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -20,10 +25,11 @@ from gateway.app import create_app
 from gateway.config.policy import parse_policy
 from gateway.config.settings import Settings
 from tests.conftest import Gateway, StartGateway, StartSim, serve
-from tests.test_admission import MODEL, until
+from tests.test_admission import MODEL, queued, until
 from tests.test_anthropic import UNKNOWN_KEY
 from tests.test_preemption import TASK_PROMPT, body, post
 
+REPO = Path(__file__).resolve().parent.parent
 PROMPT = "please summarise the minutes of the last meeting " * 4  # a few dozen tokens
 
 
@@ -436,3 +442,144 @@ class TestHousePage:
             await expect(bob).to_contain_text("0 of 1 + 1 background")
             assert watched.errors == []
         task.cancel()
+
+
+# The picture in docs/house-page.md ----------------------------------------------------
+
+PICTURE = REPO / "docs" / "house.png"
+PAGE_FILES = REPO / "gateway" / "routes" / "ui"
+EVENING = """\
+classes: {{heavy: {{min_prompt_tokens: 2000}}}}
+users:
+  alice: {{keys: [alice-key], admin: true}}
+  bob: {{keys: [bob-key]}}
+  carol: {{keys: [carol-key]}}
+  agent: {{keys: [agent-key], max_queued: 0, weight: 0.5}}
+backends:
+  - {{name: gpu, url: {url}, kind: ollama, slots: 2}}
+"""
+# The PNG text chunk that says what the picture shows (see ``drawn_from``).
+SCENE_KEY = b"fairgate-scene"
+
+
+async def ask(url: str, key: str, prompt: str, stall: bool = False) -> int:
+    """One chat of ``key``'s user, read to its end; with ``stall`` it never ends (the
+    simulator stops after three tokens), so that it holds its slot until cancelled."""
+    chat: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": prompt}]}
+    if stall:
+        chat["options"] = {"sim_stall_after": 3}
+    headers = {"Authorization": f"Bearer {key}"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url + "/api/chat", json=chat, headers=headers) as reply,
+    ):
+        async for _ in reply.content:
+            pass
+        return reply.status
+
+
+def drawn_from(page_text: str) -> str:
+    """What a picture of the page shows, as a digest: the page's own files, and its text with
+    every number (a time, a duration, a count) masked, since those differ from run to run.
+    The picture is redrawn when this changes, and only then: a test run leaves the tree as
+    it was unless the page looks different (to redraw it anyway, delete docs/house.png)."""
+    masked = re.sub(r"\d[\d.:,]*(?:\s?(?:ms|s|m|h|k|AM|PM)\b)?", "#", page_text)
+    digest = hashlib.sha256(masked.encode())
+    for path in sorted(p for p in PAGE_FILES.iterdir() if p.is_file()):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def png_chunks(png: bytes) -> list[tuple[bytes, bytes]]:
+    """The (type, data) chunks of a PNG file (https://www.w3.org/TR/png/#5Chunk-layout)."""
+    chunks, at = [], 8  # after the signature
+    while at < len(png):
+        (length,) = struct.unpack(">I", png[at : at + 4])
+        chunks.append((png[at + 4 : at + 8], png[at + 8 : at + 8 + length]))
+        at += 12 + length
+    return chunks
+
+
+def chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def with_scene(png: bytes, scene: str) -> bytes:
+    """``png`` with a tEXt chunk holding ``scene``, right after its header chunk (IHDR)."""
+    (header_length,) = struct.unpack(">I", png[8:12])
+    end_of_header = 8 + 12 + header_length
+    text = chunk(b"tEXt", SCENE_KEY + b"\0" + scene.encode())
+    return png[:end_of_header] + text + png[end_of_header:]
+
+
+def scene_of(png: bytes) -> str | None:
+    for kind, data in png_chunks(png):
+        if kind == b"tEXt" and data.startswith(SCENE_KEY + b"\0"):
+            return data.removeprefix(SCENE_KEY + b"\0").decode()
+    return None
+
+
+class TestThePicture:
+    def test_the_scene_survives_in_the_png_and_its_numbers_do_not_count(self) -> None:
+        """The digest written into a picture is read back from it; a page that differs in
+        its numbers alone is the same scene, one that differs in a word is another."""
+        header = struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0)  # one grey pixel
+        png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IEND", b"")
+        assert scene_of(png) is None
+        assert scene_of(with_scene(png, "abc")) == "abc"
+        assert png_chunks(with_scene(png, "abc"))[0][0] == b"IHDR"
+        waited = drawn_from("carol waited 4.7 s, starts in about 850 ms, at 10:02:03 PM")
+        assert drawn_from("carol waited 12 s, starts in about 1.5 s, at 9:59:59 AM") == waited
+        assert drawn_from("alice waited 4.7 s, starts in about 850 ms, at 10:02:03 PM") != waited
+
+    async def test_a_busy_evening_is_what_the_page_shows_and_the_docs_picture(
+        self, start_sim: StartSim, start_gateway: StartGateway, browser: Browser, tmp_path: Path
+    ) -> None:
+        """Bob and the agent hold both slots, carol and alice wait in the scheduler's order,
+        the agent's second request was refused: the page shows exactly that, and
+        docs/house.png is a picture of it (redrawn when the page has changed)."""
+        _, sim_url = await start_sim(parallel=2, decode_tokens_per_s=40.0, default_output_tokens=8)
+        gateway = await start_gateway(EVENING.format(url=sim_url))
+        admission, url = gateway.services.admission, gateway.url
+        for n in range(6):  # the last hour: a few quick replies
+            await ask(url, ("bob-key", "carol-key", "alice-key")[n % 3], "what time is it?")
+        held: list[asyncio.Task[int]] = []
+        try:
+            # The agent's long summary first: a heavy request arriving beside a light one
+            # would wait for it (classes.heavy.wait_for_light), and the agent may not wait.
+            for user, prompt in (("agent", "summarise: " + "minutes " * 3000), ("bob", "help")):
+                held.append(asyncio.create_task(ask(url, f"{user}-key", prompt, stall=True)))
+                await until(admission, lambda s, u=user: u in running_users(gateway))
+            for user, prompt in (("carol", "a recipe for tonight"), ("alice", "translate this")):
+                held.append(asyncio.create_task(ask(url, f"{user}-key", prompt, stall=True)))
+                await until(admission, queued(user, 1))
+            # Its one running request is all the agent may have: max_queued 0.
+            assert await ask(url, "agent-key", "summarise the next file") == 503
+            await asyncio.sleep(3.0)  # waits of a few seconds, as on a real evening
+            await self.photograph(browser, tmp_path, gateway)
+        finally:
+            for task in held:
+                task.cancel()
+            await asyncio.gather(*held, return_exceptions=True)
+
+    async def photograph(self, browser: Browser, tmp_path: Path, gateway: Gateway) -> None:
+        """Check the page shows the evening, and keep docs/house.png a picture of it."""
+        waiting = [w.user for w in gateway.services.admission.snapshot().waiting]
+        assert sorted(waiting) == ["alice", "carol"]
+        async with opened(browser, tmp_path, "picture") as watched:
+            page = watched.page
+            await page.set_viewport_size({"width": 1000, "height": 800})
+            await page.goto(gateway.url + "/ui")
+            await expect(page.locator(".slot.busy .who")).to_have_text(["agent", "bob"])
+            rows = page.locator("#waiting tr")
+            await expect(rows).to_have_count(2)
+            for n, user in enumerate(waiting):  # in the scheduler's order
+                await expect(rows.nth(n).locator("td").nth(1)).to_have_text(user)
+            refused = page.locator("#refusals tr").first
+            await expect(refused).to_contain_text("agent")
+            await expect(refused).to_contain_text("user_queue_full")
+            await expect(page.locator("#summary")).to_contain_text("2 of 2 slots busy · 2 waiting")
+            scene = drawn_from(await page.locator("body").inner_text())
+            if not PICTURE.exists() or scene_of(PICTURE.read_bytes()) != scene:
+                PICTURE.write_bytes(with_scene(await page.screenshot(full_page=True), scene))
+            assert watched.errors == []

@@ -1,4 +1,4 @@
-"""The README's proxies, for real: nginx and Caddy run the files in ``deploy/`` (over plain
+"""The proxies of docs/tls.md, for real: nginx and Caddy run the files in ``deploy/`` (over plain
 HTTP; TLS is theirs, not ours) in front of a gateway that trusts them. Streams arrive token by
 token, a client that hangs up frees its slot, the client's own address is the one used, and
 /status is not open to remote clients of a proxy on the gateway's machine."""
@@ -169,10 +169,10 @@ async def test_the_client_is_the_address_the_proxy_saw_not_the_one_it_claims(
     assert (str(record.client.address), str(record.client.proxy)) == (CLIENT, "127.0.0.1")
 
 
-def test_the_readme_shows_the_caddyfile_that_is_tested() -> None:
-    """README's Caddy block is deploy/caddy/Caddyfile without its comments."""
-    readme = (DEPLOY.parent / "README.md").read_text()
-    shown = readme.split("[`deploy/caddy/Caddyfile`]", 1)[1].split("```\n", 2)[1]
+def test_the_docs_show_the_caddyfile_that_is_tested() -> None:
+    """docs/tls.md's Caddy block is deploy/caddy/Caddyfile without its comments."""
+    page = (DEPLOY.parent / "docs" / "tls.md").read_text()
+    shown = page.split("[`deploy/caddy/Caddyfile`]", 1)[1].split("```\n", 2)[1]
     lines = (DEPLOY / "caddy" / "Caddyfile").read_text().splitlines()
     tested = [line for line in lines if line.strip() and not line.lstrip().startswith("#")]
     assert shown.splitlines() == tested

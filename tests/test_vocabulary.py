@@ -1,4 +1,4 @@
-"""One vocabulary: every refusal reason is counted, the README's table names each reason, and
+"""One vocabulary: every refusal reason is counted, docs/errors.md's table names each reason, and
 the core (admission, scheduling, policy, tallies, holds, routing) loads without aiohttp."""
 
 from __future__ import annotations
@@ -181,10 +181,9 @@ async def test_every_refusal_reason_is_counted_in_fairgate_rejections_total(
     assert counted == {str(reason) for reason in REFUSALS}
 
 
-def test_the_readme_error_table_names_every_reason_and_no_other() -> None:
-    """The README's 'What the errors mean' table is the Reason enum, no more, no less."""
-    readme = (REPO / "README.md").read_text()
-    table = readme.split("## What the errors mean", 1)[1].split("\n## ", 1)[0]
+def test_the_error_table_of_the_docs_names_every_reason_and_no_other() -> None:
+    """docs/errors.md's table (the whole page) is the Reason enum, no more, no less."""
+    table = (REPO / "docs" / "errors.md").read_text()
     rows = [line for line in table.splitlines() if line.startswith("| ") and "`" in line]
     named = {name for row in rows for name in re.findall(r"`([a-z_]+)`", row.split("|")[2])}
     assert named == {str(reason) for reason in Reason}
