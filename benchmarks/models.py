@@ -80,6 +80,7 @@ class Scenario:
     users: tuple[User, ...]
     policy: str  # the gateway's lines beside users and backends
     backend: str = ""  # fields added to the backend's line
+    slots: int | None = None  # the backend's slots in the policy; None: the simulator's
 
 
 @dataclass
@@ -102,6 +103,7 @@ class Run:
     records: list[RequestRecord] = field(default_factory=list)
     swaps: tuple[DoneSwap, ...] = ()
     counts: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    runs_fewer_after: float | None = None  # seconds into the run the gateway found it
 
     def light_ttft(self) -> list[float]:
         return [t for s in self.seen if s.user.family for t in s.ttft]
@@ -161,13 +163,14 @@ SCENARIOS = (
 
 def _policy(scenario: Scenario, sim_url: str) -> str:
     users = "".join(f"  {u.name}: {{keys: [{u.name}-key]}}\n" for u in scenario.users)
+    slots = scenario.slots or scenario.sim.parallel
     return (
         "monitoring: {interval: 500ms}\n"
         "defaults: {max_concurrent: 1, max_queued: 4}\n"
         "queue: {max_depth: 32, max_wait: 120s}\n"
         + scenario.policy
         + f"users:\n{users}"
-        + f"backends:\n  - {{name: gpu, url: {sim_url}, slots: {scenario.sim.parallel}"
+        + f"backends:\n  - {{name: gpu, url: {sim_url}, slots: {slots}"
         + f"{scenario.backend}}}\n"
     )
 
@@ -236,12 +239,14 @@ async def run(scenario: Scenario, through_gateway: bool) -> Run:
             # The first model is loaded before the clock starts, in both runs alike: a
             # household's day does not start with every model cold.
             await _warm(session, url, scenario.users[0], through_gateway)
-            started = time.perf_counter()
+            started, begun = time.perf_counter(), time.monotonic()
             await asyncio.gather(
                 *(_user(session, url, s, through_gateway, n) for n, s in enumerate(seen))
             )
         seconds = time.perf_counter() - started
         swaps = gateway.admission.room.swaps if gateway is not None else None
+        found = None if gateway is None else gateway.policy.current.pool.backends[0].state
+        fewer = None if found is None or found.runs_at_most is None else found.runs_at_most.at
         result = Run(
             "through the gateway" if through_gateway else "direct to Ollama",
             seen,
@@ -250,6 +255,7 @@ async def run(scenario: Scenario, through_gateway: bool) -> Run:
             records,
             tuple(swaps.recent) if swaps is not None else (),
             dict(swaps.counts) if swaps is not None else {},
+            None if fewer is None else fewer - begun,
         )
     finally:
         for runner in reversed(runners):

@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from gateway.admission.holds.base import HoldStore
 from gateway.admission.local import LocalTurns
+from gateway.admission.parallelism import Parallelism
 from gateway.admission.permit import Permit
 from gateway.admission.refusals import REVOKED, Refusal, refusal, turn_away
 from gateway.admission.replicas import ReplicaHolds
@@ -71,6 +72,7 @@ class Admission:
         self.changes = Changes()
         self.wake_timer = WakeTimer(self.wake)
         self.room = WaitingRoom(policy, pool, self.changes.notify, wake_in=self.wake_timer.wake_in)
+        self.parallelism = Parallelism()  # how many requests each backend really runs
         self.turns = LocalTurns(self, self.room.waits, self._refusal)
         self.replicas = (
             None if holds is None else ReplicaHolds(holds, self.room, clock, self._refusal)
@@ -145,6 +147,7 @@ class Admission:
             held = self.clock() - permit.granted_at
             waits, first = self.room.waits, permit.first_byte_after
             waits.observe(permit.backend.name, permit.ticket, held, permit.evaluated, first)
+        self.parallelism.ended(permit.ticket, self.clock())
         self.room.release(permit.ticket, permit.backend)
 
     def made_room(self, backend: Backend) -> None:

@@ -13,9 +13,10 @@ from types import TracebackType
 from typing import Protocol
 
 from gateway.admission.holds.base import Hold
+from gateway.admission.parallelism import Parallelism
 from gateway.admission.room import WaitingRoom
 from gateway.admission.tickets import Ticket, Waiter
-from gateway.backends import Backend
+from gateway.backends import Backend, RunsAtMost
 from gateway.core import BACKGROUND
 from gateway.swaps import Placement
 
@@ -30,6 +31,9 @@ class Issuer(Protocol):
 
     @property
     def clock(self) -> Callable[[], float]: ...
+
+    @property
+    def parallelism(self) -> Parallelism: ...
 
     def release(self, permit: Permit) -> None: ...
 
@@ -91,6 +95,7 @@ class Permit:
         # Resolved when background work gives its slot to a person (preemption.py); None
         # for people's requests, and for work whose reply has begun or may not give way.
         self.preempted: asyncio.Future[None] | None = None
+        admission.parallelism.started(admission.room.slots, ticket, backend, granted_at)
         if ticket.lane is BACKGROUND:
             room = admission.room
             if ticket.restarts < room.policy.lanes.background.max_restarts:
@@ -165,6 +170,14 @@ class Permit:
         if output_tokens is not None:
             self.add_output(output_tokens - self.output_charged)
 
+    def replied(self, first_byte: float | None) -> RunsAtMost | None:
+        """The reply's first byte came at ``first_byte`` (None: none came): a finding that
+        the backend runs fewer requests at once than its slots, if this reply completes
+        one (``parallelism.py``)."""
+        if first_byte is None:
+            return None
+        return self._admission.parallelism.first_byte(self.ticket, self.backend, first_byte)
+
     def _learn(self, predicted: int, engine_share: float | None, prefill: float | None) -> None:
         """What the engine holds now (this prompt), and how fast it evaluated it
         (``prefill`` seconds to the first byte)."""
@@ -186,10 +199,14 @@ class Permit:
         """The backend took the request (``SwapPlanner.answered``)."""
         self._admission.room.swaps.answered(self.backend, self.ticket.model, self.placement)
 
-    def loaded(self, seconds: float | None) -> None:
+    def loaded(self, seconds: float | None, first_byte: float | None = None) -> None:
         """The reply says its model took ``seconds`` to load. If this request caused the
         load (a load, swap or reload), its user pays for the time (``costs.load``
-        generated tokens a second) and the time is remembered for the next estimates."""
+        generated tokens a second) and the time is remembered for the next estimates.
+        The router says nothing of its loads: there, the wait for the ``first_byte`` of a
+        request that loaded its model (its unloads, its load, its prompt: the swap's price)."""
+        if seconds is None and first_byte is not None and self.backend.kind == "llamacpp-router":
+            seconds = first_byte - self.granted_at
         if seconds is None or not self.placement.loads:
             return
         room = self._admission.room

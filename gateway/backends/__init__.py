@@ -12,6 +12,8 @@ from gateway.backends.pool import (
     BackendState,
     BackendStates,
     LoadedModel,
+    RunsAtMost,
+    runs_fewer,
     unavailable,
 )
 
@@ -22,5 +24,7 @@ __all__ = [
     "BackendState",
     "BackendStates",
     "LoadedModel",
+    "RunsAtMost",
+    "runs_fewer",
     "unavailable",
 ]

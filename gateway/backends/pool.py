@@ -16,7 +16,9 @@ __all__ = [
     "BackendState",
     "BackendStates",
     "LoadedModel",
+    "RunsAtMost",
     "model_key",
+    "runs_fewer",
     "unavailable",
 ]
 
@@ -32,6 +34,16 @@ class LoadedModel:
     expires_at: str | None = None
     size: int = 0  # bytes: weights and KV cache (size_vram of them on the GPU)
     context_length: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunsAtMost:
+    """A backend found to run ``runs`` requests at once where the policy says ``slots``
+    (``admission/parallelism.py``), ``at`` the clock's time."""
+
+    slots: int
+    runs: int
+    at: float
 
 
 @dataclass(slots=True)
@@ -52,6 +64,8 @@ class BackendState:
     observed_at: float = float("-inf")  # when the probe that read `loaded` started
     sleeping: bool = False
     last_error: str | None = None
+    # Fewer requests at once than the policy's slots, as the gateway found: sent no more.
+    runs_at_most: RunsAtMost | None = None
 
     # Bumped whenever any backend's health or model list is written, by the monitor or
     # anyone else: the pools remember who serves what (``BackendPool.serving``) until then.
@@ -136,8 +150,13 @@ class Backend:
     @property
     def slots(self) -> int:
         """How many requests it runs at once (per model on Ollama): configured, else
-        reported, else one."""
-        return self.configured_slots or self.state.slots or 1
+        reported, else one; fewer if it was found to run fewer than configured."""
+        found, reported = self.state.runs_at_most, self.state.slots
+        if found is not None and found.slots == self.configured_slots:
+            return found.runs
+        if self.kind == "llamacpp" and self.configured_slots and reported:
+            return min(self.configured_slots, reported)  # it says its own: never more
+        return self.configured_slots or reported or 1
 
     @property
     def model_limit(self) -> int | None:
@@ -248,6 +267,32 @@ class BackendPool:
 
     def healthy(self, api: Api) -> list[Backend]:
         return [b for b in self.backends if b.state.healthy and b.speaks(api)]
+
+
+def runs_fewer(backend: Backend) -> str | None:
+    """What was found of ``backend`` running fewer requests at once than its slots, and
+    the fix, in words for the log, /status and the house page; None when nothing was."""
+    found, configured, reported = backend.state.runs_at_most, backend.configured_slots, None
+    if backend.kind == "llamacpp" and configured and backend.state.slots != configured:
+        reported = backend.state.slots
+    if reported:
+        sent = min(configured or reported, reported)
+        return (
+            f"its /props says {reported} slots (-np), its slots in the policy {configured}: "
+            f"it is sent {sent} at a time; write slots: {reported}, or leave it out"
+        )
+    if found is None or found.slots != configured:
+        return None
+    knob = (
+        f"OLLAMA_NUM_PARALLEL={found.slots} on it (and restart it)"
+        if backend.kind == "ollama"
+        else f"-np {found.slots} on it"
+    )
+    return (
+        f"runs {found.runs} request{'s' if found.runs != 1 else ''} at once, not the "
+        f"{found.slots} its slots say (requests waited inside it for one another): set "
+        f"{knob}, or write slots: {found.runs}; until then it is sent {found.runs} at a time"
+    )
 
 
 def unavailable(backends: Iterable[Backend]) -> str:

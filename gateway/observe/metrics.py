@@ -229,13 +229,19 @@ def _backends(snapshot: GatewaySnapshot) -> Iterator[Metric]:
     up = GaugeMetricFamily(
         "fairgate_backend_up", "1 when the backend is in rotation.", labels=["backend"]
     )
+    fewer = GaugeMetricFamily(
+        "fairgate_backend_runs_fewer",
+        "1 when the backend was found to run fewer requests at once than its slots.",
+        labels=["backend"],
+    )
     for backend in snapshot.backends:
         running.add_metric([backend.name, RequestClass.HEAVY], backend.heavy_running)
         running.add_metric([backend.name, RequestClass.LIGHT], backend.busy - backend.heavy_running)
         slots.add_metric([backend.name], backend.slots)
         busy.add_metric([backend.name], backend.busy)
         up.add_metric([backend.name], 1 if backend.healthy else 0)
-    yield from (running, slots, busy, up)
+        fewer.add_metric([backend.name], 1 if backend.runs_fewer else 0)
+    yield from (running, slots, busy, up, fewer)
 
 
 def _holds_and_reloads(snapshot: GatewaySnapshot) -> Iterator[Metric]:

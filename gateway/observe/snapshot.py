@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gateway.admission import HoldStore, RoomSnapshot
-from gateway.backends import Backend, BackendPool
+from gateway.backends import Backend, BackendPool, runs_fewer
 from gateway.backends.watch import WarmthSnapshot
 from gateway.config import Policy
 from gateway.observe.history import HistorySnapshot
@@ -53,6 +53,7 @@ class BackendSnapshot:
     # Ollama: loads, evictions, reloads, swaps, swap_wait_seconds, by (model, counter).
     model_counts: dict[tuple[str, str], float] = field(default_factory=dict)
     swap: PendingSwap | None = None  # the swap under way
+    runs_fewer: str | None = None  # found to run fewer at once than its slots: what to do
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +180,7 @@ def _backend(backend: Backend, room: RoomSnapshot, heavy_slots: int) -> BackendS
             if key == backend.key
         },
         swap=None if pending is None else PendingSwap(*pending),
+        runs_fewer=runs_fewer(backend),
     )
 
 

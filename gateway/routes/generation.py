@@ -10,7 +10,7 @@ import structlog
 from aiohttp import web
 
 from gateway.admission import NO_PREFIX, REVOKED, Permit, Refusal, Ticket
-from gateway.backends import Backend
+from gateway.backends import Backend, runs_fewer
 from gateway.backends.watch import unload_models
 from gateway.config import Policy, background_account
 from gateway.core import (
@@ -196,7 +196,10 @@ class Generation:
                 answered=not failed and record.reason is None,
                 prefill_seconds=None if first_byte is None else first_byte - dispatched,
             )
-            permit.loaded(_load_seconds(permit, record.load_seconds, first_byte, dispatched))
+            if permit.replied(first_byte) is not None:
+                said = runs_fewer(permit.backend)
+                log.warning("backend_runs_fewer", backend=permit.backend.name, said=said)
+            permit.loaded(record.load_seconds, first_byte)
             if failed and record.load_seconds is None:
                 permit.refused_by_backend()
             else:
@@ -269,17 +272,6 @@ class Generation:
             await unload_models(self._services.upstream.session, permit.backend, victims, within)
         finally:
             self._services.admission.made_room(permit.backend)
-
-
-def _load_seconds(
-    permit: Permit, said: float | None, first_byte: float | None, dispatched: float
-) -> float | None:
-    """How long the reply's model took to load: as Ollama says it (load_duration); the
-    router says nothing of its loads, so there the wait for the first byte of a request
-    that loaded its model (its unloads, its load, its prompt: the swap's whole price)."""
-    if said is not None or permit.backend.kind != "llamacpp-router" or first_byte is None:
-        return said
-    return first_byte - dispatched if permit.placement.loads else None
 
 
 async def _unless_preempted(

@@ -118,6 +118,7 @@ def _backend(backend: BackendSnapshot, snapshot: GatewaySnapshot) -> dict[str, A
         "loaded": backend.loaded,  # model -> when Ollama unloads it
         "sleeping": backend.sleeping,
         "last_error": backend.last_error,
+        "runs_fewer": backend.runs_fewer,
         "keep_warm_pings": {
             f"{model}:{outcome}": count
             for (name, model, outcome), count in warmth.pings.items()

@@ -126,6 +126,7 @@ class BackendMonitor:
         state.sleeping = seen.sleeping
         if not state.healthy and state.successes >= self._settings.healthy_after:
             state.healthy = True
+            state.runs_at_most = None  # back from a restart, maybe with another setting
             changed = True
             log.info("backend_up", backend=config.name, url=config.url)
         if changed:

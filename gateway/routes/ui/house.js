@@ -63,6 +63,7 @@ function backend(name, b, running) {
       `${b.busy} of ${b.slots} slots busy · heavy lane ${b.heavy_running} of ${b.heavy_slots}`,
       models.length ? ` · in memory: ${models.join(", ")}` : " · nothing in memory"),
     b.last_error ? el("p", "error", b.last_error) : null,
+    b.runs_fewer ? el("p", "error", b.runs_fewer) : null,
     el("div", "slots", ...cells),
   );
 }
