@@ -26,6 +26,7 @@ from tests.llama_server import LlamaServer
 from tests.test_admission import until
 from tests.test_hostile_clients import status_of
 from tests.test_init import init
+from tests.test_status_cli import fairgate_status
 
 FAMILY, CODER = "family", "coder"
 
@@ -92,6 +93,8 @@ async def test_the_router_is_read_and_its_swaps_are_planned(
     held = (await status_of(gateway))["backends"]["router"]
     assert held["max_loaded_models"] == 1 and held["slots_per_model"] == 2
     assert list(held["models"]) == [model_key(CODER)]
+    code, out, _ = await fairgate_status("--url", gateway.url)
+    assert code == 0 and f"{model_key(CODER)} (at most 1)" in out
 
 
 async def test_a_router_named_as_one_llama_server_says_which_kind_to_write(

@@ -22,6 +22,7 @@ from tests.conftest import Finished, Gateway, StartGateway, StartSim, serve
 from tests.test_admission import until
 from tests.test_hostile_clients import status_of
 from tests.test_residency import running
+from tests.test_status_cli import fairgate_status
 
 LLAMA, QWEN, PHI = "llama3.2:3b", "qwen2.5:7b", "phi3:3.8b"
 ONE_MODEL = 6 * 10**9  # llama3.2:3b (3.0 GB with 2 slots) or qwen2.5:7b (5.2 GB), not both
@@ -100,6 +101,8 @@ class TestSwaps:
             assert (sim.stats.running, sim.stats.pending, sim.stats.loads) == (1, 0, 1)
             pending = (await status_of(gateway))["backends"]["gpu"]["swap"]
             assert (pending["model"], pending["draining"]) == (QWEN, [LLAMA])
+            code, out, _ = await fairgate_status("--url", gateway.url)
+            assert code == 0 and f"swapping in {QWEN} (draining {LLAMA})" in out
         # Both qwen requests go once llama is idle; the second one not before the gateway
         # has unloaded llama (else Ollama, finding no room, would pick a victim itself).
         assert (await swap, await beside) == (200, 200)

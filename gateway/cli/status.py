@@ -98,6 +98,9 @@ def render_text(status: dict[str, Any]) -> str:
         head = f"{head}\nthe policy file's last edit was refused (still serving the one before):"
         head += "\n  " + refused_edit.replace("\n", "\n  ")
     parts = [head, _backends(backends), _running(status["running"]), _waiting(queue["waiting"])]
+    fewer = [f"{name}: {b['runs_fewer']}" for name, b in backends.items() if b.get("runs_fewer")]
+    if fewer:
+        parts.insert(2, "\n".join(fewer))
     parts.append(_users(status["users"]))
     if status["refusals"]:
         parts.append(_refusals(status["refusals"][:5]))
@@ -123,16 +126,25 @@ def _backends(backends: dict[str, Any]) -> str:
 
 def _in_memory(backend: dict[str, Any]) -> str:
     """Ollama's models with their context and size against the budget: "llama3.2:3b (4k,
-    2.3 GiB) = 2.3 of 8.0 GiB"; other kinds: what they list as loaded."""
+    2.3 GiB) = 2.3 of 8.0 GiB"; the router's by name; other kinds: what they list as
+    loaded. Then the swap under way, if one is."""
     models = backend.get("models")
     if models is None:
         return ", ".join(backend["loaded"]) or "-"
-    held = ", ".join(
-        f"{name} ({m['num_ctx'] // 1024}k, {format_size(m['size'])})" for name, m in models.items()
-    )
-    memory = backend["memory"]
-    budget = "" if memory["budget"] is None else f" of {format_size(memory['budget'])}"
-    return f"{held or '-'} = {format_size(memory['used'])}{budget}"
+    if backend["kind"] == "llamacpp-router":  # it says no sizes: it counts models
+        held = f"{', '.join(models) or '-'} (at most {backend['max_loaded_models'] or 'any'})"
+    else:
+        held = ", ".join(
+            f"{name} ({m['num_ctx'] // 1024}k, {format_size(m['size'])})"
+            for name, m in models.items()
+        )
+        memory = backend["memory"]
+        budget = "" if memory["budget"] is None else f" of {format_size(memory['budget'])}"
+        held = f"{held or '-'} = {format_size(memory['used'])}{budget}"
+    swap = backend.get("swap")
+    if swap is None:
+        return held
+    return f"{held}; swapping in {swap['model']} (draining {', '.join(swap['draining'])})"
 
 
 def _running(running: list[dict[str, Any]]) -> str:

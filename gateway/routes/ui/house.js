@@ -64,6 +64,7 @@ function backend(name, b, running) {
       models.length ? ` · in memory: ${models.join(", ")}` : " · nothing in memory"),
     b.last_error ? el("p", "error", b.last_error) : null,
     b.runs_fewer ? el("p", "error", b.runs_fewer) : null,
+    b.swap ? el("p", "meta", `swapping in ${b.swap.model}: draining ${b.swap.draining.join(", ")}`) : null,
     el("div", "slots", ...cells),
   );
 }
