@@ -25,6 +25,7 @@ from tests.test_residency import running
 from tests.test_status_cli import fairgate_status
 
 LLAMA, QWEN, PHI = "llama3.2:3b", "qwen2.5:7b", "phi3:3.8b"
+CAL = frozenset({"cal"})  # a person waiting for phi
 ONE_MODEL = 6 * 10**9  # llama3.2:3b (3.0 GB with 2 slots) or qwen2.5:7b (5.2 GB), not both
 FAST = (
     "monitoring: {interval: 50ms, unhealthy_after: 2, healthy_after: 1}\n"
@@ -142,7 +143,7 @@ class TestSwaps:
     ) -> None:
         """Two models held (room for two), the resident one and a busy victim: a third
         waits for the victim, while the resident model's requests run at once."""
-        placement = f", max_loaded_models: 2, resident: [{LLAMA}]"
+        placement = f", max_loaded_models: 2, resident: [{LLAMA}], swap_after: 0s"
         sim, gateway = await start(
             start_sim, start_gateway, placement, models=[LLAMA, QWEN, PHI], max_loaded_models=2
         )
@@ -162,7 +163,7 @@ class TestSwaps:
     ) -> None:
         """Ollama would unload the idle model; the gateway waits for the busy one instead,
         because the idle one is resident."""
-        placement = f", max_loaded_models: 2, resident: [{LLAMA}]"
+        placement = f", max_loaded_models: 2, resident: [{LLAMA}], swap_after: 0s"
         sim, gateway = await start(
             start_sim, start_gateway, placement, models=[LLAMA, QWEN, PHI], max_loaded_models=2
         )
@@ -180,7 +181,7 @@ class TestSwaps:
         """A request with another num_ctx (within the rules) waits until the model's
         requests are done, then reloads it; in between the old context gets no new work."""
         sim, gateway = await start(
-            start_sim, start_gateway, "", head="num_ctx: {min: 2048, max: 8192}\n"
+            start_sim, start_gateway, ", swap_after: 0s", head="num_ctx: {min: 2048, max: 8192}\n"
         )
         admission = gateway.services.admission
         async with running(gateway, LLAMA, num_ctx=2048):
@@ -390,9 +391,10 @@ class TestPlanner:
         assert planner.admits(backend, PHI, None, self.busy(phi=1))
 
     def test_a_swap_is_due_after_its_cost_unless_the_models_it_unloads_are_idle(self) -> None:
-        """While its victim is in use, a request for another model waits the loads the swap
-        brings (its model's and the victim's, to come back), at most its patience; with the
-        victim idle, not at all; ``swap_after`` in place of the cost when given."""
+        """While its victim is in use (running, waited for, or used within the cost), a
+        request for another model waits the loads the swap brings (its model's and the
+        victim's, to come back), at most its patience; with the victim idle, not at all;
+        ``swap_after`` in place of the cost when given."""
         planner, backend = self.planner, self.backend
         self.hold(LLAMA, QWEN)
         plans = planner.plans_of(backend)
@@ -406,12 +408,21 @@ class TestPlanner:
             ({}, wanted, 3.4, 10.0, False),  # waited for counts as in use
             (busy, {}, 1.0, 1.0, True),  # at most its patience
         ):
-            found = planner.room_for([backend], PHI, None, runs, demand, waited, patience)
+            found = planner.room_for([backend], PHI, None, runs, demand, waited, patience, CAL)
             assert (found is backend) is due, (runs, demand, waited)
             assert planner.due_in == (None if due else pytest.approx(3.5 - waited))
             planner.due_in = None
+        # Used a moment ago, their users are between two questions: in use still; unless
+        # more people wait for phi than use llama, who are then the ones to wait.
+        plans.last_used.update({LLAMA: self.now - 1.0, QWEN: self.now - 0.5})
+        plans.users.update({LLAMA: {"ann": self.now - 1.0}, QWEN: {"bea": self.now - 0.5}})
+        assert planner.room_for([backend], PHI, None, {}, {}, 3.4, 10.0, CAL) is None
+        assert planner.room_for([backend], PHI, None, {}, {}, 3.5, 10.0, CAL) is backend
+        assert planner.room_for([backend], PHI, None, {}, {}, 0.0, 10.0, CAL | {"dan"}) is backend
+        # Background work waits its patience while they are in use.
+        assert planner.room_for([backend], PHI, None, {}, {}, 9.9, 10.0, frozenset()) is None
         fixed = replace(backend, swap_after=0.5)
-        assert planner.room_for([fixed], PHI, None, busy, {}, 0.5, 10.0)
+        assert planner.room_for([fixed], PHI, None, busy, {}, 0.5, 10.0, CAL)
 
     def test_a_model_being_loaded_stays_held_after_its_request_went(self) -> None:
         """Ollama goes on loading a model whose request was cancelled; a probe during the

@@ -313,7 +313,7 @@ class WaitingRoom:
 
     def give_back(self, ticket: Ticket, backend: Backend) -> None:
         """``ticket``'s slot on ``backend`` is free (it ended, or failed over elsewhere)."""
-        self.swaps.residency.ran(backend, ticket.model)
+        self.swaps.ran(backend, ticket.model, ticket.user)
         self.slots.give_back(ticket, backend)
 
     def release(self, ticket: Ticket, backend: Backend) -> None:

@@ -179,9 +179,20 @@ def _swap_for(room: RoomState, waiter: Waiter) -> Backend | None:
     backends = room.pool.serving(ticket.api, ticket.model)
     waited = room.clock() - waiter.arrived
     patience = room.policy.max_wait_of(ticket.lane) * _PATIENCE
-    busy, demand, person = room.slots.busy, waits(room), ticket.lane is not BACKGROUND
+    wanting = frozenset() if ticket.lane is BACKGROUND else _people_wanting(room, ticket.model)
+    busy, demand = room.slots.busy, waits(room)
     return room.swaps.room_for(
-        backends, ticket.model, ticket.num_ctx, busy, demand, waited, patience, person
+        backends, ticket.model, ticket.num_ctx, busy, demand, waited, patience, wanting
+    )
+
+
+def _people_wanting(room: RoomState, model: str) -> frozenset[str]:
+    """The people waiting for ``model`` (asked only of a swap that would make room)."""
+    key = model_key(model)
+    return frozenset(
+        user
+        for user, queue in room.lines.waiting.items()
+        if any(model_key(w.ticket.model) == key for w in queue)
     )
 
 

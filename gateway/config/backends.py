@@ -82,10 +82,11 @@ class BackendConfig(Strict):
         default="auto",
         description="ollama, llamacpp-router: while the models held are in use, how long a "
         "person's request for another waits before the gateway swaps for it (requests for "
-        "the same model gathered meanwhile go in the same load). auto: the swap's cost, the "
+        "that model gathered meanwhile go in the same load). auto: the swap's cost, the "
         "seconds it spends loading (that model, and the ones it unloads when they come "
-        "back), at most a third of max_wait; 0s: at once, as Ollama and the router do. An "
-        "idle model is swapped out at once either way.",
+        "back), times the people it would interrupt over the people waiting, at most a third "
+        "of max_wait; at once when fewer use the models going out than want the other. 0s: "
+        "at once, as Ollama and the router do.",
     )
     default_num_ctx: int = Field(
         default=4096,

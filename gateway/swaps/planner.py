@@ -43,6 +43,7 @@ from gateway.swaps.victims import BackendPlans, fits_beside, load_seconds, swap_
 __all__ = ["PlannedSwap", "SwapPlanner"]
 
 _RECENT = 32  # swaps remembered for /status
+_USERS_REMEMBERED = 32  # each model's latest users, for who a swap would interrupt
 
 _LOAD = Placement("load")
 _RELOAD = Placement("reload")
@@ -249,6 +250,19 @@ class SwapPlanner:
         self.residency.sent(backend, model, num_ctx, now, loading)
         plans.last_used[model] = now
 
+    def ran(self, backend: Backend, model: str, user: str) -> None:
+        """``user``'s request for ``model`` ended on ``backend``: in use until now."""
+        self.residency.ran(backend, model)
+        if not backend.per_model:
+            return
+        plans, key, now = self.plans_of(backend), model_key(model), self._clock()
+        plans.last_used[key] = now
+        users = plans.users.setdefault(key, {})
+        users.pop(user, None)  # re-entered last, so that the oldest is first to go
+        users[user] = now
+        if len(users) > _USERS_REMEMBERED:
+            del users[next(iter(users))]
+
     def answered(self, backend: Backend, model: str, placement: Placement) -> None:
         """The backend took the request sent with ``placement``: the load or reload it
         planned has happened. Counted now, not when sent: a request the backend refuses
@@ -277,19 +291,23 @@ class SwapPlanner:
         demand: Mapping[tuple[str, str], int],
         waited: float,
         patience: float,
-        person: bool = True,
+        wanting: frozenset[str],
     ) -> Backend | None:
         """The first of ``backends`` where a swap would make room for ``model`` and is due
-        for a request (a ``person``'s, or background work's) that has ``waited``
-        (``swap_due``); when one would make room but is not due yet, ``due_in`` says how
-        soon it will be."""
+        for a request that has ``waited`` (``swap_due``; ``wanting``: the people waiting for
+        ``model``, none for background work; with those who used it lately, who are
+        between two questions); when one would make room but is not due yet, ``due_in``
+        says how soon it will be."""
         for backend in backends:
             chosen = self._victims(backend, model, asked, busy, demand)
             if chosen is None:
                 continue
             plans = self.plans_of(backend)
             key = model_key(model)
-            left = swap_due(backend, plans, key, chosen, busy, demand, patience, person)
+            now = self._clock()
+            lately = plans.users.get(key, {}).items()
+            people = len(wanting | {u for u, at in lately if at > now - patience}) if wanting else 0
+            left = swap_due(backend, plans, key, chosen, busy, demand, patience, now, people)
             if waited >= left:
                 return backend
             if self.due_in is None or left - waited < self.due_in:

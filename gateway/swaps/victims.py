@@ -31,6 +31,8 @@ class BackendPlans:
     unloading: str | None = None  # swapped in, its victims still being unloaded
     last_used: dict[str, float] = field(default_factory=dict)
     load_seconds: dict[str, float] = field(default_factory=dict)
+    # model -> user -> when their last request for it ended: who a swap would interrupt
+    users: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def victims(
@@ -92,8 +94,12 @@ def fits(
 
 
 def load_seconds(plans: BackendPlans, model: str) -> float:
-    """About how long a load of ``model`` takes: its last one, else a guess."""
-    return plans.load_seconds.get(model, _DEFAULT_LOAD_SECONDS)
+    """About how long a load of ``model`` takes: its last one; a model never loaded here,
+    as the slowest load seen here; else a guess."""
+    found = plans.load_seconds.get(model)
+    if found is not None:
+        return found
+    return max(plans.load_seconds.values(), default=_DEFAULT_LOAD_SECONDS)
 
 
 def swap_due(
@@ -104,29 +110,49 @@ def swap_due(
     busy: Mapping[str, int],
     demand: Mapping[tuple[str, str], int],
     patience: float,
-    person: bool = True,
+    now: float,
+    wanting: int = 1,
 ) -> float:
     """How long a request for ``model`` waits before the swap that unloads ``chosen`` is
-    planned for it. A person's: at once when nobody runs or waits for any of them (the
-    swap costs nobody anything); else the backend's ``swap_after``, by default the swap's
-    cost: the seconds of loading it brings (``model`` now, each victim again when its
-    users come back); at most ``patience``. Background work's: the cost, and only while
-    nobody runs or waits for them; ``patience`` whatever they do, so that it is never
-    refused for want of a swap, nor swaps a person's model out between two questions.
+    planned for it; ``wanting``: the people waiting for ``model`` (0: background work).
 
-    So swaps are rationed: while the models held are in use, a request for another waits
-    as long as the switch would make the backend's users wait, and in that time more
-    requests for its model gather and go with it, in one load. A backend that switched at
-    every change of model, as Ollama and the router do on their own, would load about
-    once per change."""
-    idle = all(
-        not busy.get(backend.group(v), 0) and not demand.get((backend.key, v), 0) for v in chosen
-    )
-    if idle and person:
-        return 0.0
-    if not idle and not person:
-        return patience
+    The swap's cost is the seconds of loading it brings (``model`` now, each victim again
+    when its users come back), or the backend's ``swap_after``, at most ``patience``. The
+    victims' users are those running or waiting for them, or whose last request for them
+    ended within that cost (between two questions). A person's request goes at once when
+    the victims have no users, or fewer than the people waiting for ``model``; else once
+    the people waiting have waited, together, what the switch costs the victims' users
+    together (the cost, times their users, over the people waiting). Background work's:
+    after the cost when the victims have no users, else after ``patience``, so that it is
+    never refused for want of a swap, nor swaps a person's model out from under them.
+
+    So swaps are rationed: while the models held are in use, the few who want another
+    wait their fair turn, as long as the switch would make the many wait, and in that
+    time more requests for their model gather and go with it, in one load. A backend that
+    switched at every change of model, as Ollama and the router do on their own, loads
+    about once per change."""
     if backend.swap_after is not None:
-        return min(backend.swap_after, patience)
-    cost = load_seconds(plans, model) + sum(load_seconds(plans, v) for v in chosen if v != model)
-    return min(cost, patience)
+        cost = backend.swap_after
+    else:
+        loads = [load_seconds(plans, v) for v in chosen if v != model]
+        cost = load_seconds(plans, model) + sum(loads)
+    cost = min(cost, patience)
+    users = max((_users_of(backend, plans, v, busy, demand, now - cost) for v in chosen), default=0)
+    if not wanting:
+        return cost if not users else patience
+    return 0.0 if users < wanting else min(cost * users / wanting, patience)
+
+
+def _users_of(
+    backend: Backend,
+    plans: BackendPlans,
+    model: str,
+    busy: Mapping[str, int],
+    demand: Mapping[tuple[str, str], int],
+    since: float,
+) -> int:
+    """How many people use ``model`` now: those whose last request ended after ``since``,
+    and at least one while a request for it runs or waits."""
+    recent = sum(1 for at in plans.users.get(model, {}).values() if at > since)
+    active = busy.get(backend.group(model), 0) or demand.get((backend.key, model), 0)
+    return max(recent, 1) if active else recent
