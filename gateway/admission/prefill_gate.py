@@ -4,7 +4,7 @@ llama.cpp, and Ollama which runs it, put the work of every slot into one batch p
 long prompt's prefill fills that batch, and every stream on the backend waits for it to
 end. Measured on the real llama-server of the tests (SmolLM2-135M, 2 CPU threads), a light
 reply that takes 0.3-0.6 s alone took 4.2-4.4 s when a 1,200-token prefill started beside it
-(12 s on a loaded machine), holding its slot all the while (README, "On a real engine").
+(12 s on a loaded machine), holding its slot all the while (docs/fairness.md, "On a real engine").
 Keeping heavy requests to some of the slots does not help: the light slot is stalled too.
 
 So a heavy request that could start waits while light requests run on its backend, but

@@ -145,7 +145,7 @@ def _policy(found: Found, keys: dict[str, str], open_webui: bool) -> str:
         "# Fairgate policy, written by `fairgate init`. Check it with",
         "# `fairgate check-config fairgate.yaml`; the running gateway re-reads it when it",
         "# changes. The keys are kept here as digests: their plain form was shown once.",
-        "# More of what can go here: deploy/fairgate.example.yaml and the README.",
+        "# More of what can go here: deploy/fairgate.example.yaml and docs/policy.md.",
         "",
         "defaults:",
         "  max_concurrent: 1   # requests of one person running at once",

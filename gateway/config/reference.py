@@ -133,7 +133,8 @@ def _anchor(name: str) -> str:
 
 
 def _one_line(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
+    # A "|" would end the table's cell; a "<" would open an HTML tag (sha256:<hex>), hidden.
+    return " ".join(text.split()).replace("|", "\\|").replace("<", "&lt;")
 
 
 if __name__ == "__main__":

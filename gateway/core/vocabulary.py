@@ -1,5 +1,5 @@
 """The gateway's words, spelled once: which API a request speaks, why it was refused or
-failed, and its class. Logs, metrics, `/status`, error bodies and the README's table all
+failed, and its class. Logs, metrics, `/status`, error bodies and docs/errors.md all
 derive from these enums, so they cannot drift apart.
 """
 
