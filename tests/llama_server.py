@@ -59,20 +59,12 @@ async def running_llama_server(
     ``threads`` CPU threads and ``extra`` arguments, on a free loopback port. Stopped by its
     own PID on leaving."""
     binary, model = server_files()
-    port = free_port()
-    with log_path.open("wb") as log:  # a file, not a pipe: its logs must never block it
-        process = await asyncio.create_subprocess_exec(
-            str(binary), "-m", str(model), "--alias", MODEL_ALIAS, "--host", "127.0.0.1",
-            "--port", str(port), "-np", str(slots), "-c", str(context), "-t", str(threads),
-            "--metrics", "--no-webui", *extra,
-            stdout=subprocess.DEVNULL, stderr=log,
-        )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        await until_answers(url + "/health", 60, process, log_path)
-        yield LlamaServer(url, process.pid)
-    finally:
-        await stop(process)
+    args = (
+        "-m", str(model), "--alias", MODEL_ALIAS, "-np", str(slots), "-c", str(context),
+        "-t", str(threads), "--metrics", *extra,
+    )  # fmt: skip
+    async with _serving(binary, args, log_path, "/health") as server:
+        yield server
 
 
 @asynccontextmanager
@@ -93,17 +85,29 @@ async def running_llama_router(
     models.mkdir(parents=True, exist_ok=True)
     for name in names:
         (models / f"{name}.gguf").symlink_to(model)
-    port, log_path = free_port(), directory / "router.log"
-    with log_path.open("wb") as log:
+    args = (
+        "--models-dir", str(models), "--models-max", str(models_max), "-np", str(slots),
+        "-c", str(context), "-t", str(threads),
+    )  # fmt: skip
+    async with _serving(binary, args, directory / "router.log", "/models") as server:
+        yield server
+
+
+@asynccontextmanager
+async def _serving(
+    binary: Path, args: tuple[str, ...], log_path: Path, ready: str
+) -> AsyncIterator[LlamaServer]:
+    """``binary`` with ``args`` on a free loopback port, once ``ready`` answers 200; its
+    log in ``log_path``; stopped by its own PID on leaving."""
+    port = free_port()
+    with log_path.open("wb") as log:  # a file, not a pipe: its logs must never block it
         process = await asyncio.create_subprocess_exec(
-            str(binary), "--models-dir", str(models), "--models-max", str(models_max),
-            "--host", "127.0.0.1", "--port", str(port), "-np", str(slots), "-c", str(context),
-            "-t", str(threads), "--no-webui",
+            str(binary), *args, "--host", "127.0.0.1", "--port", str(port), "--no-webui",
             stdout=subprocess.DEVNULL, stderr=log, stdin=subprocess.DEVNULL,
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        await until_answers(url + "/models", 60, process, log_path)
+        await until_answers(url + ready, 60, process, log_path)
         yield LlamaServer(url, process.pid)
     finally:
         await stop(process)

@@ -12,7 +12,9 @@ from typing import Any
 
 import aiohttp
 
+from fairsim import Simulator
 from gateway.admission.parallelism import SERIAL_TO_CONCLUDE
+from gateway.backends import Backend
 from tests.conftest import Gateway, StartGateway, StartSim
 from tests.test_admission import until
 from tests.test_hostile_clients import status_of
@@ -46,13 +48,20 @@ async def _pairs(gateway: Gateway, count: int) -> None:
             assert statuses == [200, 200]
 
 
+async def _behind_slots_2(
+    start_sim: StartSim, start_gateway: StartGateway, runs: int, pairs: int
+) -> tuple[Simulator, Gateway, Backend]:
+    """An Ollama that runs ``runs`` at once, ``slots: 2`` in front, ``pairs`` pairs sent."""
+    sim, url = await start_sim(parallel=runs, decode_tokens_per_s=100.0, models=[MODEL])
+    gateway = await start_gateway(_policy(url))
+    await _pairs(gateway, pairs)
+    return sim, gateway, gateway.services.policy.current.pool.backends[0]
+
+
 async def test_a_backend_that_runs_fewer_than_its_slots_is_found_and_sent_fewer(
     start_sim: StartSim, start_gateway: StartGateway
 ) -> None:
-    sim, url = await start_sim(parallel=1, decode_tokens_per_s=100.0, models=[MODEL])
-    gateway = await start_gateway(_policy(url))
-    gpu = gateway.services.policy.current.pool.backends[0]
-    await _pairs(gateway, SERIAL_TO_CONCLUDE)
+    sim, gateway, gpu = await _behind_slots_2(start_sim, start_gateway, 1, SERIAL_TO_CONCLUDE)
     assert gpu.slots == 1 and gpu.configured_slots == 2
     said = (await status_of(gateway))["backends"]["gpu"]["runs_fewer"]
     assert "runs 1 request at once, not the 2" in said
@@ -71,10 +80,7 @@ async def test_a_backend_that_runs_fewer_than_its_slots_is_found_and_sent_fewer(
 async def test_a_backend_that_runs_its_slots_is_not_suspected(
     start_sim: StartSim, start_gateway: StartGateway
 ) -> None:
-    _, url = await start_sim(parallel=2, decode_tokens_per_s=100.0, models=[MODEL])
-    gateway = await start_gateway(_policy(url))
-    gpu = gateway.services.policy.current.pool.backends[0]
-    await _pairs(gateway, 2 * SERIAL_TO_CONCLUDE)
+    _, gateway, gpu = await _behind_slots_2(start_sim, start_gateway, 2, 2 * SERIAL_TO_CONCLUDE)
     assert gpu.slots == 2 and gpu.state.runs_at_most is None
     assert (await status_of(gateway))["backends"]["gpu"]["runs_fewer"] is None
 

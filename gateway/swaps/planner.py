@@ -45,6 +45,10 @@ __all__ = ["PlannedSwap", "SwapPlanner"]
 _RECENT = 32  # swaps remembered for /status
 _USERS_REMEMBERED = 32  # each model's latest users, for who a swap would interrupt
 
+# Running requests by slot group; waiting ones by backend key and model key.
+Busy = Mapping[str, int]
+Demand = Mapping[tuple[str, str], int]
+
 _LOAD = Placement("load")
 _RELOAD = Placement("reload")
 
@@ -132,12 +136,7 @@ class SwapPlanner:
         return fits_beside(self.residency, backend, busy, model, num_ctx)
 
     def plan(
-        self,
-        backend: Backend,
-        model: str,
-        asked: int | None,
-        busy: Mapping[str, int],
-        demand: Mapping[tuple[str, str], int],
+        self, backend: Backend, model: str, asked: int | None, busy: Busy, demand: Demand
     ) -> bool:
         """Plan the swap that makes room for ``model``: True if there is one, and it now
         drains its victims. ``demand``: waiting requests by backend key and model key."""
@@ -155,12 +154,7 @@ class SwapPlanner:
         return self._victims(backend, model, asked, busy, {}) is not None
 
     def _victims(
-        self,
-        backend: Backend,
-        model: str,
-        asked: int | None,
-        busy: Mapping[str, int],
-        demand: Mapping[tuple[str, str], int],
+        self, backend: Backend, model: str, asked: int | None, busy: Busy, demand: Demand
     ) -> tuple[str, ...] | None:
         """The models a swap for ``model`` would unload, if one may be planned now."""
         if not backend.per_model:
