@@ -160,6 +160,25 @@ class TestBehindAProxy:
         line = next(entry for entry in logs if entry["event"] == "request")
         assert (line["user"], line["client"], line["proxy"]) == ("tv", TV, PROXY)
 
+    async def test_no_forwarding_header_reaches_the_backend(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """The client's claims of where it is are the gateway's to judge: the backend gets
+        none of them, trusted proxy or not."""
+        sim, sim_url = await start_sim(record_replies=True)
+        gateway = await start_gateway(household(sim_url))
+        claims = {"X-Forwarded-For": f"10.9.9.9, {TV}", "Forwarded": f"for={TV}", "X-Real-IP": TV}
+        chat = {"model": "llama3.2:3b", "messages": [{"role": "user", "content": "hi"}]}
+        connector = aiohttp.TCPConnector(local_addr=(PROXY, 0))
+        async with (
+            aiohttp.ClientSession(connector=connector) as session,
+            session.post(gateway.url + "/api/chat", json=chat, headers=claims) as reply,
+        ):
+            assert reply.status == 200
+            await reply.read()
+        sent = sim.request_headers[-1]
+        assert not {"X-Forwarded-For", "Forwarded", "X-Real-IP"} & set(sent)
+
     async def test_the_access_log_names_the_client_without_a_proxy(
         self, start_sim: StartSim, start_gateway: StartGateway
     ) -> None:

@@ -13,8 +13,8 @@ def _proxy(pairs: list[tuple[str, str]]) -> CIMultiDictProxy[str]:
 
 class TestForwardedHeaders:
     def test_credentials_and_hop_by_hop_headers_stay_whatever_their_case(self) -> None:
-        """Authorization, X-API-Key, cookies and the headers of this hop are dropped
-        however the client spells them; the rest go on in order, as spelled."""
+        """Authorization, X-API-Key, cookies, the client's forwarding claims and the headers
+        of this hop are dropped however the client spells them; the rest go on in order."""
         client = [
             ("Host", "gateway"),
             ("AUTHORIZATION", "Bearer s3cret"),
@@ -26,6 +26,9 @@ class TestForwardedHeaders:
             ("Accept-Encoding", "gzip"),
             ("User-Agent", "ollama-python/0.4"),
             ("Content-Length", "2"),
+            ("X-Forwarded-For", "6.6.6.6"),  # where the client says it is: not the backend's
+            ("forwarded", "for=6.6.6.6"),
+            ("X-Real-IP", "6.6.6.6"),
         ]
         assert forwarded_headers(_proxy(client)) == [
             ("Content-Type", "application/json"),

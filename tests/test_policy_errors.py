@@ -545,3 +545,12 @@ class TestKeysFromTheEnvironment:
             [*command, "--env-file", "fairgate.env"], capture_output=True, text=True, timeout=60
         )
         assert (told.returncode, told.stdout) == (0, "fairgate.yaml: ok (1 backend(s))\n")
+
+
+def test_a_policy_path_to_an_endless_file_is_refused_at_a_bound(tmp_path: Path) -> None:
+    """A policy path symlinked to /dev/zero is read no further than the bound, and said to
+    be no policy: before, the read filled memory (9 GB in 6 s)."""
+    endless = tmp_path / "fairgate.yaml"
+    endless.symlink_to("/dev/zero")
+    with pytest.raises(PolicyError, match=r"over 4 MiB: is it the policy\?"):
+        load_policy(endless)

@@ -237,15 +237,23 @@ class Policy(Strict):
         return check_backends(backends)
 
 
+# A household's policy is a few KB; thousands of users with digests stay far below this.
+MAX_POLICY_BYTES = 4 * 2**20
+
+
 def load_policy(path: Path, variables: KeyVariables | None = None) -> Policy:
     """Read and validate the policy file at ``path``; ``env:`` keys read ``variables``
     (by default the environment over ``.env``, as the settings see them)."""
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as file:
+            raw = file.read(MAX_POLICY_BYTES + 1)  # bounded: a path to /dev/zero never ends
     except OSError as exc:
         raise PolicyError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    if len(raw) > MAX_POLICY_BYTES:
+        raise PolicyError(f"{path}: over {MAX_POLICY_BYTES // 2**20} MiB: is it the policy?")
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raw = path.read_bytes()
         line = raw[: exc.start].count(b"\n") + 1
         byte = raw[exc.start]
         raise PolicyError(f"{path}:{line}: not UTF-8 (byte {byte:#04x}): save it as UTF-8") from exc

@@ -2,9 +2,11 @@
 
 RFC 9110 section 7.6.1 (hop-by-hop headers, and every header the Connection header names),
 plus what must not cross the gateway: the client's credentials, ``Expect`` (the gateway
-answers it), and lengths and encodings that the two separate connections settle for
-themselves. aiohttp hands the handler a body already decompressed, so the client's
-``Content-Encoding`` no longer describes the bytes forwarded.
+answers it), the client's claims of where it is (``X-Forwarded-For``, ``Forwarded``,
+``X-Real-IP``: the gateway judges them, ``edge/forwarded.py``, and a backend must not take a
+client's word for the gateway's), and lengths and encodings that the two separate
+connections settle for themselves. aiohttp hands the handler a body already
+decompressed, so the client's ``Content-Encoding`` no longer describes the bytes forwarded.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ _NOT_FORWARDED = frozenset(
         "cookie",
         "expect",
         "content-encoding",
+        "x-forwarded-for",
+        "forwarded",
+        "x-real-ip",
     }
 )
 _NOT_RETURNED = _NOT_FORWARDED | {"server", "date", "set-cookie"}
