@@ -189,3 +189,30 @@ class TestSettings:
             "INFO",
             1000,
         )
+
+
+class TestUsageFile:
+    """What serve would refuse to start with (``cannot keep usage``), check-config says."""
+
+    def test_a_usage_file_in_no_directory_fails_the_check(self, workdir: Path) -> None:
+        missing = workdir / "gone" / "usage.db"
+        done = check(FAIRGATE_USAGE_DB=str(missing))
+        assert done.returncode == 1
+        assert f"FAIRGATE_USAGE_DB: {missing}: its directory {missing.parent} does not exist" in (
+            done.stderr
+        )
+        assert not missing.parent.exists()  # the check writes nothing
+
+    def test_a_file_that_is_no_database_fails_at_its_env_file_line(self, workdir: Path) -> None:
+        (workdir / "notes.txt").write_text("not a database, but long enough to be read\n" * 40)
+        (workdir / "fairgate.env").write_text("FAIRGATE_USAGE_DB=notes.txt\n", encoding="utf-8")
+        done = check("--env-file", "fairgate.env")
+        assert done.returncode == 1
+        assert "fairgate.env:1: FAIRGATE_USAGE_DB: notes.txt: file is not a database" in (
+            done.stderr
+        )
+
+    def test_a_usage_file_not_made_yet_in_a_writable_directory_passes(self, workdir: Path) -> None:
+        done = check(FAIRGATE_USAGE_DB=str(workdir / "usage.db"))
+        assert (done.returncode, done.stderr) == (0, "")
+        assert not (workdir / "usage.db").exists()

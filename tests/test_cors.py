@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 import structlog
 from aiohttp import web
-from multidict import CIMultiDictProxy
+from multidict import CIMultiDict, CIMultiDictProxy
 from playwright.async_api import Browser
 
 from tests.conftest import Gateway, StartGateway, StartSim, one_backend, serve
@@ -200,15 +200,20 @@ class TestPagesWithoutAKey:
     """A web page rides on its browser's address: one on another origin is refused unless it
     brings a key or the policy lists its origin."""
 
-    @pytest.mark.parametrize("origin", [ELSEWHERE, "null", "rebound"])
+    @pytest.mark.parametrize(
+        "origin", [ELSEWHERE, "null", "rebound", ELSEWHERE.upper(), APP.upper(), "", "x"]
+    )
     async def test_a_page_elsewhere_cannot_chat_as_the_machine_it_runs_on(
         self, start_sim: StartSim, start_gateway: StartGateway, origin: str
     ) -> None:
         """A POST with no preflight (text/plain) from a page on another origin, from a
         sandboxed frame, or from a site that rebound its name to the gateway's address (its
-        origin then names the very Host it asks), gets 403 and never reaches the backend."""
+        origin then names the very Host it asks), gets 403 and never reaches the backend; so
+        do origins no browser sends, which once passed as an app's scheme: a page's scheme
+        in capitals (a listed origin's too: it is listed as spelled), an empty or made-up
+        Origin."""
         sim, sim_url = await start_sim()
-        gateway = await start_gateway(by_address(sim_url, origins="[]"))
+        gateway = await start_gateway(by_address(sim_url, origins=f"[{APP}]"))
         if origin == "rebound":
             origin = gateway.url  # what the page's Origin and its request's Host then say
         headers = {"Origin": origin, "Content-Type": "text/plain"}
@@ -218,6 +223,20 @@ class TestPagesWithoutAKey:
         assert sim.stats.max_running == 0
         refused = [line for line in logs if line["event"] == "origin_forbidden"]
         assert [(line["origin"], line["user"]) for line in refused] == [(origin, "house")]
+
+    async def test_two_origins_are_no_origin_the_gateway_takes(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """A browser sends one Origin; of two, a listed one first, neither is taken."""
+        sim, sim_url = await start_sim()
+        gateway = await start_gateway(by_address(sim_url, origins=f"[{APP}]"))
+        headers = CIMultiDict([("Origin", APP), ("Origin", ELSEWHERE)])
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(gateway.url + "/api/chat", headers=headers, json=CHAT) as reply,
+        ):
+            assert reply.status == 403
+        assert sim.stats.max_running == 0
 
     async def test_an_open_gateway_refuses_a_page_elsewhere_too(
         self, start_sim: StartSim, start_gateway: StartGateway

@@ -31,6 +31,7 @@ from gateway.config import (
     settings_from,
     unknown_variables,
 )
+from gateway.usage import usage_file_problem
 
 __all__ = ["add_check_arguments"]
 
@@ -96,7 +97,7 @@ def _settings_problems(variables: Mapping[str, str], places: Mapping[str, str]) 
     """A line for each setting the service would refuse to start with, at its place in the
     env file when it was set there (``places``: by variable name)."""
     try:
-        settings_from(variables)
+        settings = settings_from(variables)
     except ValidationError as exc:
         prefix = "fairgate_"
         by_field = {
@@ -105,4 +106,10 @@ def _settings_problems(variables: Mapping[str, str], places: Mapping[str, str]) 
             if name.lower().startswith(prefix)
         }
         return settings_errors(exc, places=by_field)
-    return []
+    # Usage in Redis with replicas; else the SQLite file, which serve would refuse to start
+    # without (the file itself is made by the first serve: nothing is written here).
+    problem = None if settings.redis_url else usage_file_problem(settings.usage_db)
+    if problem is None:
+        return []
+    place = next((p for n, p in places.items() if n.lower() == "fairgate_usage_db"), None)
+    return [f"{place + ': ' if place else ''}FAIRGATE_USAGE_DB: {problem}"]

@@ -9,7 +9,7 @@ from gateway.usage.in_flight import InFlight
 from gateway.usage.ledger import Ledger
 from gateway.usage.stores.base import RefusalRow, StoreError, Tally, UsageRow, UsageStore
 from gateway.usage.stores.redis import RedisUsage
-from gateway.usage.stores.sqlite import SqliteUsage
+from gateway.usage.stores.sqlite import SqliteUsage, usage_file_problem
 
 __all__ = [
     "BudgetState",
@@ -22,4 +22,5 @@ __all__ = [
     "Tally",
     "UsageRow",
     "UsageStore",
+    "usage_file_problem",
 ]

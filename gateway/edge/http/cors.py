@@ -43,7 +43,6 @@ _METHODS = "GET, HEAD, POST"
 _ORIGIN_LOGGED = 200  # characters of a refused Origin header written to the log
 # The origins a web page can have: a site's, or "null" (a sandboxed frame, a file, a data: URL).
 _PAGE_SCHEMES = ("http://", "https://")
-_OPAQUE_ORIGIN = "null"
 _MAX_AGE = "600"  # seconds a browser may reuse a preflight's answer (Chromium caps it at 7200)
 # Headers a page may read from a reply, beyond the few every browser exposes.
 _EXPOSED = "Retry-After, X-Request-Id, X-Fairgate-Queue-Wait, X-Fairgate-Queue-Position"
@@ -95,11 +94,14 @@ class Cors:
         list sent (see the module's note); nothing for any other."""
         if caller.by_key:
             return
-        origin = request.headers.get(hdrs.ORIGIN)
-        if origin is None or self._allows(origin):
+        origins = request.headers.getall(hdrs.ORIGIN, ())
+        if not origins:
             return
-        if origin != _OPAQUE_ORIGIN and not origin.startswith(_PAGE_SCHEMES):
-            return  # an extension's or app's own scheme
+        # One Origin, as a browser sends: of two, each reader (aiohttp, Go, a proxy) may act
+        # on another, so neither is taken as the page's.
+        origin = origins[0] if len(origins) == 1 else ", ".join(origins)
+        if len(origins) == 1 and (self._allows(origin) or _app_scheme(origin)):
+            return  # listed, or an extension's or app's own scheme: the backend's to judge
         log.warning("origin_forbidden", origin=origin[:_ORIGIN_LOGGED], user=caller.user)
         raise GatewayError(
             403,
@@ -118,6 +120,16 @@ def without_cors(headers: CIMultiDict[str]) -> None:
     (OLLAMA_ORIGINS) and would let a page on one read replies the gateway keeps from it."""
     for name in [name for name in headers if name.lower().startswith("access-control-")]:
         del headers[name]
+
+
+def _app_scheme(origin: str) -> bool:
+    """Whether ``origin`` is an extension's or app's (``chrome-extension://...``): a scheme of
+    its own, neither a web page's (http, https, in any case) nor a sandbox's ``null``, nor
+    none at all (an empty or made-up Origin is no app's)."""
+    scheme, separator, _ = origin.partition("://")
+    if not separator or not scheme.isascii() or not scheme[:1].isalpha():
+        return False
+    return (scheme + separator).lower() not in _PAGE_SCHEMES
 
 
 def _is_preflight(request: web.Request) -> bool:

@@ -14,6 +14,7 @@ StoreError means the batch left nothing, since a failed commit is rolled back
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +24,7 @@ from typing import TypeVar
 from gateway.core import Windows
 from gateway.usage.stores.base import Batch, RefusalRow, StoreError, Tally, Totals, UsageRow
 
-__all__ = ["SqliteUsage"]
+__all__ = ["SqliteUsage", "usage_file_problem"]
 
 T = TypeVar("T")
 
@@ -166,3 +167,30 @@ def _totals(db: sqlite3.Connection, windows: Windows) -> dict[str, Tally]:
     ):
         totals.of(user).minute_requests = requests
     return totals
+
+
+def usage_file_problem(path: Path) -> str | None:
+    """Why ``serve`` could not keep usage in the SQLite file ``path``, or None: asked by
+    ``check-config``, which writes nothing (the file is made by the first ``serve``)."""
+    if str(path) == ":memory:":
+        return None
+    if not path.exists():
+        parent = path.parent
+        if not parent.is_dir():
+            return f"{path}: its directory {parent} does not exist"
+        if not os.access(parent, os.W_OK | os.X_OK):
+            return f"{path}: its directory {parent} is not writable: the file cannot be made"
+        return None
+    if not path.is_file():
+        return f"{path}: not a file"
+    if not os.access(path, os.R_OK | os.W_OK):
+        return f"{path}: not readable and writable by this user"
+    try:
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            db.execute("PRAGMA schema_version").fetchone()
+        finally:
+            db.close()
+    except sqlite3.Error as exc:
+        return f"{path}: {exc}"
+    return None
