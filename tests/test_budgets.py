@@ -210,6 +210,23 @@ class TestRequestsInFlight:
         await until(admission, idle)
         assert (await generate(gateway, "alice-key"))[0] == 429
 
+    async def test_a_burst_passes_a_tokens_budget_by_one_requests_estimate_at_most(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """300 tokens a day, 7 requests of about 90 tokens (a one-word prompt, num_predict
+        90) sent at once: each running or waiting reserves its estimate (90), so that 4 are
+        served (0, 90, 180 and 270 reserved before them) and 3 get 429; before, all 7 ran."""
+        _, sim_url = await start_sim(decode_tokens_per_s=200.0)
+        alice = ", max_concurrent: 2, max_queued: 6, budget: {tokens_per_day: 300}"
+        gateway = await start_gateway(house(sim_url, alice))
+        burst = await asyncio.gather(
+            *(generate(gateway, "alice-key", num_predict=90) for _ in range(7))
+        )
+        served = [body for status, body, _ in burst if status == 200]
+        assert len(served) == 4 and [s for s, _, _ in burst].count(429) == 3
+        used = sum(body["prompt_eval_count"] + body["eval_count"] for body in served)
+        assert used <= 300 + 91  # one request's estimate over, at most
+
     async def test_a_running_stream_is_never_cut_by_a_budget(
         self, start_sim: StartSim, start_gateway: StartGateway
     ) -> None:

@@ -7,13 +7,14 @@ May import: ``admission``, ``swaps``, ``backends``, ``relay``, ``edge``, ``confi
 """
 
 from gateway.intake.bodies import Fields, parsed
-from gateway.intake.classify import classify
+from gateway.intake.classify import Estimate, classify
 from gateway.intake.lanes import lane_of, possible_lanes
 from gateway.intake.load_options import apply_load_policy
 from gateway.intake.model_errors import checked_name, model_forbidden, model_not_found, no_backend
 from gateway.intake.prefixes import prefix_of
 
 __all__ = [
+    "Estimate",
     "Fields",
     "apply_load_policy",
     "checked_name",

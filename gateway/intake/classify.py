@@ -49,6 +49,7 @@ class Estimate:
     weight: float  # the class's share multiplier
     num_ctx: int | None = None  # the context Ollama would load the model with (num_ctx_of)
     prompt_tokens: int = 0  # the whole prompt, cached or not
+    output_tokens: int | None = None  # the most it may generate, if the body says
 
 
 def classify(fields: dict[str, Any], policy: Policy, cached_share: float = 0.0) -> Estimate:
@@ -64,9 +65,25 @@ def classify(fields: dict[str, Any], policy: Policy, cached_share: float = 0.0) 
     wants_long_context = (
         heavy.min_num_ctx is not None and num_ctx is not None and num_ctx >= heavy.min_num_ctx
     )
+    output = output_limit(fields)
     if tokens >= heavy.min_prompt_tokens or wants_long_context:
-        return Estimate(tokens, RequestClass.HEAVY, heavy.weight, num_ctx, prompt)
-    return Estimate(tokens, RequestClass.LIGHT, policy.classes.light.weight, num_ctx, prompt)
+        return Estimate(tokens, RequestClass.HEAVY, heavy.weight, num_ctx, prompt, output)
+    light = policy.classes.light.weight
+    return Estimate(tokens, RequestClass.LIGHT, light, num_ctx, prompt, output)
+
+
+# Where each API puts the most a reply may generate (Ollama's options.num_predict: below).
+_OUTPUT_LIMITS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+
+
+def output_limit(fields: dict[str, Any]) -> int | None:
+    """The most tokens the reply may generate, as the body bounds it; None when it does not
+    (Ollama's -1 and -2: until the context is full)."""
+    options = fields.get("options")
+    found = [options.get("num_predict")] if isinstance(options, dict) else []
+    found += [fields.get(name) for name in _OUTPUT_LIMITS]
+    limits = [n for n in found if isinstance(n, int) and not isinstance(n, bool) and n > 0]
+    return min(limits) if limits else None
 
 
 # Every place a prompt can be, by field: text (a string, a list of strings, or content

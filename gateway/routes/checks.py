@@ -10,7 +10,14 @@ from contextlib import AbstractAsyncContextManager
 from gateway.backends import BackendPool
 from gateway.config import Policy
 from gateway.core import Api, GatewayError, Reason
-from gateway.intake import Fields, checked_name, model_forbidden, model_not_found, no_backend
+from gateway.intake import (
+    Estimate,
+    Fields,
+    checked_name,
+    model_forbidden,
+    model_not_found,
+    no_backend,
+)
 from gateway.services import Services
 from gateway.usage import InFlight
 from gateway.wire import openai_refusal, server_tools
@@ -48,11 +55,19 @@ def check_model_served(pool: BackendPool, api: Api, model: str) -> None:
     raise no_backend(pool, api, model)
 
 
-def in_flight(services: Services, policy: Policy, user: str) -> AbstractAsyncContextManager[None]:
+def in_flight(
+    services: Services, policy: Policy, user: str, estimate: Estimate | None = None
+) -> AbstractAsyncContextManager[None]:
+    """A request counted (and its ``estimate`` of tokens reserved) against ``user``'s budget
+    while it runs or waits; nothing to count without a budget."""
     budget = policy.budget_of(user) if policy.budgeted else None
     if not budget:
         return _UNCOUNTED
-    return InFlight(services.usage, services.admission, budget, user)
+    tokens = 0
+    if estimate is not None and budget.tokens_per_day is not None:
+        output = estimate.output_tokens
+        tokens = estimate.prompt_tokens + (output or services.usage.expected_output(user))
+    return InFlight(services.usage, services.admission, budget, user, tokens)
 
 
 _UNCOUNTED = contextlib.nullcontext()

@@ -146,7 +146,7 @@ class Generation:
         )
         # Again, right before joining the room, and counted as in flight until the request
         # ends: with replicas, in the shared store, so that together they keep the budget.
-        async with in_flight(services, view.policy, account):
+        async with in_flight(services, view.policy, account, estimate):
             # A reload while the body arrived revoked waiting requests it could see; this one
             # was not waiting yet: ask the policy in force now, as the reload asked the others.
             now = services.policy.current

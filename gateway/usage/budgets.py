@@ -7,8 +7,10 @@ never cut, so a long reply may take a user past a budget, and the next request i
 
 Requests count when they end; those running or waiting count already (``in_flight``), so
 a user cannot pass a requests budget by sending many at once (with replicas, counted across
-them: ``usage/in_flight.py``). Tokens and slot time are
-known only when a reply ends, and count then.
+them: ``usage/in_flight.py``). Tokens are known only when a reply ends, and count then; until
+then each request running or waiting reserves its estimate (its prompt, and the most it
+may generate, or what its user's replies have taken so far), so that a burst passes a
+tokens budget by one request's estimate at most. Slot time counts when a reply ends.
 """
 
 from __future__ import annotations
@@ -49,13 +51,15 @@ class BudgetState:
 
 
 def budget_states(
-    budget: Budget, used: Tally, in_flight: int, windows: Windows
+    budget: Budget, used: Tally, in_flight: int, windows: Windows, reserved: int = 0
 ) -> list[BudgetState]:
-    """Each limit ``budget`` sets, with its use in ``windows``."""
+    """Each limit ``budget`` sets, with its use in ``windows`` (``in_flight``: requests
+    running or waiting, which reserved ``reserved`` tokens)."""
     states = []
     if budget.tokens_per_day is not None:
+        tokens = used.tokens + reserved
         states.append(
-            BudgetState("tokens_per_day", budget.tokens_per_day, used.tokens, windows.day_ends)
+            BudgetState("tokens_per_day", budget.tokens_per_day, tokens, windows.day_ends)
         )
     if budget.requests_per_minute is not None:
         minute = used.minute_requests + in_flight

@@ -1,4 +1,5 @@
-"""A user's requests in flight, counted across replicas for a requests budget.
+"""A user's requests in flight, counted across replicas for a requests budget, and the
+tokens they reserve against a tokens budget (this replica's: see ``usage/budgets.py``).
 
 Requests running or waiting count against ``requests_per_minute`` and ``requests_per_hour``
 already (``usage/budgets.py``), so that a burst cannot pass them. A replica's room sees only its
@@ -26,11 +27,26 @@ class InFlight:
     """``async with``: a request checked against its user's budget, and counted across
     replicas while it waits and runs; entering raises the 429 when the budget is used up."""
 
-    __slots__ = ("_admission", "_budget", "_counted", "_request", "_usage", "_user")
+    __slots__ = (
+        "_admission",
+        "_budget",
+        "_counted",
+        "_request",
+        "_reserved",
+        "_tokens",
+        "_usage",
+        "_user",
+    )
 
-    def __init__(self, usage: Ledger, admission: Admission, budget: Budget, user: str) -> None:
+    def __init__(
+        self, usage: Ledger, admission: Admission, budget: Budget, user: str, tokens: int = 0
+    ) -> None:
+        """``tokens``: what the request may use (its prompt, and the most it may generate),
+        reserved against a tokens budget while it runs or waits."""
         self._usage, self._admission = usage, admission
         self._budget, self._user = budget, user
+        self._tokens = tokens if budget.tokens_per_day is not None else 0
+        self._reserved = False
         self._request = uuid.uuid4().hex  # ours, never the client's: a repeat counts once
         self._counted: HoldStore | None = None
 
@@ -39,6 +55,16 @@ class InFlight:
         refusal = usage.refusal(user, budget, self._admission.in_flight(user))
         if refusal is not None:
             raise refusal.error()
+        usage.reserve(user, self._tokens)  # before any await: the next one sees it
+        self._reserved = True
+        try:
+            await self._count_across_replicas()
+        except BaseException:
+            self._unreserve()
+            raise
+
+    async def _count_across_replicas(self) -> None:
+        usage, user, budget = self._usage, self._user, self._budget
         store = self._admission.holds
         room = usage.requests_room(user, budget)
         if store is None or room is None:
@@ -56,5 +82,11 @@ class InFlight:
             raise refusal.error()
 
     async def __aexit__(self, *exc_info: object) -> None:
+        self._unreserve()
         if self._counted is not None:
             self._counted.uncount_in_flight(self._user, self._request)
+
+    def _unreserve(self) -> None:
+        if self._reserved:
+            self._reserved = False
+            self._usage.unreserve(self._user, self._tokens)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import Counter
 
 import structlog
 
@@ -38,6 +39,8 @@ log = structlog.get_logger("fairgate.usage")
 # name comes from the client; past this, new rows go under OTHER_MODEL.
 MAX_PENDING_ROWS = 10_000
 OTHER_MODEL = "(other)"
+# The tokens a reply that says no limit is taken to generate, until its user's replies tell.
+UNBOUNDED_OUTPUT = 512
 _MODEL_CHARS = 200
 
 
@@ -58,6 +61,9 @@ class Ledger:
         self._lock = asyncio.Lock()
         self._writing: asyncio.Task[None] | None = None
         self._loops = Background("usage")
+        # By user: tokens reserved by requests running or waiting (``reserve``), counted
+        # against tokens_per_day until they end, so that a burst cannot pass the budget.
+        self.reserved: Counter[str] = Counter()
         self.failing = False
 
     async def start(self) -> None:
@@ -152,8 +158,31 @@ class Ledger:
 
     def budgets(self, user: str, budget: Budget, in_flight: int) -> list[BudgetState]:
         """Each of ``budget``'s limits against what ``user`` has used (and has running or
-        waiting, ``in_flight``: those will count when they end)."""
-        return budget_states(budget, self.used(user), in_flight, self.calendar.now())
+        waiting, ``in_flight``, and the tokens those reserved: they will count when they
+        end)."""
+        reserved = self.reserved.get(user, 0)
+        return budget_states(budget, self.used(user), in_flight, self.calendar.now(), reserved)
+
+    def reserve(self, user: str, tokens: int) -> None:
+        """A request of ``user`` that may use about ``tokens`` joins: counted until it ends
+        (``unreserve``)."""
+        self.reserved[user] += tokens
+
+    def expected_output(self, user: str) -> int:
+        """What a reply of ``user``'s may generate when the request does not bound it: what
+        their replies took on average today, else ``UNBOUNDED_OUTPUT``."""
+        used = self.used(user)
+        if not used.requests:
+            return UNBOUNDED_OUTPUT
+        return max(1, used.completion_tokens // used.requests)
+
+    def unreserve(self, user: str, tokens: int) -> None:
+        """The request that reserved ``tokens`` for ``user`` ended (its use counts now)."""
+        left = self.reserved[user] - tokens
+        if left > 0:
+            self.reserved[user] = left
+        else:
+            del self.reserved[user]
 
     def requests_room(self, user: str, budget: Budget) -> int | None:
         """How many of ``user``'s requests may be in flight now (None: no requests limit)."""
