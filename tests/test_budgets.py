@@ -377,3 +377,24 @@ async def _refused_at_minute(
         session.post(gateway.url + "/api/generate", json=body, headers=headers) as reply,
     ):
         return reply.status, reply.headers
+
+
+async def test_two_replicas_on_one_redis_share_the_tokens_reserved(
+    start_sim: StartSim,
+    start_gateway: StartGateway,
+    redis_url: str,  # noqa: F811
+) -> None:
+    """300 tokens a day, requests of about 90 tokens sent at once half to A and half to
+    B: the reservations are one count in Redis, so that 4 are served between them, not 4
+    on each."""
+    _, sim_url = await start_sim(decode_tokens_per_s=200.0)
+    text = house(sim_url, ", max_concurrent: 4, max_queued: 6, budget: {tokens_per_day: 300}")
+    a = await start_gateway(text, redis_url=redis_url)
+    b = await start_gateway(text, redis_url=redis_url)
+    burst = await asyncio.gather(
+        *(generate(replica, "alice-key", num_predict=90) for replica in (a, b) * 4)
+    )
+    statuses = [status for status, _, _ in burst]
+    assert statuses.count(200) == 4 and statuses.count(429) == 4
+    used = sum(body["prompt_eval_count"] + body["eval_count"] for s, body, _ in burst if s == 200)
+    assert used <= 300 + 91

@@ -10,7 +10,8 @@ a user cannot pass a requests budget by sending many at once (with replicas, cou
 them: ``usage/in_flight.py``). Tokens are known only when a reply ends, and count then; until
 then each request running or waiting reserves its estimate (its prompt, and the most it
 may generate, or what its user's replies have taken so far), so that a burst passes a
-tokens budget by one request's estimate at most. Slot time counts when a reply ends.
+tokens budget by one request's estimate at most (across replicas: ``usage/in_flight.py``).
+Slot time counts when a reply ends.
 """
 
 from __future__ import annotations

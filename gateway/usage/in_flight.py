@@ -1,13 +1,14 @@
 """A user's requests in flight, counted across replicas for a requests budget, and the
-tokens they reserve against a tokens budget (this replica's: see ``usage/budgets.py``).
+tokens they reserve against a tokens budget (``usage/budgets.py``).
 
 Requests running or waiting count against ``requests_per_minute`` and ``requests_per_hour``
 already (``usage/budgets.py``), so that a burst cannot pass them. A replica's room sees only its
 own, and not even those waiting for a hold another replica has (``admission/replicas.py``): with
 two replicas, a user could start twice the budget. So with a shared hold store, a request
-of a user whose budget limits requests is counted there from its budget check until it
-ends, by one atomic check-and-add against what the budget leaves (a lease: a killed
-replica's count expires), and refused when that is used up. Without a store, or while it
+of a user whose budget limits requests or tokens is counted there, with the tokens it
+reserves, from its budget check until it ends, by one atomic check-and-add against what the
+budget leaves (a lease: a killed replica's count expires), and refused when that is used
+up. Without a store, or while it
 is unreachable, the room's count is the count, as for a single gateway. What other
 replicas finished since the last usage write is still unseen here (``usage/ledger.py``).
 """
@@ -21,6 +22,8 @@ from gateway.config import Budget
 from gateway.usage.ledger import Ledger
 
 __all__ = ["InFlight"]
+
+_NO_LIMIT = 2**31  # requests in flight, where only tokens are limited
 
 
 class InFlight:
@@ -67,17 +70,21 @@ class InFlight:
         usage, user, budget = self._usage, self._user, self._budget
         store = self._admission.holds
         room = usage.requests_room(user, budget)
-        if store is None or room is None:
-            return  # one replica: its room counts them all (no await before joining it)
+        token_room = usage.tokens_room(user, budget)
+        if store is None or (room is None and token_room is None):
+            return  # one replica: its room and its ledger count them all
         try:
-            counted = await store.count_in_flight(user, self._request, room)
+            counted = await store.count_in_flight(
+                user, self._request, _NO_LIMIT if room is None else room, self._tokens, token_room
+            )
         except StoreUnavailable:
             return  # Redis is away: this replica's count, until it is back
         if counted:
             self._counted = store
             return
-        # ``room`` in flight elsewhere: the limit that leaves no more is the one spent.
-        refusal = usage.refusal(user, budget, room)
+        # In flight elsewhere, the requests or the tokens they reserve leave no more: the
+        # limit that leaves none is the one spent.
+        refusal = usage.refusal(user, budget, room or 0, reserved=token_room)
         if refusal is not None:
             raise refusal.error()
 

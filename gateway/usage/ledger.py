@@ -156,12 +156,22 @@ class Ledger:
         and what came since it was taken."""
         return self._base, self._unsent[1] if self._unsent else {}, self._since
 
-    def budgets(self, user: str, budget: Budget, in_flight: int) -> list[BudgetState]:
+    def budgets(
+        self, user: str, budget: Budget, in_flight: int, reserved: int | None = None
+    ) -> list[BudgetState]:
         """Each of ``budget``'s limits against what ``user`` has used (and has running or
-        waiting, ``in_flight``, and the tokens those reserved: they will count when they
-        end)."""
-        reserved = self.reserved.get(user, 0)
+        waiting, ``in_flight``, and the tokens those reserved, here unless ``reserved``
+        says: they will count when they end)."""
+        if reserved is None:
+            reserved = self.reserved.get(user, 0)
         return budget_states(budget, self.used(user), in_flight, self.calendar.now(), reserved)
+
+    def tokens_room(self, user: str, budget: Budget) -> int | None:
+        """The tokens ``user``'s requests in flight may reserve under ``budget`` now (None:
+        no tokens limit)."""
+        if budget.tokens_per_day is None:
+            return None
+        return max(0, int(budget.tokens_per_day) - self.used(user).tokens)
 
     def reserve(self, user: str, tokens: int) -> None:
         """A request of ``user`` that may use about ``tokens`` joins: counted until it ends
@@ -188,11 +198,16 @@ class Ledger:
         """How many of ``user``'s requests may be in flight now (None: no requests limit)."""
         return requests_room(budget, self.used(user))
 
-    def refusal(self, user: str, budget: Budget, in_flight: int) -> Refusal | None:
-        """The 429 for a request of ``user`` now, or None while every budget has room."""
+    def refusal(
+        self, user: str, budget: Budget, in_flight: int, reserved: int | None = None
+    ) -> Refusal | None:
+        """The 429 for a request of ``user`` now, or None while every budget has room;
+        ``reserved``: the tokens reserved by requests in flight, if more than this
+        replica's (other replicas' too)."""
         if not budget:
             return None
-        return over_budget(user, self.budgets(user, budget, in_flight), self.calendar)
+        states = self.budgets(user, budget, in_flight, reserved)
+        return over_budget(user, states, self.calendar)
 
     def snapshot(self) -> dict[str, Tally]:
         """Every user with figures in the current windows."""

@@ -38,9 +38,13 @@ class HoldStore(Protocol):
     def give_back(self, hold: Hold) -> None:
         """Release the hold (never blocks; a remote store releases in the background)."""
 
-    async def count_in_flight(self, user: str, request: str, room: int) -> bool:
-        """Count ``request`` of ``user`` as in flight (running or waiting, on any replica)
-        if fewer than ``room`` of the user's are; False if not. Idempotent for ``request``."""
+    async def count_in_flight(
+        self, user: str, request: str, room: int, tokens: int = 0, token_room: int | None = None
+    ) -> bool:
+        """Count ``request`` of ``user`` as in flight (running or waiting, on any replica),
+        reserving ``tokens``, if fewer than ``room`` of the user's are and (with
+        ``token_room``) theirs reserve fewer than ``token_room`` tokens; False if not.
+        Idempotent for ``request``."""
 
     def uncount_in_flight(self, user: str, request: str) -> None:
         """``request`` ended (never blocks; a remote store forgets it in the background)."""

@@ -28,7 +28,7 @@ class MemoryHolds:
         self._backends: Counter[str] = Counter()
         self._heavy: Counter[str] = Counter()
         self._release = asyncio.Event()
-        self._in_flight: dict[str, set[str]] = {}  # by user: requests counted
+        self._in_flight: dict[str, dict[str, int]] = {}  # by user: requests counted, tokens
 
     def start(self) -> None:
         return None
@@ -61,17 +61,23 @@ class MemoryHolds:
         self._release.set()
         self._release = asyncio.Event()
 
-    async def count_in_flight(self, user: str, request: str, room: int) -> bool:
-        counted = self._in_flight.setdefault(user, set())
-        if request not in counted and len(counted) >= room:
+    async def count_in_flight(
+        self, user: str, request: str, room: int, tokens: int = 0, token_room: int | None = None
+    ) -> bool:
+        counted = self._in_flight.setdefault(user, {})
+        if request in counted:
+            return True
+        if len(counted) >= room:
             return False
-        counted.add(request)
+        if token_room is not None and sum(counted.values()) >= token_room:
+            return False
+        counted[request] = tokens
         return True
 
     def uncount_in_flight(self, user: str, request: str) -> None:
         counted = self._in_flight.get(user)
         if counted is not None:
-            counted.discard(request)
+            counted.pop(request, None)
             if not counted:
                 del self._in_flight[user]
 

@@ -5,8 +5,9 @@ heavy set), scored by its expiry on Redis's own clock. Taking a hold is one Lua 
 (check every limit, then add), so two replicas cannot both take the last slot. A replica
 renews its leases every third of their lifetime; one killed with SIGKILL stops renewing
 and its holds expire within ``lease_seconds``. Scripts use EVALSHA, which Redis 6 has too.
-A user's requests in flight, for requests budgets (``usage/in_flight.py``), are leases of the
-same kind in one sorted set per user, counted and added by one script.
+A user's requests in flight, for budgets (``usage/in_flight.py``), are leases of the
+same kind in one sorted set per user (with a hash of the tokens each reserves), counted and
+added by one script.
 
 When Redis cannot be reached the state says so (``StoreUnavailable``) and admission applies
 the policy's ``redis.on_failure``; a background check restores sharing when Redis returns.
@@ -68,19 +69,37 @@ end
 return 1
 """
 )
-# A user's requests in flight for budgets: one sorted set per user, scored by expiry. The
-# ARGV after the third are requests of the user that ended here and whose removal may not
-# have reached Redis yet: an ended request counts in the ledger's figures at once, and must
-# not count in flight as well.
+# A user's requests in flight for budgets: one sorted set per user, scored by expiry, and
+# beside it a hash of the tokens each reserves. ARGV: the request, the room in requests, the
+# lease, its tokens, the room in tokens (-1: no tokens limit), then requests of the user
+# that ended here and whose removal may not have reached Redis yet: an ended request counts
+# in the ledger's figures at once, and must not count in flight as well.
 _COUNT_IN = (
     _NOW_MS
     + """
+for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
+  redis.call('HDEL', KEYS[2], gone)
+end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-for i = 4, #ARGV do redis.call('ZREM', KEYS[1], ARGV[i]) end
+for i = 6, #ARGV do
+  redis.call('ZREM', KEYS[1], ARGV[i])
+  redis.call('HDEL', KEYS[2], ARGV[i])
+end
 if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 1 end
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
-redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[3]))
+local token_room = tonumber(ARGV[5])
+if token_room >= 0 then
+  local reserved = 0
+  for _, tokens in ipairs(redis.call('HVALS', KEYS[2])) do
+    reserved = reserved + tonumber(tokens)
+  end
+  if reserved >= token_room then return 0 end
+end
+local lease = tonumber(ARGV[3])
+redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[4])
+redis.call('PEXPIRE', KEYS[1], 2 * lease)
+redis.call('PEXPIRE', KEYS[2], 2 * lease)
 return 1
 """
 )
@@ -89,6 +108,7 @@ _RENEW_IN_FLIGHT = (
     + """
 redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
 redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
+redis.call('PEXPIRE', KEYS[2], 2 * tonumber(ARGV[2]))
 return 1
 """
 )
@@ -101,6 +121,11 @@ return 1
 
 def _in_flight_key(user: str) -> str:
     return f"{PREFIX}:in_flight:{user}"
+
+
+def _in_flight_keys(user: str) -> list[str]:
+    """The user's requests in flight, and the tokens each reserves."""
+    return [_in_flight_key(user), f"{PREFIX}:in_flight_tokens:{user}"]
 
 
 def _keys(hold: Hold) -> list[str]:
@@ -172,13 +197,16 @@ class RedisHolds:
             # The lease expires by itself within lease_seconds.
             log.warning("state_release_failed", hold=hold.id, error=repr(exc))
 
-    async def count_in_flight(self, user: str, request: str, room: int) -> bool:
+    async def count_in_flight(
+        self, user: str, request: str, room: int, tokens: int = 0, token_room: int | None = None
+    ) -> bool:
         if not self.shared:
             raise StoreUnavailable("Redis is unreachable")
         ended = self._ended.get(user, ())
+        limits = [room, self._lease_ms, tokens, -1 if token_room is None else token_room]
         try:
             counted = await self._count_in(
-                keys=[_in_flight_key(user)], args=[request, room, self._lease_ms, *ended]
+                keys=_in_flight_keys(user), args=[request, *limits, *ended]
             )
         except (RedisError, OSError) as exc:
             self._lost(exc)
@@ -195,7 +223,9 @@ class RedisHolds:
 
     async def _uncount(self, user: str, request: str) -> None:
         try:
-            await self._redis.zrem(_in_flight_key(user), request)
+            in_flight, tokens = _in_flight_keys(user)
+            await self._redis.zrem(in_flight, request)
+            await self._redis.hdel(tokens, request)
         except (RedisError, OSError) as exc:
             log.warning("state_release_failed", request=request, error=repr(exc))
         finally:  # removed, or left to its lease
@@ -280,7 +310,7 @@ class RedisHolds:
                 await self._renew(keys=_keys(hold), args=[hold.id, self._lease_ms, int(hold.heavy)])
             for request, user in list(self._in_flight.items()):
                 await self._renew_in_flight(
-                    keys=[_in_flight_key(user)], args=[request, self._lease_ms]
+                    keys=_in_flight_keys(user), args=[request, self._lease_ms]
                 )
         except (RedisError, OSError) as exc:
             self._lost(exc)
