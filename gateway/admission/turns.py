@@ -174,9 +174,11 @@ def _swap_for(room: RoomState, waiter: Waiter) -> Backend | None:
     """A backend where a swap would make room for ``waiter``'s model and is due, if one
     would (``swap_due``)."""
     ticket = waiter.ticket
-    if not room.swaps.may_plan_for(ticket.user):
-        return None
     backends = room.pool.serving(ticket.api, ticket.model)
+    # Only a backend that loads models has swaps: asked first, as the common case is none
+    # (a llama-server under load, its waiters each asked at every dispatch).
+    if not any(b.per_model for b in backends) or not room.swaps.may_plan_for(ticket.user):
+        return None
     waited = room.clock() - waiter.arrived
     patience = room.policy.max_wait_of(ticket.lane) * _PATIENCE
     wanting = frozenset() if ticket.lane is BACKGROUND else _people_wanting(room, ticket.model)
