@@ -21,12 +21,14 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from playwright.async_api import Browser, ConsoleMessage, Page, expect
 
+from gateway.admission.parallelism import SERIAL_TO_CONCLUDE
 from gateway.app import create_app
 from gateway.config.policy import parse_policy
 from gateway.config.settings import Settings
 from tests.conftest import Gateway, StartGateway, StartSim, serve
 from tests.test_admission import MODEL, queued, until
 from tests.test_anthropic import UNKNOWN_KEY
+from tests.test_parallelism import behind_slots_2
 from tests.test_preemption import TASK_PROMPT, body, post
 
 REPO = Path(__file__).resolve().parent.parent
@@ -304,6 +306,20 @@ class TestHousePage:
             await page.goto(gateway.url + "/ui")
             meta = page.locator(".backend .meta")
             await expect(meta).to_contain_text(f"in memory: {MODEL}", timeout=3000)
+
+    async def test_a_backend_that_runs_fewer_than_its_slots_is_said_with_the_fix(
+        self, start_sim: StartSim, start_gateway: StartGateway, browser: Browser, tmp_path: Path
+    ) -> None:
+        """slots: 2 in front of an Ollama that runs 1: once found, the backend's card says
+        so in red, with what to set, as /status and `fairgate status` do."""
+        _, gateway, gpu = await behind_slots_2(start_sim, start_gateway, 1, SERIAL_TO_CONCLUDE)
+        assert gpu.slots == 1
+        async with opened(browser, tmp_path, "runs-fewer") as watched:
+            page = watched.page
+            await page.goto(gateway.url + "/ui")
+            said = page.locator(".backend .error")
+            await expect(said).to_contain_text("runs 1 request at once, not the 2", timeout=3000)
+            await expect(said).to_contain_text("OLLAMA_NUM_PARALLEL=2")
 
     async def test_the_page_shows_busy_slots_and_the_waiter_then_follows_a_stream_ending(
         self,

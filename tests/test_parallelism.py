@@ -48,7 +48,7 @@ async def _pairs(gateway: Gateway, count: int) -> None:
             assert statuses == [200, 200]
 
 
-async def _behind_slots_2(
+async def behind_slots_2(
     start_sim: StartSim, start_gateway: StartGateway, runs: int, pairs: int
 ) -> tuple[Simulator, Gateway, Backend]:
     """An Ollama that runs ``runs`` at once, ``slots: 2`` in front, ``pairs`` pairs sent."""
@@ -61,7 +61,7 @@ async def _behind_slots_2(
 async def test_a_backend_that_runs_fewer_than_its_slots_is_found_and_sent_fewer(
     start_sim: StartSim, start_gateway: StartGateway
 ) -> None:
-    sim, gateway, gpu = await _behind_slots_2(start_sim, start_gateway, 1, SERIAL_TO_CONCLUDE)
+    sim, gateway, gpu = await behind_slots_2(start_sim, start_gateway, 1, SERIAL_TO_CONCLUDE)
     assert gpu.slots == 1 and gpu.configured_slots == 2
     said = (await status_of(gateway))["backends"]["gpu"]["runs_fewer"]
     assert "runs 1 request at once, not the 2" in said
@@ -80,7 +80,7 @@ async def test_a_backend_that_runs_fewer_than_its_slots_is_found_and_sent_fewer(
 async def test_a_backend_that_runs_its_slots_is_not_suspected(
     start_sim: StartSim, start_gateway: StartGateway
 ) -> None:
-    _, gateway, gpu = await _behind_slots_2(start_sim, start_gateway, 2, 2 * SERIAL_TO_CONCLUDE)
+    _, gateway, gpu = await behind_slots_2(start_sim, start_gateway, 2, 2 * SERIAL_TO_CONCLUDE)
     assert gpu.slots == 2 and gpu.state.runs_at_most is None
     assert (await status_of(gateway))["backends"]["gpu"]["runs_fewer"] is None
 
