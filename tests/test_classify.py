@@ -11,6 +11,7 @@ import pytest
 
 from gateway.core.vocabulary import RequestClass
 from gateway.edge.record import RequestRecord
+from gateway.intake.classify import output_limit
 from tests.conftest import Finished, Gateway, StartGateway, StartSim, one_backend
 
 MODEL = "llama3.2:3b"
@@ -169,3 +170,28 @@ class TestWhatAnEstimateCouldNotSee:
         record = await finished.first((path,))
         assert record.input_estimate is not None and record.input_estimate >= 2048
         assert record.request_class is RequestClass.HEAVY
+
+
+class TestOutputLimit:
+    """The most a reply may generate, as the reservation against a tokens budget reads it:
+    a client cannot make a request look cheaper with a field its backend ignores."""
+
+    @pytest.mark.parametrize(
+        ("body", "limit"),
+        [
+            ({"options": {"num_predict": 90}}, 90),  # Ollama's
+            ({"max_tokens": 64}, 64),  # OpenAI's, Anthropic's
+            ({"max_output_tokens": 64}, 64),  # the Responses API's
+            ({}, None),
+            ({"options": {"num_predict": -1}}, None),  # until the context is full
+            # llama-server reads n_predict before max_tokens: -1 there is unbounded.
+            ({"max_tokens": 1, "n_predict": -1}, None),
+            # /api/chat reads options.num_predict, not a top-level max_tokens.
+            ({"max_tokens": 1, "options": {"num_predict": 500}}, 500),
+            ({"max_tokens": True}, None),  # not a number
+        ],
+    )
+    def test_the_largest_any_field_says_and_none_when_one_is_unbounded(
+        self, body: dict[str, Any], limit: int | None
+    ) -> None:
+        assert output_limit(body) == limit

@@ -72,18 +72,26 @@ def classify(fields: dict[str, Any], policy: Policy, cached_share: float = 0.0) 
     return Estimate(tokens, RequestClass.LIGHT, light, num_ctx, prompt, output)
 
 
-# Where each API puts the most a reply may generate (Ollama's options.num_predict: below).
-_OUTPUT_LIMITS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+# Where the APIs put the most a reply may generate: Ollama's options.num_predict (-1, -2:
+# until the context is full), OpenAI's max_tokens and max_completion_tokens, the Responses
+# API's max_output_tokens, Anthropic's max_tokens, and llama-server's own n_predict, which it
+# reads before max_tokens (params_from_json_cmpl).
+_OUTPUT_LIMITS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "n_predict")
 
 
 def output_limit(fields: dict[str, Any]) -> int | None:
-    """The most tokens the reply may generate, as the body bounds it; None when it does not
-    (Ollama's -1 and -2: until the context is full)."""
+    """The most tokens the reply may generate, as the body bounds it; None when it does not.
+
+    Each backend reads its own field, and may ignore the others: so the largest any says,
+    and none when any says "unbounded" (a number below 1), lest a small figure in a field
+    the backend ignores make the request look cheaper than what it will run."""
     options = fields.get("options")
     found = [options.get("num_predict")] if isinstance(options, dict) else []
     found += [fields.get(name) for name in _OUTPUT_LIMITS]
-    limits = [n for n in found if isinstance(n, int) and not isinstance(n, bool) and n > 0]
-    return min(limits) if limits else None
+    limits = [n for n in found if isinstance(n, int) and not isinstance(n, bool)]
+    if not limits or min(limits) < 1:
+        return None
+    return max(limits)
 
 
 # Every place a prompt can be, by field: text (a string, a list of strings, or content
