@@ -87,6 +87,7 @@ SIM = SimConfig(
     models=[MODEL_ALIAS],
     prefill_tokens_per_s=270.0,  # this machine's llama-server, SmolLM2-135M on 2 cores
     decode_tokens_per_s=50.0,
+    slot_save=True,
 )
 
 
@@ -105,6 +106,9 @@ class Run:
     records: list[RequestRecord] = field(default_factory=list)  # the gateway's, if any
     most_people_running: int = 0  # in the gateway's books
     most_slots_processing: int = 0  # in the engine's own (its /slots, sampled)
+    samples_busy: int = 0  # of those samples, with any slot processing
+    samples_both: int = 0  # with two
+    copies: int = 0  # of a slot's prompt into another, by the gateway
     median_error: float | None = None
     error_samples: int = 0
 
@@ -156,7 +160,9 @@ async def _engine(kind: str, workdir: Path) -> AsyncIterator[str]:
         return
     template = workdir / "chatml-tools.jinja"
     template.write_text(TEMPLATE)
-    extra = ("--jinja", "--chat-template-file", str(template))
+    saved = workdir / "slots"  # where the gateway copies a warm slot's prompt to a cold one
+    saved.mkdir(exist_ok=True)
+    extra = ("--jinja", "--chat-template-file", str(template), "--slot-save-path", str(saved))
     async with running_llama_server(
         workdir / "llama-server.log", slots=2, context=16384, extra=extra
     ) as server:
@@ -211,6 +217,7 @@ async def _through_gateway(
         watch.cancel()
         estimates = admission.snapshot().estimates
         run.median_error, run.error_samples = estimates.median_error, estimates.samples
+        run.copies = admission.room.prompts.copies["cpp"]
         await listener.close()
 
 
@@ -222,6 +229,8 @@ async def _sample_slots(session: aiohttp.ClientSession, url: str, run: Run) -> N
             slots = await reply.json() if reply.status == 200 else []
         busy = sum(1 for slot in slots if slot.get("is_processing"))
         run.most_slots_processing = max(run.most_slots_processing, busy)
+        run.samples_busy += busy > 0
+        run.samples_both += busy > 1
         await asyncio.sleep(0.1)
 
 
@@ -244,7 +253,8 @@ def report(runs: list[Run]) -> str:
         lines.append(
             f"{run.name}: TTFT of turns 2-{TURNS}: p50 {_p(later, 0.5):.2f} s, "
             f"p95 {_p(later, 0.95):.2f} s ({len(later)} turns); the engine's slots "
-            f"processing at once, at most {run.most_slots_processing} (sampled)"
+            f"processing at once, at most {run.most_slots_processing} (both in "
+            f"{run.samples_both} of the {run.samples_busy} samples with any)"
         )
     tools, bare, direct = runs
     slower = max(_p(bare.later_ttft(), 0.95), _p(direct.later_ttft(), 0.95))
@@ -279,7 +289,8 @@ def _costs(run: Run) -> list[str]:
         f"{statistics.median(ratios):.2f}x, max {max(ratios):.2f}x the engine's count); without "
         f"the cache it would "
         f"have charged {sum(whole):,}; it charged the engine's count once each reply said it",
-        f"  people running at once, at most: {run.most_people_running} in the gateway's books",
+        f"  people running at once, at most: {run.most_people_running} in the gateway's books; "
+        f"slot copies made: {run.copies}",
         f"  waiting estimates (people's): median error {error} over {run.error_samples} waits",
     ]
 

@@ -50,6 +50,9 @@ class SimConfig:
     default_output_tokens: int = 12
     embedding_dims: int = 8
     max_queue: int = 512
+    slot_save: bool = False
+    """llama-server: started with ``--slot-save-path``, so ``POST /slots/N?action=save`` and
+    ``restore`` copy a slot's prompt (else 501, as the real one answers)."""
     record_replies: bool = False
     """Keep every request's headers and every reply's bytes (Simulator.replies), for tests."""
 

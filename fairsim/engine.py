@@ -29,6 +29,7 @@ class Engine:
         self.pool = SlotPool(config.parallel, self.stats, self.changed)
         self.slots = self.pool.slots
         self.host_cache = HostCache() if config.flavor == "llamacpp" else None
+        self.saved_slots: dict[str, str] = {}  # --slot-save-path's files: the text they hold
         self.scheduler = OllamaScheduler(config, clock, self.stats, self.changed)
         self.started_at = clock()
         self.prompt_tokens_total = 0

@@ -53,6 +53,7 @@ class LlamaCppAPI:
             app.router.add_get(path, self.health)
         app.router.add_get("/props", self.props)
         app.router.add_get("/slots", self.slots)
+        app.router.add_post("/slots/{slot}", self.slot_action)
         app.router.add_get("/metrics", self.metrics)
         for path in ("/models", "/v1/models"):
             app.router.add_get(path, self.models)
@@ -86,6 +87,37 @@ class LlamaCppAPI:
         if request.query.get("fail_on_no_slot") == "1" and all(s.busy for s in self.engine.slots):
             return error(503, "no slot available")
         return reply([slot_view(slot) for slot in self.engine.slots])
+
+    async def slot_action(self, request: web.Request) -> web.Response:
+        """``--slot-save-path``'s save and restore, of the text a slot holds; like the real
+        server's, each waits while its slot is processing (``queue_tasks.defer``)."""
+        if not self.engine.config.slot_save:
+            return error(
+                501, "This server does not support slots action. Start it with `--slot-save-path`"
+            )
+        body = await self.body(request)
+        if isinstance(body, web.Response):
+            return body
+        name, action = body.get("filename"), request.query.get("action")
+        if not isinstance(name, str) or not name or "/" in name or ".." in name:
+            return error(400, "Invalid filename")
+        if action not in ("save", "restore") or not request.match_info["slot"].isdigit():
+            return error(400, "Invalid action")
+        if action == "restore" and name not in self.engine.saved_slots:
+            return error(400, "Unable to restore slot: invalid slot save file")
+        wanted = int(request.match_info["slot"])
+        if wanted >= len(self.engine.slots):
+            return error(400, "Invalid slot ID")
+        slot = await self.engine.pool.acquire(wanted=wanted)
+        try:
+            if action == "save":
+                self.engine.saved_slots[name] = slot.cached
+            else:
+                slot.cached = self.engine.saved_slots[name]
+        finally:
+            self.engine.pool.release(slot)
+        count = len(slot.cached) // 4
+        return reply({"id_slot": wanted, "filename": name, f"n_{action}d": count})
 
     async def metrics(self, request: web.Request) -> web.Response:
         text = metrics_text(self.engine)

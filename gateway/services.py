@@ -17,7 +17,7 @@ from aiohttp import web
 
 from gateway.admission import Admission, HoldStore, RedisHolds
 from gateway.backends import BackendStates
-from gateway.backends.watch import BackendMonitor, KeepWarm
+from gateway.backends.watch import BackendMonitor, KeepWarm, SlotCopies
 from gateway.config import Policy, Settings
 from gateway.core import Background, Calendar, repeat, zone_named
 from gateway.edge import Caller, Client, RecordListener, names_gateway, refuse_unknown_host
@@ -43,6 +43,7 @@ class Services:
     upstream: Upstream
     monitor: BackendMonitor
     warmth: KeepWarm
+    slot_copies: SlotCopies  # a llama-server slot's prompt into another (admission decides)
     usage: Ledger  # who used what, kept across restarts; budgets read it
     cors: Cors  # browser apps on other origins
     reply_headers: ReplyHeaders  # what the gateway says on every reply (relays say it too)
@@ -77,6 +78,7 @@ class Services:
             upstream=upstream,
             monitor=BackendMonitor(upstream, backends, admission.wake),
             warmth=KeepWarm(upstream, backends),
+            slot_copies=SlotCopies(upstream),
             usage=Ledger(
                 _usage_store(settings),
                 Calendar(zone_named(settings.time_zone), clock),
@@ -107,6 +109,7 @@ class Services:
         await self.usage.close()  # the last counts: requests have all ended by now
         await self.warmth.close()
         await self.monitor.close()
+        await self.slot_copies.close()
         if self.admission.holds is not None:
             await self.admission.holds.close()
         await self.upstream.close()

@@ -226,6 +226,17 @@ async def llama_server(tmp_path: Path) -> AsyncIterator[str]:
 
 
 @pytest.fixture
+async def llama_server_saving_slots(tmp_path: Path) -> AsyncIterator[str]:
+    """The real llama-server with 2 slots that it can save and restore (``--slot-save-path``)."""
+    _needs_llama_server()
+    saved = tmp_path / "slots"
+    saved.mkdir()
+    extra = ("--slot-save-path", str(saved))
+    async with running_llama_server(tmp_path / "llama-server.log", extra=extra) as server:
+        yield server.url
+
+
+@pytest.fixture
 async def llama_router(tmp_path: Path) -> AsyncIterator[LlamaServer]:
     """The real llama-server as a router: models ``family`` and ``coder`` (both the SmolLM2
     file), one loaded at a time, 2 slots each."""

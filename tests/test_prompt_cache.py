@@ -290,6 +290,78 @@ class TestTheSlot:
         return slot
 
 
+class TestASecondSlotWarmed:
+    """One slot holds the tools; a second conversation would wait for that slot or pay their
+    whole prefill on the other. Where llama-server can save a slot and restore it into
+    another (``--slot-save-path``), the gateway copies the warm slot's prompt to the idle
+    one first, and both slots serve people at once, each reading the tools from its cache."""
+
+    @pytest.mark.parametrize("slot_save", [True, False])
+    async def test_on_the_simulator(
+        self, start_sim: StartSim, start_gateway: StartGateway, slot_save: bool
+    ) -> None:
+        simulator, url = await start_sim(
+            flavor="llamacpp",
+            parallel=2,
+            decode_tokens_per_s=20,
+            prefill_tokens_per_s=1000,
+            slot_save=slot_save,
+        )
+        gateway = await start_gateway(
+            one_backend(url, 2, "llamacpp", HEAVY_AT_500 + "defaults: {max_concurrent: 2}\n")
+        )
+        pool = gateway.services.policy.current.pool
+        await until(gateway.services.admission, lambda _: pool.backends[0].state.slots == 2)
+        first, second = await self.two_at_once(gateway, MODEL, tools=TOOLS)
+        copies = gateway.services.admission.room.prompts.copies["sim"]
+        # The tools and the system prompt read from a cache, by both at once:
+        both = self.overlapped(first, second) and all(
+            r.prompt_tokens - r.cached_tokens < 40 for r in (first, second)
+        )
+        if slot_save:
+            assert (copies, both) == (1, True)
+            # Both slots hold the tools now: later turns copy nothing more.
+            await asyncio.gather(*(conversation(gateway, 2, f"{n}", tools=TOOLS) for n in "ab"))
+            assert gateway.services.admission.room.prompts.copies["sim"] == 1
+        else:  # one waited for the other's slot or evaluated them all; nothing broke
+            assert (copies, both) == (0, False)
+            assert simulator.engine.saved_slots == {}
+
+    async def test_on_the_real_llama_server(
+        self, llama_server_saving_slots: str, start_gateway: StartGateway
+    ) -> None:
+        gateway = await start_gateway(
+            HEAVY_AT_500 + "defaults: {max_concurrent: 2}\n"
+            f"backends:\n  - {{name: cpp, url: {llama_server_saving_slots}, kind: llamacpp}}\n"
+            "timeouts: {first_byte: 300s}\nqueue: {max_wait: 180s}\n"
+        )
+        pool = gateway.services.policy.current.pool
+        await until(gateway.services.admission, lambda _: pool.backends[0].state.slots == 2)
+        first, second = await self.two_at_once(gateway, MODEL_ALIAS, max_tokens=48)
+        assert gateway.services.admission.room.prompts.copies["cpp"] == 1
+        for record in (first, second):  # the engine's own counts: read from its cache
+            assert record.prompt_tokens and record.cached_tokens
+            assert record.prompt_tokens - record.cached_tokens < 60
+        assert self.overlapped(first, second)
+
+    @staticmethod
+    async def two_at_once(gateway: Gateway, model: str, **fields: Any) -> list[Any]:
+        """One conversation's first turn alone; then its second turn and another
+        conversation's first, at once: their records."""
+        one = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "one asks 0"}]
+        answer = await chat(gateway, one, model=model, **fields)
+        one += [{"role": "assistant", "content": answer}, {"role": "user", "content": "and 1?"}]
+        two = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "two asks 0"}]
+        finished = Finished(gateway)
+        await asyncio.gather(*(chat(gateway, m, model=model, **fields) for m in (one, two)))
+        return await finished.at_least(2)
+
+    @staticmethod
+    def overlapped(first: Any, second: Any) -> bool:
+        """Each began streaming before the other ended."""
+        return bool(first.first_byte_at < second.finished and second.first_byte_at < first.finished)
+
+
 async def test_the_simulated_ollama_forks_a_shared_prefix_rather_than_overwrite_a_slot(
     start_sim: StartSim,
 ) -> None:

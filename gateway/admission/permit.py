@@ -14,6 +14,7 @@ from typing import Protocol
 
 from gateway.admission.holds.base import Hold
 from gateway.admission.parallelism import Parallelism
+from gateway.admission.prompt_caches import SlotCopy
 from gateway.admission.room import WaitingRoom
 from gateway.admission.tickets import Ticket, Waiter
 from gateway.backends import Backend, RunsAtMost
@@ -60,6 +61,7 @@ class Permit:
         "preempted",
         "queue_position",
         "queue_wait",
+        "slot_copy",
         "ticket",
         "weight",
     )
@@ -89,6 +91,7 @@ class Permit:
         self.hold: Hold | None = None  # the claim in the hold store, once confirmed
         self.placement = placement  # how it finds its model: held, loaded, swapped
         self.engine_slot: int | None = None  # llama-server's slot, when the gateway chose it
+        self.slot_copy: SlotCopy | None = None  # of its slot's prompt, to make before it goes
         self._waits_in_engine = False  # for that slot: its first byte is no prefill's time
         self.evaluated: int | None = None  # prompt tokens its engine evaluated, once it says
         self.first_byte_after: float | None = None  # seconds from its grant to its reply
@@ -134,8 +137,18 @@ class Permit:
         decode, rate = waits.decode(backend.name, self.ticket), waits.prefill_rate(backend.name)
         pinned = room.prompts.pin(backend, self.ticket.prefix, now, decode, rate)
         if pinned is not None:
-            self.engine_slot, self._waits_in_engine = pinned
+            self.engine_slot, self._waits_in_engine, self.slot_copy = pinned
         return self.engine_slot
+
+    def take_copy(self) -> SlotCopy | None:
+        """The copy ``pin`` planned, to be made once (``backends/watch/slot_copies.py``)."""
+        copy, self.slot_copy = self.slot_copy, None
+        return copy
+
+    def copied(self, copy: SlotCopy, seconds: float | None, unsupported: bool) -> None:
+        """The copy ``pin`` planned took ``seconds`` (None: failed)."""
+        now = self._admission.clock()
+        self._admission.room.prompts.copied(self.backend, copy, seconds, unsupported, now)
 
     def unpin(self) -> None:
         if self.engine_slot is not None:

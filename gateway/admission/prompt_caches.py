@@ -25,14 +25,14 @@ until that slot is free. Only where the server has said how many slots it has (`
 from __future__ import annotations
 
 import itertools
-from collections import OrderedDict
-from collections.abc import Iterable
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from gateway.backends import Backend
 
-__all__ = ["BLOCK_BYTES", "NO_PREFIX", "Prefix", "PromptCaches"]
+__all__ = ["BLOCK_BYTES", "NO_PREFIX", "Pinned", "Prefix", "PromptCaches", "SlotCopy"]
 
 BLOCK_BYTES = 256
 """A block of the rendered prompt: about 64 tokens, so that a cached prefix is known to
@@ -45,6 +45,12 @@ within a few dozen tokens and a 25 KB set of tools is a hundred hashes."""
 _BLOCKS_PER_SLOT = {"llamacpp": 512, "llamacpp-router": 512, "ollama": 128}
 _DEFAULT_BLOCKS_PER_SLOT = 128
 _CHARS_PER_TOKEN = 4
+# A slot's prompt is copied to an idle slot when evaluating it there would take at least
+# this long (a pause a person notices) and several times what copying it takes: a copy
+# stops the engine's loop while it writes and reads, and wears the disk.
+_MIN_COPY_GAIN = 0.5
+_COPY_GAIN_RATIO = 4.0
+_COPIES_RETRY_SECONDS = 600.0  # a server that could not copy is asked again after this
 
 
 class Prefix(NamedTuple):
@@ -131,6 +137,20 @@ def _common(held: tuple[int, ...], blocks: tuple[int, ...]) -> int:
     return count
 
 
+class Pinned(NamedTuple):
+    """The llama-server slot chosen for a request."""
+
+    slot: int
+    taken: bool  # busy now: the request waits for it in the engine
+    copy: SlotCopy | None  # to make before the request goes (``backends/watch/slot_copies.py``)
+
+
+class SlotCopy(NamedTuple):
+    source: int
+    target: int
+    tokens: int  # about as many as the source slot holds
+
+
 class PromptCaches:
     """Every backend's remembered prompt prefixes (by backend name), and llama-server's
     slots as the gateway assigns them."""
@@ -139,6 +159,9 @@ class PromptCaches:
         self._by_backend: dict[str, _Held] = {}
         self._slots: dict[str, list[_EngineSlot]] = {}
         self._uses = itertools.count(1)
+        self._copy_rates: dict[str, float] = {}  # seconds a token, as copies took
+        self._copies_off: dict[str, float] = {}  # backend -> until when (not started for them)
+        self.copies: Counter[str] = Counter()  # made, by backend
 
     def pin(
         self,
@@ -147,15 +170,15 @@ class PromptCaches:
         now: float,
         decode: float,
         rate: float,
-    ) -> tuple[int, bool] | None:
+    ) -> Pinned | None:
         """The llama-server slot for a request of ``prefix`` that decodes for ``decode``
         seconds on an engine that evaluates ``rate`` prompt tokens a second: where waiting
-        and prefilling take least; and whether it is taken now (the request waits for it
-        in the engine). (Sending a heavy request to a cold slot instead, to warm it for later
-        turns, was measured worse on the real server: its prefill stalled the light turns
-        beside it for seconds.) None: the backend is not a llama-server that said its
-        slots, or
-        the prompt is too short for a whole block (llama-server's own choice, by the longest
+        and prefilling take least; whether it is taken now (the request waits for it in the
+        engine); and a copy of its slot's prompt into an idle one, when that is worth it.
+        (Sending a heavy request to a cold slot instead, to warm it for later turns, was
+        measured worse on the real server: its prefill stalled the light turns beside it
+        for seconds.) None: the backend is not a llama-server that said its slots, or the
+        prompt is too short for a whole block (llama-server's own choice, by the longest
         common prefix in tokens, knows it better than the gateway could)."""
         if backend.kind != "llamacpp" or not backend.state.slots or not prefix.blocks:
             return None
@@ -176,9 +199,63 @@ class PromptCaches:
         chosen = min(range(len(slots)), key=lambda i: cost(slots[i]))
         slot = slots[chosen]
         taken = slot.assigned > 0
+        copy = None if taken else self._copy_from(backend, chosen, slots, prefill, now)
         slot.free_at = max(now, slot.free_at if taken else now) + prefill(slot) + decode
         slot.assigned += 1
-        return chosen, taken
+        return Pinned(chosen, taken, copy)
+
+    def _copy_from(
+        self,
+        backend: Backend,
+        source: int,
+        slots: list[_EngineSlot],
+        prefill: Callable[[_EngineSlot], float],
+        now: float,
+    ) -> SlotCopy | None:
+        """A copy of ``source``'s prompt into an idle slot that holds nothing it lacks
+        (so nothing is lost), where a request like this one would spend far longer
+        evaluating its prompt than the copy takes; the target is counted busy until
+        ``copied``. Copies are planned one way only: to slots that then hold the same start,
+        so they stop once every slot holds it."""
+        if self._copies_off.get(backend.name, 0.0) > now:
+            return None
+        held, size = slots[source].held, slots[source].size
+        tokens = size / _CHARS_PER_TOKEN
+        seconds = tokens * self._copy_rates.get(backend.name, 0.0)
+        best, gain = None, max(_MIN_COPY_GAIN, _COPY_GAIN_RATIO * seconds)
+        for index, other in enumerate(slots):
+            if index == source or other.assigned or _common(other.held, held) < len(other.held):
+                continue
+            saved = prefill(other) - prefill(slots[source])
+            if saved >= gain:
+                best, gain = index, saved
+        if best is None:
+            return None
+        target = slots[best]
+        target.held, target.size, target.assigned = held, size, target.assigned + 1
+        target.free_at = now + seconds
+        return SlotCopy(source, best, round(tokens))
+
+    def copied(
+        self, backend: Backend, copy: SlotCopy, seconds: float | None, unsupported: bool, now: float
+    ) -> None:
+        """The copy planned by ``pin`` took ``seconds``, or failed (None); ``unsupported``:
+        the server cannot copy (not started with ``--slot-save-path``)."""
+        slots = self._slots.get(backend.name)
+        if slots is None or copy.target >= len(slots):  # the engine restarted meanwhile
+            return
+        target = slots[copy.target]
+        target.assigned = max(0, target.assigned - 1)
+        target.last_used = next(self._uses)
+        if seconds is None:  # it holds what it held, or nothing: nothing, safely
+            target.held, target.size = (), 0
+            if unsupported:
+                self._copies_off[backend.name] = now + _COPIES_RETRY_SECONDS
+            return
+        self.copies[backend.name] += 1
+        rate = seconds / max(1, copy.tokens)
+        known = self._copy_rates.get(backend.name)
+        self._copy_rates[backend.name] = rate if known is None else 0.8 * known + 0.2 * rate
 
     def unpin(self, backend: Backend, chosen: int) -> None:
         """The request sent to slot ``chosen`` of ``backend`` ended."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Coroutine
 from dataclasses import replace
+from functools import partial
 
 import structlog
 from aiohttp import web
@@ -243,10 +244,8 @@ class Generation:
     ) -> web.StreamResponse:
         record = request[RECORD]
         record.backend = permit.backend.name
-        # On llama-server, the slot that holds most of its prompt, or frees soonest; else
-        # its own choice (-1), whichever slot the client named.
-        if request.path in SLOT_PATHS and permit.backend.kind == "llamacpp":
-            body = with_slot(body, permit.pin())
+        if request.path in SLOT_PATHS and permit.backend.kind == "llamacpp":  # its slot
+            body = await self._to_slot(permit, body, target.timeouts.connect)
         if permit.placement.unload:  # nearly never: no coroutine made for nothing
             await self._make_room(permit, target.timeouts.connect)
         services = self._services
@@ -262,10 +261,21 @@ class Generation:
             streams.discard(relay)
             record.add(relay.progress)
 
+    async def _to_slot(self, permit: Permit, body: bytes, within: float) -> bytes:
+        """``body`` for the slot chosen (``PromptCaches.pin``; else -1, llama-server's own
+        choice), once any copy from or into that slot is made; chosen again if it failed."""
+        copies = self._services.slot_copies
+        for _ in range(2):
+            slot, copy = permit.pin(), permit.take_copy()
+            if copy is not None:
+                copies.start(permit.backend, copy.source, copy.target, partial(permit.copied, copy))
+            if slot is None or await copies.ready(permit.backend, slot, within):
+                break
+        return with_slot(body, slot)
+
     async def _make_room(self, permit: Permit, within: float) -> None:
-        """A planned swap (swaps/planner.py): unload its victims before the request goes, then let
-        the requests for the model swapped in follow; sent before, they would find no room
-        and Ollama would unload a model of its own choosing."""
+        """A planned swap (swaps/planner.py): its victims unloaded before this request goes, the
+        others for its model after; sent before, Ollama would evict a model of its own choice."""
         victims = permit.placement.unload
         permit.placement = replace(permit.placement, unload=())  # once, whatever happens
         try:
@@ -328,12 +338,11 @@ def _target(request: web.Request, backend: Backend, policy: Policy, fail_fast: b
     )
 
 
+_NO_MANAGEMENT = "model management (pull, push, create, copy, delete) is disabled on this gateway"
+
+
 async def refuse_management(request: web.Request) -> web.StreamResponse:
-    raise GatewayError(
-        403,
-        Reason.MANAGEMENT_FORBIDDEN,
-        "model management (pull, push, create, copy, delete) is disabled on this gateway",
-    )
+    raise GatewayError(403, Reason.MANAGEMENT_FORBIDDEN, _NO_MANAGEMENT)
 
 
 async def root(request: web.Request) -> web.StreamResponse:
