@@ -11,9 +11,11 @@ import aiohttp
 import pytest
 
 from gateway.admission import Ticket
-from gateway.core import Api
+from gateway.admission.wait_estimates import WaitEstimates
+from gateway.core import Api, RequestClass
 from tests.conftest import Gateway, StartGateway, StartSim, one_backend
 from tests.test_admission import generate_status, idle, until
+from tests.test_prompt_cache import HEAVY_AT_500, SYSTEM, TOOLS, chat
 
 MODEL = "llama3.2:3b"
 USERS = """\
@@ -110,3 +112,49 @@ async def test_retry_after_says_when_the_learned_service_times_free_a_place(
     for run in runs:
         run.cancel()
     await asyncio.gather(*runs, return_exceptions=True)
+
+
+def test_the_first_timing_replaces_the_guess() -> None:
+    """Before any request is timed a hold is guessed at 5 s; the first timed one replaces
+    the guess rather than being averaged with it, so a class not yet seen is reckoned from
+    what the house has really shown (a 5 s guess lingered for a dozen requests, and the
+    first waits behind light turns were estimated several times too long)."""
+    waits = WaitEstimates()
+    light = Ticket("ann", MODEL, Api.OLLAMA, input_tokens=10)
+    waits.observe("sim", light, held=0.6, evaluated=10, first=0.1)
+    heavy = Ticket("ben", MODEL, Api.OLLAMA, input_tokens=0, request_class=RequestClass.HEAVY)
+    assert waits.decode("sim", heavy) == pytest.approx(0.5)
+    assert waits.seconds == pytest.approx(0.6)
+
+
+async def test_a_wait_behind_a_prompt_that_shares_its_start_counts_only_the_rest(
+    start_sim: StartSim, start_gateway: StartGateway
+) -> None:
+    """Three people's first turns carry the same tools: the first runs, the other two wait
+    (heavy, one slot of two for heavy work). Once the first has run, its engine holds the
+    tools, so the second evaluates only its own question: the third's estimated start is
+    the second's plus a short turn, not another whole prefill."""
+    _, url = await start_sim(
+        flavor="llamacpp", parallel=2, prefill_tokens_per_s=1000, decode_tokens_per_s=20
+    )
+    gateway = await start_gateway(one_backend(url, 2, "llamacpp", HEAVY_AT_500))
+    admission = gateway.services.admission
+    pool = gateway.services.policy.current.pool
+    await until(admission, lambda _: pool.backends[0].state.slots == 2)
+    other = [{"role": "system", "content": "z" * 6000}, {"role": "user", "content": "hi"}]
+    await chat(gateway, other, tools=TOOLS[:1])  # learns the rate: 1,500 tokens in 1.5 s
+
+    def turn(who: str) -> Any:
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": who}]
+        return asyncio.ensure_future(chat(gateway, messages, tools=TOOLS))
+
+    runs = [turn("alice")]
+    await until(admission, lambda room: len(room.running) == 1)
+    runs += [turn("bob"), turn("carol")]
+    await until(admission, lambda room: room.queue_depth == 2)
+    waiting = (await status(gateway))["queue"]["waiting"]
+    bob, carol = (w["estimated_start_seconds"] for w in waiting)
+    whole = 1650 / gateway.services.admission.room.waits.prefill_rate("sim")  # the tools' prefill
+    assert whole > 1.2
+    assert carol - bob < whole  # a short turn, not the tools evaluated again
+    await asyncio.gather(*runs)

@@ -32,7 +32,16 @@ from typing import NamedTuple
 
 from gateway.backends import Backend
 
-__all__ = ["BLOCK_BYTES", "NO_PREFIX", "Pinned", "Prefix", "PromptCaches", "SlotCopy"]
+__all__ = [
+    "BLOCK_BYTES",
+    "CHARS_PER_TOKEN",
+    "NO_PREFIX",
+    "Pinned",
+    "Prefix",
+    "PromptCaches",
+    "SlotCopy",
+    "common_blocks",
+]
 
 BLOCK_BYTES = 256
 """A block of the rendered prompt: about 64 tokens, so that a cached prefix is known to
@@ -44,7 +53,7 @@ within a few dozen tokens and a 25 KB set of tools is a hundred hashes."""
 # holding more than this is only cheaper than estimated; its counts settle the charge.
 _BLOCKS_PER_SLOT = {"llamacpp": 512, "llamacpp-router": 512, "ollama": 128}
 _DEFAULT_BLOCKS_PER_SLOT = 128
-_CHARS_PER_TOKEN = 4
+CHARS_PER_TOKEN = 4
 # A slot's prompt is copied to an idle slot when evaluating it there would take at least
 # this long (a pause a person notices) and several times what copying it takes: a copy
 # stops the engine's loop while it writes and reads, and wears the disk.
@@ -128,7 +137,8 @@ class _EngineSlot:
     last_used: int = 0
 
 
-def _common(held: tuple[int, ...], blocks: tuple[int, ...]) -> int:
+def common_blocks(held: tuple[int, ...], blocks: tuple[int, ...]) -> int:
+    """How many leading blocks two prompts share."""
     count = 0
     for mine, theirs in zip(held, blocks, strict=False):
         if mine != theirs:
@@ -185,10 +195,10 @@ class PromptCaches:
         slots = self._slots.get(backend.name)
         if slots is None or len(slots) != backend.state.slots:  # first, or restarted
             slots = self._slots[backend.name] = [_EngineSlot() for _ in range(backend.state.slots)]
-        tokens = prefix.size / _CHARS_PER_TOKEN
+        tokens = prefix.size / CHARS_PER_TOKEN
 
         def prefill(slot: _EngineSlot) -> float:
-            common = _common(slot.held, prefix.blocks)
+            common = common_blocks(slot.held, prefix.blocks)
             held = _through(common, slot.size if common == len(slot.held) else 0)
             return tokens * (1 - prefix.share(held)) / rate
 
@@ -220,11 +230,15 @@ class PromptCaches:
         if self._copies_off.get(backend.name, 0.0) > now:
             return None
         held, size = slots[source].held, slots[source].size
-        tokens = size / _CHARS_PER_TOKEN
+        tokens = size / CHARS_PER_TOKEN
         seconds = tokens * self._copy_rates.get(backend.name, 0.0)
         best, gain = None, max(_MIN_COPY_GAIN, _COPY_GAIN_RATIO * seconds)
         for index, other in enumerate(slots):
-            if index == source or other.assigned or _common(other.held, held) < len(other.held):
+            if (
+                index == source
+                or other.assigned
+                or common_blocks(other.held, held) < len(other.held)
+            ):
                 continue
             saved = prefill(other) - prefill(slots[source])
             if saved >= gain:

@@ -24,6 +24,7 @@ from collections import defaultdict, deque
 from collections.abc import Iterable
 from typing import TypeVar
 
+from gateway.admission.prompt_caches import BLOCK_BYTES, CHARS_PER_TOKEN, common_blocks
 from gateway.admission.room_snapshot import EstimatesSnapshot, in_order
 from gateway.admission.room_state import RoomState
 from gateway.admission.tickets import Ticket, Waiter
@@ -38,6 +39,9 @@ _RATE_MIN_TOKENS = 64  # a prefill shorter than this is mostly overhead: no meas
 _ALPHA = 0.2  # weight of the newest observation in each moving average
 _PAST_DUE = 0.2  # of its service time: how long a request past it is still expected to run
 _SAMPLES = 256  # errors kept for the median
+# A waiting prompt is compared with this many run before it, at most: the play runs for
+# every status read, and a full room of long shared prompts must not make it slow.
+_PROMPTS_COMPARED = 16
 # A wait shorter than this is judged against it: 0.1 s promised and 0.3 s waited is no
 # 200 % error to a person.
 _ERROR_FLOOR = 1.0
@@ -52,6 +56,7 @@ class WaitEstimates:
     def __init__(self) -> None:
         self.seconds = _DEFAULT_SECONDS  # any request's hold: what swap waits reckon with
         self._decode = _DEFAULT_SECONDS  # any request's decode
+        self._timed = False  # the defaults above are guesses until the first is timed
         self._by_key: dict[_Key, float] = {}  # decode seconds
         self._by_model: dict[tuple[str, RequestClass], float] = {}
         self._rates: dict[str, float] = {}  # prefill tokens a second, by backend
@@ -63,11 +68,13 @@ class WaitEstimates:
         """``ticket``'s request held its slot on ``backend`` for ``held`` seconds, its first
         byte ``first`` seconds in (its prefill, and a load if it caused one), and its
         engine evaluated ``evaluated`` prompt tokens (None: not said; as estimated)."""
-        self.seconds += _ALPHA * (held - self.seconds)
         if first is None:
             tokens = ticket.input_tokens if evaluated is None else evaluated
             first = tokens / self.prefill_rate(backend)
         decode = max(0.0, held - first)
+        if not self._timed:  # a guess is replaced, not averaged with: 5 s would linger
+            self.seconds, self._decode, self._timed = held, decode, True
+        self.seconds += _ALPHA * (held - self.seconds)
         self._decode += _ALPHA * (decode - self._decode)
         cls = ticket.request_class
         _average(self._by_key, (backend, ticket.model, cls), decode)
@@ -89,10 +96,11 @@ class WaitEstimates:
             found = self._by_model.get((ticket.model, cls), self._decode)
         return found
 
-    def service(self, backend: str, ticket: Ticket) -> float:
-        """How long ``ticket``'s request will likely hold a slot on ``backend``."""
-        prefill = ticket.input_tokens / self.prefill_rate(backend)
-        return prefill + self.decode(backend, ticket)
+    def service(self, backend: str, ticket: Ticket, tokens: float | None = None) -> float:
+        """How long ``ticket``'s request will likely hold a slot on ``backend``, evaluating
+        ``tokens`` of its prompt (None: as estimated when it came)."""
+        tokens = ticket.input_tokens if tokens is None else tokens
+        return tokens / self.prefill_rate(backend) + self.decode(backend, ticket)
 
     def starts(self, room: RoomState, now: float) -> dict[int, float]:
         """Seconds until each waiting request likely starts, by ``id`` of its waiter."""
@@ -167,6 +175,9 @@ class _Play:
         self._ends: defaultdict[tuple[str, Lane], list[float]] = defaultdict(list)  # runs
         self._people: defaultdict[str, list[float]] = defaultdict(list)  # group -> ends
         self._light: defaultdict[str, list[float]] = defaultdict(list)  # people's light
+        # Group -> the prompts run before, which its engine will hold: a request that
+        # shares their start evaluates only the rest of its own.
+        self._prompts: defaultdict[str, list[tuple[int, ...]]] = defaultdict(list)
         running: defaultdict[str, list[float]] = defaultdict(list)
         heavy: defaultdict[str, list[float]] = defaultdict(list)
         giving_way = room.giving_way  # background work that gives its slot up at once
@@ -182,6 +193,7 @@ class _Play:
                 if ticket.heavy:
                     heavy[group].append(end)
                 self._ran(ticket, group, end)
+                self._prompts[group].append(ticket.prefix.blocks)
             self._ends[ticket.user, ticket.lane].append(end)
         self._running, self._running_heavy = running, heavy
 
@@ -196,7 +208,7 @@ class _Play:
             return 0.0
         at, group, backend = best
         start = max(at, self._user_ready(ticket))
-        end = start + self._estimates.service(backend.name, ticket)
+        end = start + self._estimates.service(backend.name, ticket, self._uncached(ticket, group))
         heapq.heapreplace(self._frees[group], end)
         if ticket.heavy:
             heapq.heapreplace(self._heavy_frees[group], end)
@@ -216,6 +228,19 @@ class _Play:
         elif ticket.lane is BACKGROUND and not self._beside:
             at = max(at, max(self._people.get(group, ()), default=self._now))
         return at, group
+
+    def _uncached(self, ticket: Ticket, group: str) -> float:
+        """Tokens of ``ticket``'s prompt left to evaluate once those run before it on
+        ``group`` are held: the first turns of a family sharing one front end's tools come
+        together, and all but the first find the tools held when their turn comes."""
+        prefix, before = ticket.prefix, self._prompts[group]
+        if not prefix.blocks:
+            return ticket.input_tokens
+        recent = before[-_PROMPTS_COMPARED:]
+        shared = max((common_blocks(blocks, prefix.blocks) for blocks in recent), default=0)
+        before.append(prefix.blocks)
+        rest = prefix.size * (1 - prefix.share(shared * BLOCK_BYTES)) / CHARS_PER_TOKEN
+        return min(ticket.input_tokens, rest)
 
     def _heap(
         self, heaps: dict[str, list[float]], running: dict[str, list[float]], group: str, n: int
