@@ -137,7 +137,9 @@ class Permit:
         decode, rate = waits.decode(backend.name, self.ticket), waits.prefill_rate(backend.name)
         pinned = room.prompts.pin(backend, self.ticket.prefix, now, decode, rate)
         if pinned is not None:
-            self.engine_slot, self._waits_in_engine, self.slot_copy = pinned
+            self.engine_slot, self._waits_in_engine, self.slot_copy, starts = pinned
+            if self._waits_in_engine:
+                room.slots.in_engine[id(self.ticket)] = starts
         return self.engine_slot
 
     def take_copy(self) -> SlotCopy | None:
@@ -152,7 +154,9 @@ class Permit:
 
     def unpin(self) -> None:
         if self.engine_slot is not None:
-            self._admission.room.prompts.unpin(self.backend, self.engine_slot)
+            room = self._admission.room
+            room.prompts.unpin(self.backend, self.engine_slot)
+            room.slots.in_engine.pop(id(self.ticket), None)
             self.engine_slot = None
 
     def settle(

@@ -153,6 +153,7 @@ class Pinned(NamedTuple):
     slot: int
     taken: bool  # busy now: the request waits for it in the engine
     copy: SlotCopy | None  # to make before the request goes (``backends/watch/slot_copies.py``)
+    starts: float  # when it likely starts in the engine: now, or when its slot frees
 
 
 class SlotCopy(NamedTuple):
@@ -210,9 +211,10 @@ class PromptCaches:
         slot = slots[chosen]
         taken = slot.assigned > 0
         copy = None if taken else self._copy_from(backend, chosen, slots, prefill, now)
-        slot.free_at = max(now, slot.free_at if taken else now) + prefill(slot) + decode
+        starts = max(now, slot.free_at) if taken else now
+        slot.free_at = starts + prefill(slot) + decode
         slot.assigned += 1
-        return Pinned(chosen, taken, copy)
+        return Pinned(chosen, taken, copy, starts)
 
     def _copy_from(
         self,

@@ -41,6 +41,9 @@ class SlotLedger:
         # identity, since two requests can be alike field for field. The ticket is kept so
         # that its id stays unique while it is here.
         self.holders: dict[int, tuple[Ticket, str, float]] = {}
+        # Of those, the ones llama-server keeps waiting for the slot the gateway chose, and
+        # when that slot likely frees: the waits played out from them start then, not now.
+        self.in_engine: dict[int, float] = {}
         self._clock = clock
 
     def busy_on(self, backend: Backend, counter: Counter[str] | None = None) -> int:
@@ -105,6 +108,7 @@ class SlotLedger:
         # After a failover the ticket holds the new backend already: that hold stays.
         if held is not None and held[1] == backend.name:
             del self.holders[id(ticket)]
+            self.in_engine.pop(id(ticket), None)
 
 
 def increment(counter: Counter[str], key: str) -> None:

@@ -181,7 +181,9 @@ class _Play:
         running: defaultdict[str, list[float]] = defaultdict(list)
         heavy: defaultdict[str, list[float]] = defaultdict(list)
         giving_way = room.giving_way  # background work that gives its slot up at once
+        in_engine = room.slots.in_engine
         for ticket, name, started in room.slots.holders.values():
+            started = in_engine.get(id(ticket), started)  # held by llama-server until then
             service = estimates.service(name, ticket)
             end = now + max(service - (now - started), _PAST_DUE * service)
             if giving_way and ticket.lane is BACKGROUND:
