@@ -90,7 +90,8 @@ class LlamaCppAPI:
 
     async def slot_action(self, request: web.Request) -> web.Response:
         """``--slot-save-path``'s save and restore, of the text a slot holds; like the real
-        server's, each waits while its slot is processing (``queue_tasks.defer``)."""
+        server's, each waits while its slot is processing (``queue_tasks.defer``). Unlike
+        it, the slot counts as busy for that moment (the real one blocks its whole loop)."""
         if not self.engine.config.slot_save:
             return error(
                 501, "This server does not support slots action. Start it with `--slot-save-path`"

@@ -327,6 +327,24 @@ class TestASecondSlotWarmed:
             assert (copies, both) == (0, False)
             assert simulator.engine.saved_slots == {}
 
+    async def test_one_person_alone_has_one_copy_not_one_a_turn(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """A conversation alone warms the second slot once; a slot filled by a copy that no
+        request has used since is not filled again, so its later turns copy nothing."""
+        simulator, url = await start_sim(
+            flavor="llamacpp", parallel=2, prefill_tokens_per_s=1000, slot_save=True
+        )
+        gateway = await start_gateway(one_backend(url, 2, "llamacpp", HEAVY_AT_500))
+        pool = gateway.services.policy.current.pool
+        await until(gateway.services.admission, lambda _: pool.backends[0].state.slots == 2)
+        messages = [{"role": "system", "content": SYSTEM}]
+        for turn in range(4):  # each turn ~750 tokens more: 0.75 s to evaluate elsewhere
+            messages.append({"role": "user", "content": f"{turn} " + "word " * 600})
+            messages.append({"role": "assistant", "content": await chat(gateway, messages)})
+        assert gateway.services.admission.room.prompts.copies["sim"] == 1
+        assert len(simulator.engine.saved_slots) == 1
+
     async def test_on_the_real_llama_server(
         self, llama_server_saving_slots: str, start_gateway: StartGateway
     ) -> None:

@@ -147,10 +147,12 @@ class Permit:
         copy, self.slot_copy = self.slot_copy, None
         return copy
 
-    def copied(self, copy: SlotCopy, seconds: float | None, unsupported: bool) -> None:
-        """The copy ``pin`` planned took ``seconds`` (None: failed)."""
+    def copied(
+        self, backend: Backend, copy: SlotCopy, seconds: float | None, unsupported: bool
+    ) -> None:
+        """The copy ``pin`` planned on ``backend`` took ``seconds`` (None: failed)."""
         now = self._admission.clock()
-        self._admission.room.prompts.copied(self.backend, copy, seconds, unsupported, now)
+        self._admission.room.prompts.copied(backend, copy, seconds, unsupported, now)
 
     def unpin(self) -> None:
         if self.engine_slot is not None:

@@ -135,6 +135,7 @@ class _EngineSlot:
     assigned: int = 0  # requests sent to it, not yet ended (a second waits in the engine)
     free_at: float = 0.0  # when what is assigned to it likely ends
     last_used: int = 0
+    filled: bool = False  # by a copy, and no request sent to it since
 
 
 def common_blocks(held: tuple[int, ...], blocks: tuple[int, ...]) -> int:
@@ -214,6 +215,7 @@ class PromptCaches:
         starts = max(now, slot.free_at) if taken else now
         slot.free_at = starts + prefill(slot) + decode
         slot.assigned += 1
+        slot.filled = False
         return Pinned(chosen, taken, copy, starts)
 
     def _copy_from(
@@ -228,7 +230,8 @@ class PromptCaches:
         (so nothing is lost), where a request like this one would spend far longer
         evaluating its prompt than the copy takes; the target is counted busy until
         ``copied``. Copies are planned one way only: to slots that then hold the same start,
-        so they stop once every slot holds it."""
+        so they stop once every slot holds it; and not again into a slot that no request has
+        used since its last copy (one person alone would have a copy every turn)."""
         if self._copies_off.get(backend.name, 0.0) > now:
             return None
         held, size = slots[source].held, slots[source].size
@@ -239,6 +242,7 @@ class PromptCaches:
             if (
                 index == source
                 or other.assigned
+                or other.filled
                 or common_blocks(other.held, held) < len(other.held)
             ):
                 continue
@@ -249,6 +253,7 @@ class PromptCaches:
             return None
         target = slots[best]
         target.held, target.size, target.assigned = held, size, target.assigned + 1
+        target.filled = True
         target.free_at = now + seconds
         return SlotCopy(source, best, round(tokens))
 

@@ -262,13 +262,13 @@ class Generation:
             record.add(relay.progress)
 
     async def _to_slot(self, permit: Permit, body: bytes, within: float) -> bytes:
-        """``body`` for the slot chosen (``PromptCaches.pin``; else -1, llama-server's own
-        choice), once any copy from or into that slot is made; chosen again if it failed."""
+        """``body`` for the slot pinned (else -1) once a copy there is made; again if it failed."""
         copies = self._services.slot_copies
         for _ in range(2):
             slot, copy = permit.pin(), permit.take_copy()
             if copy is not None:
-                copies.start(permit.backend, copy.source, copy.target, partial(permit.copied, copy))
+                done = partial(permit.copied, permit.backend, copy)  # it may move meanwhile
+                copies.start(permit.backend, copy.source, copy.target, done)
             if slot is None or await copies.ready(permit.backend, slot, within):
                 break
         return with_slot(body, slot)

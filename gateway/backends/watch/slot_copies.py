@@ -11,14 +11,16 @@ decides a copy (``admission/prompt_caches.py``), this module makes it, and reque
 either slot wait until it is done: a request reaching the target slot first would be
 evaluated cold, and the restore would then replace what it left.
 
-The file is named after the source slot, so each llama-server's directory holds at most one
-file per slot, each overwritten by the next copy. A server started without the option
+The file is named after the server (a digest of its URL: two servers may share a directory)
+and the source slot, so the directory holds at most one file per server and slot, each
+overwritten by the next copy. A server started without the option
 answers 501; the gateway then stops asking it for a while.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import Callable
 
@@ -72,7 +74,9 @@ class SlotCopies:
         if task is None:
             return True
         await asyncio.wait((task,), timeout=within)
-        return task.done() and not task.cancelled() and task.result()
+        if not task.done() or task.cancelled() or task.exception() is not None:
+            return False
+        return task.result()
 
     async def close(self) -> None:
         tasks = set(self._under_way.values())
@@ -95,7 +99,8 @@ class SlotCopies:
         self, backend: Backend, source: int, target: int
     ) -> tuple[float | None, bool]:
         started = time.monotonic()
-        body = {"filename": f"fairgate-slot-{source}.bin"}
+        server = hashlib.blake2b(backend.key.encode(), digest_size=4).hexdigest()
+        body = {"filename": f"fairgate-{server}-slot-{source}.bin"}
         for slot, action in ((source, "save"), (target, "restore")):
             url = f"{backend.url.rstrip('/')}/slots/{slot}?action={action}"
             async with self._upstream.session.post(url, json=body, timeout=_COPY_TIMEOUT) as reply:
