@@ -46,7 +46,8 @@ def create_app(
     """The gateway; ``policy_path`` is watched and re-read (also on SIGHUP) when given;
     ``clock`` is the wall clock that days, hours and budgets' windows follow."""
     services = Services.build(settings, policy, policy_path, clock)
-    metrics = Metrics(services.policy, services.snapshot)
+    # Each replica's own figures: Prometheus sums the replicas.
+    metrics = Metrics(services.policy, lambda: services.snapshot(whole_house=False))
     services.on_finished += [metrics.observe, services.history.observe, services.usage.observe]
     middleware = access_log(
         services.on_finished, services.locate, services.connections, services.cors

@@ -123,12 +123,13 @@ class Services:
         self.monitor.reconcile(policy.backends, policy.monitoring)
         self.warmth.reconcile(policy.backends, policy.warmth)
 
-    def snapshot(self) -> GatewaySnapshot:
-        """The one reading that /status, the house page and the metrics render."""
+    def snapshot(self, whole_house: bool = True) -> GatewaySnapshot:
+        """The one reading that /status, the house page and the metrics render; with
+        replicas, the whole house's unless ``whole_house`` is False (the metrics')."""
         view = self.policy.current
         return take(
             view.pool,
-            room=self.admission.snapshot(),
+            room=self.admission.snapshot(whole_house),
             warmth=self.warmth.snapshot(),
             holds=self.admission.holds,
             reloads=self.policy.snapshot(),

@@ -10,12 +10,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, cast
 
 import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
 from gateway.admission.admission import Admission
+from gateway.admission.holds.base import HoldStore
 from gateway.admission.holds.redis import RedisHolds
 from gateway.admission.permit import Permit
 from gateway.admission.tickets import Ticket
@@ -259,3 +261,143 @@ async def test_fair_share_counters_and_queue_depths_travel_between_replicas(
         for replica in replicas:
             assert replica.holds is not None
             await replica.holds.close()
+
+
+async def _in_the_house(state: HoldStore | None, count: int) -> None:
+    """Until ``state``'s reading of the house (once a second) shows ``count`` waiting."""
+    assert state is not None
+    async with asyncio.timeout(10):
+        while len(state.house.waiting) < count:
+            await state.released(within=0.1)
+
+
+async def _status(gateway: Gateway) -> dict[str, Any]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(gateway.url + "/status") as reply,
+    ):
+        assert reply.status == 200
+        return cast(dict[str, Any], await reply.json())
+
+
+async def test_a_users_max_queued_holds_across_the_house_and_each_status_shows_it(
+    start_sim: StartSim,
+    start_gateway: StartGateway,
+    redis_url: str,  # noqa: F811
+) -> None:
+    """Alice (1 running, 1 waiting): running on A and waiting on B, her third request is
+    refused on either replica at once; A's /status shows her request waiting on B."""
+    _, sim_url = await start_sim(parallel=8)
+    text = policy(sim_url).replace("max_queued: 8", "max_queued: 1")
+    a = await start_gateway(text, redis_url=redis_url)
+    b = await start_gateway(text, redis_url=redis_url)
+    async with held(a, "alice-key", "running on A"):
+        waiting = asyncio.create_task(generate_status(b, "alice-key", "waits on B"))
+        await _in_the_house(a.services.admission.holds, 1)
+        for replica in (a, b):
+            started = time.monotonic()
+            assert await generate_status(replica, "alice-key", "a third") == 503
+            assert time.monotonic() - started < 2  # refused at once, not after max_wait
+        status = await _status(a)
+        here, there = status["state"]["replica"], status["queue"]["waiting"]
+        assert [(w["user"], w["position"]) for w in there] == [("alice", 1)]
+        assert there[0]["replica"] not in (None, here)
+        assert status["state"]["replicas"] == 2
+        assert status["users"]["alice"]["running"] == 1
+        assert status["users"]["alice"]["queued"] == 1
+    assert await waiting == 200
+
+
+async def test_a_request_entering_another_replica_is_not_passed_over(
+    redis_url: str,  # noqa: F811
+) -> None:
+    """The heavy user's long prompts wait on A, alice's question on B: when the one slot
+    frees, A's room would start bob's first, but the house's order puts alice first."""
+    text = (
+        "defaults: {max_concurrent: 4, max_queued: 4}\n"
+        "queue: {max_depth: 32, max_wait: 30s}\n"
+        "backends:\n  - {name: gpu, url: 'http://127.0.0.1:9', kind: ollama, slots: 1}\n"
+    )
+    replicas = []
+    for _ in range(2):
+        policy = parse_policy(text)
+        state = RedisHolds(redis_url, lease_seconds=30)
+        state.start()
+        replicas.append(Admission(policy, PolicyView.of(policy, BackendStates()).pool, holds=state))
+    a, b = replicas
+    try:
+        holder = await a.acquire(Ticket("carol", MODEL, Api.OLLAMA, input_tokens=10))
+        assert isinstance(holder, Permit)
+        bobs = [
+            asyncio.create_task(a.acquire(Ticket("bob", MODEL, Api.OLLAMA, input_tokens=4000)))
+            for _ in range(3)
+        ]
+        await until(a, lambda snap: snap.queue_depth == 3)
+        alice = asyncio.create_task(b.acquire(Ticket("alice", MODEL, Api.OLLAMA, input_tokens=40)))
+        await _in_the_house(b.holds, 4)  # her place is in the house, and she asks
+        holder.release()
+        done, _ = await asyncio.wait([alice, *bobs], return_when=asyncio.FIRST_COMPLETED)
+        assert done == {alice}
+        for task in (alice, *bobs):
+            granted = await task
+            assert isinstance(granted, Permit)
+            granted.release()
+    finally:
+        for replica in replicas:
+            assert replica.holds is not None
+            await replica.holds.close()
+
+
+async def test_a_replica_killed_with_requests_running_and_waiting_leaves_nothing_held(
+    start_sim: StartSim,
+    start_gateway: StartGateway,
+    redis_url: str,  # noqa: F811
+    tmp_path: Path,
+    unused_tcp_port: int,
+) -> None:
+    """SIGKILL a replica (the default 12 s lease) running on both slots with a request
+    waiting: its clients' streams end at the backend at once, and within 15 s its slots
+    serve the survivor's requests and its waiting place is gone from the house."""
+    sim, sim_url = await start_sim(parallel=8)
+    text = policy(sim_url, cap=2).replace("max_wait: 10s", "max_wait: 30s")
+    config = tmp_path / "fairgate.yaml"
+    config.write_text(text)
+    env = {
+        **os.environ,
+        "FAIRGATE_CONFIG": str(config),
+        "FAIRGATE_LISTEN": f"127.0.0.1:{unused_tcp_port}",
+        "FAIRGATE_REDIS_URL": redis_url,
+        "FAIRGATE_LOG_LEVEL": "WARNING",
+    }
+    env.pop("FAIRGATE_REDIS_LEASE_SECONDS", None)
+    replica = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway", "serve", env=env, stderr=subprocess.DEVNULL
+    )
+    doomed = Gateway(f"http://127.0.0.1:{unused_tcp_port}", None)  # type: ignore[arg-type]
+    try:
+        await until_answers(doomed.url + "/", 20, replica)
+        survivor = await start_gateway(text, redis_url=redis_url)
+        async with held(doomed, "alice-key", "one"), held(doomed, "bob-key", "two"):
+            waiting = asyncio.create_task(generate_status(doomed, "alice-key", "waits"))
+            await _in_the_house(survivor.services.admission.holds, 1)
+            os.kill(replica.pid, signal.SIGKILL)
+            await replica.wait()
+            killed = time.monotonic()
+            # The backend runs none of its requests: their connections died with it.
+            await sim.wait_for(lambda stats: stats.running == 0, timeout=10)
+            served = await asyncio.gather(
+                generate_status(survivor, "alice-key", "after the crash"),
+                generate_status(survivor, "bob-key", "after the crash"),
+            )
+        assert served == [200, 200]
+        state, admission = survivor.services.admission.holds, survivor.services.admission
+        assert state is not None
+        async with asyncio.timeout(15 - (time.monotonic() - killed)):
+            while admission.snapshot().queue_depth:  # the house as read once a second
+                await state.released(within=0.1)
+        with pytest.raises(aiohttp.ClientError):
+            await waiting  # its client was cut off with its replica
+    finally:
+        if replica.returncode is None:
+            replica.kill()
+            await replica.wait()

@@ -8,9 +8,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway.admission.holds.base import Hold, HoldStore, StoreUnavailable
+from gateway.admission.holds.base import Hold, HoldStore, Place, StoreUnavailable
 from gateway.admission.holds.memory import MemoryHolds
 from gateway.admission.holds.redis import RedisHolds
+from gateway.core import Lane
 from tests.redis_server import RedisServer, redis_server, redis_url  # noqa: F401 (fixtures)
 
 
@@ -98,6 +99,91 @@ class TestContract:
             state.give_back(each)
         await _settled(state)
         assert await state.usage() == ({}, {})
+
+
+def place(
+    n: int, rank: float, user: str = "alice", lane: Lane = Lane.INTERACTIVE, **fields: object
+) -> Place:
+    """A waiting request's place, served by the backend ``gpu``, its user's cap 2."""
+    values: dict[str, object] = {"cap": 2, "heavy": False, "groups": ("gpu",)}
+    values.update(fields)
+    return Place(
+        f"p{n}",
+        user,
+        lane=lane,
+        rank=rank,
+        arrived=float(n),
+        user=user,
+        model="m",
+        **values,  # type: ignore[arg-type]
+    )
+
+
+def placed(n: int, where: Place, **limits: int | bool) -> Hold:
+    """The hold that ``where``'s request asks for."""
+    fields: dict[str, int | bool] = {"user_cap": where.cap, "slots": 2, "heavy_slots": 1}
+    fields.update(limits)
+    return Hold(f"h{n}", where.holder, backend="gpu", place=where, **fields)  # type: ignore[arg-type]
+
+
+class TestTheHousesWaitingRoom:
+    """One waiting room across replicas: its bounds, and no request passed over."""
+
+    async def test_a_place_ahead_that_asks_holds_back_a_take_behind_it(
+        self, state: HoldStore
+    ) -> None:
+        """With one slot free, bob (ranked behind) may not take it while alice asks."""
+        assert await state.take(hold(0, user="carol", slots=2))
+        first, second = place(1, rank=10.0), place(2, rank=20.0, user="bob")
+        assert await state.join(first, 4, 8) is None
+        assert await state.join(second, 4, 8) is None
+        assert not await state.take(placed(2, second))
+        assert await state.take(placed(1, first))  # and alice's place leaves the room
+        state.give_back(hold(0, user="carol", slots=2))
+        await state.released(within=5)
+        assert await state.take(placed(3, second))
+
+    async def test_a_place_ahead_that_could_not_take_the_slot_holds_nobody_back(
+        self, state: HoldStore
+    ) -> None:
+        """Ahead but at their cap, served elsewhere, or heavy with the heavy share full:
+        none of them keeps bob waiting for a slot they could not use."""
+        assert await state.take(hold(0, user="alice", user_cap=1, heavy=True))
+        ahead = [
+            place(1, rank=1.0, cap=1),  # alice, at her cap of one
+            place(2, rank=2.0, user="dan", groups=("elsewhere",)),
+            place(3, rank=3.0, user="eve", heavy=True),  # the one heavy slot is taken
+        ]
+        for each in ahead:
+            assert await state.join(each, 4, 8) is None
+        behind = place(4, rank=4.0, user="bob")
+        assert await state.join(behind, 4, 8) is None
+        assert await state.take(placed(4, behind, slots=3))
+
+    async def test_people_go_before_background_work_whatever_its_rank(
+        self, state: HoldStore
+    ) -> None:
+        """A task ranked far ahead does not hold back a person's request."""
+        task = place(1, rank=0.0, user="owui", lane=Lane.BACKGROUND)
+        person = place(2, rank=1000.0, user="bob")
+        assert await state.join(task, 4, 8) is None
+        assert await state.join(person, 4, 8) is None
+        assert await state.take(placed(2, person, slots=3))
+
+    async def test_a_users_places_and_the_house_are_bounded_everywhere(
+        self, state: HoldStore
+    ) -> None:
+        """max_queued counts a holder's places in the whole house, max_depth every place;
+        a place that leaves makes room, and joining twice is one place."""
+        assert await state.join(place(1, 1.0), 2, 3) is None
+        assert await state.join(place(1, 1.0), 2, 3) is None  # the same place again
+        assert await state.join(place(2, 2.0), 2, 3) is None
+        assert await state.join(place(3, 3.0), 2, 3) == "user"
+        assert await state.join(place(4, 4.0, user="bob"), 2, 3) is None
+        assert await state.join(place(5, 5.0, user="carol"), 2, 3) == "house"
+        state.leave(place(2, 2.0))
+        await state.released(within=5)  # a place that leaves is announced
+        assert await state.join(place(3, 3.0), 2, 3) is None
 
 
 async def _settled(state: HoldStore) -> None:

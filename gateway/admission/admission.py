@@ -21,6 +21,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
+from gateway.admission import house_view
 from gateway.admission.holds.base import HoldStore
 from gateway.admission.local import LocalTurns
 from gateway.admission.parallelism import Parallelism
@@ -75,9 +76,13 @@ class Admission:
         self.parallelism = Parallelism()  # how many requests each backend really runs
         self.turns = LocalTurns(self, self.room.waits, self._refusal)
         self.replicas = (
-            None if holds is None else ReplicaHolds(holds, self.room, clock, self._refusal)
+            None
+            if holds is None
+            else ReplicaHolds(holds, self.room, clock, self._refusal, time.time)
         )
         self.closing: Refusal | None = None  # a stop's refusal: nobody waits for a turn now
+        if holds is not None:
+            holds.watch(self.changes.notify)  # the other replicas' requests are in the views
 
     @property
     def holds(self) -> HoldStore | None:
@@ -113,7 +118,7 @@ class Admission:
                 return permit
             return await self.turns.queue(ticket, self.room.policy.max_wait_of(ticket.lane))
         deadline = self.clock() + self.room.policy.max_wait_of(ticket.lane)
-        return await self.replicas.acquire(ticket, deadline, self.turns.take)
+        return await self.replicas.acquire(ticket, deadline, self.turns)
 
     def in_flight(self, account: str) -> int:
         """The requests charged to ``account`` running or waiting here: a person's own, or
@@ -143,7 +148,8 @@ class Admission:
         if self.replicas is not None:
             self.replicas.give_back(permit)
         permit.unpin()
-        if not permit.gave_way:  # a run cut short is no measure of how long slots are held
+        # A run cut short, or never begun, is no measure of how long slots are held.
+        if not (permit.gave_way or permit.withdrawn):
             held = self.clock() - permit.granted_at
             waits, first = self.room.waits, permit.first_byte_after
             waits.observe(permit.backend.name, permit.ticket, held, permit.evaluated, first)
@@ -207,9 +213,15 @@ class Admission:
         """A future resolved at the next change of counts (for /status watchers and tests)."""
         return self.changes.next()
 
-    def snapshot(self) -> RoomSnapshot:
-        """The room at this instant, for ``/status``, the house page and the metrics."""
-        return self.room.snapshot(self.clock())
+    def snapshot(self, whole_house: bool = True) -> RoomSnapshot:
+        """The room at this instant, for ``/status``, the house page and the metrics: with
+        replicas sharing Redis, the whole house's (``house_view.py``) unless
+        ``whole_house`` is False (metrics: each replica's own, summed by Prometheus)."""
+        room = self.room.snapshot(self.clock())
+        replicas = self.replicas
+        if not whole_house or replicas is None or not replicas.store.shared:
+            return room
+        return house_view.whole_house(room, replicas.store.house, replicas.places, time.time())
 
     def _refusal(self, reason: Reason, ticket: Ticket, swap: SwapWait | None = None) -> Refusal:
         """``ticket``'s refusal, with the requests waiting on the other replicas ahead of it."""

@@ -64,6 +64,7 @@ class Permit:
         "slot_copy",
         "ticket",
         "weight",
+        "withdrawn",
     )
 
     def __init__(
@@ -88,6 +89,7 @@ class Permit:
         self.queue_wait = queue_wait
         self.queue_position = queue_position
         self.output_charged = 0.0
+        self.withdrawn = False  # given back unused: another replica's request goes first
         self.hold: Hold | None = None  # the claim in the hold store, once confirmed
         self.placement = placement  # how it finds its model: held, loaded, swapped
         self.engine_slot: int | None = None  # llama-server's slot, when the gateway chose it
@@ -274,6 +276,16 @@ class Permit:
             if self.preempted is not None:
                 self._admission.room.preemptions.discard(self)
             self._admission.release(self)
+
+    def withdraw(self) -> None:
+        """Give back a turn the house did not confirm (``admission/replicas.py``): its
+        prompt's charge is taken back, and its moment in the slot is no run to learn from."""
+        if self._released:
+            return
+        self.withdrawn = True
+        room, ticket = self._admission.room, self.ticket
+        room.ordering.on_correction(ticket.payer, self.weight, -ticket.input_tokens)
+        self.release()
 
     def release(self) -> None:
         """Give the turn back, once: a second call (the block's exit after an explicit

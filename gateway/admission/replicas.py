@@ -1,67 +1,103 @@
-"""This replica's side of the shared hold store: each local turn confirmed across replicas.
+"""This replica's side of the house shared in Redis: one waiting room, whichever replica.
 
-A turn is decided here, among this replica's waiting requests (``admission/local.py``); a hold
-in the store then confirms that the user's cap and the backend's slots have room across
-every replica. If another replica got there first, the turn is given back and the request
-waits for a release anywhere, within the same ``max_wait``. Fair-share charges and queue
-depth are exchanged with the other replicas, so that the ordering and Retry-After see them.
-A single replica has no store and none of this: its room is its only ledger.
+A request that cannot start at once takes a place in the house's waiting room (its
+user's ``max_queued`` and the house's ``max_depth`` counted across every replica), ranked
+by the fair scheduler's finish tag (``Ordering.rank``). A turn is decided locally, among
+this replica's waiting requests (``admission/local.py``); a hold in the store then confirms
+it across the house: the user's cap, the backend's slots, and that no request ranked ahead
+of it, on any replica, is asking for that slot now. A turn the house does not confirm is
+given back (``Permit.withdraw``) and the request asks again after a release anywhere, or
+half a second later, within the same ``max_wait``. Fair-share charges are exchanged with
+the other replicas, so that ranks compare. A single replica has no store and none of this.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from typing import Literal, Protocol
 
-from gateway.admission.holds.base import Hold, HoldStore, StoreUnavailable
+from gateway.admission.holds.base import Hold, HoldStore, Place, StoreUnavailable
 from gateway.admission.permit import Permit
 from gateway.admission.refusals import Refusal, Refuse
 from gateway.admission.room import WaitingRoom
 from gateway.admission.tickets import Ticket
-from gateway.core import Lane, Reason
+from gateway.config import background_account
+from gateway.core import BACKGROUND, Lane, Reason
 
-__all__ = ["LocalTurn", "ReplicaHolds"]
+__all__ = ["ReplicaHolds", "Turns"]
 
-# While another replica holds the room, look again at least this often (a release there
-# is announced at once; this bounds the wait if the announcement is lost).
+# While a request ranked ahead holds the house's room, look again at least this often (a
+# release is announced at once; this bounds the wait if the announcement is lost, and
+# keeps the request asking: ``holds/scripts.py``'s ASKING_MS is three times as long).
 _SHARED_RETRY_SECONDS = 0.5
 
-# A turn in this replica's room: ``local.LocalTurns.take``.
-LocalTurn = Callable[[Ticket, float], Awaitable[Permit | Refusal]]
+# Why the house would not let a place wait, as the refusal says it.
+_NOT_JOINED = {"user": Reason.USER_QUEUE_FULL, "house": Reason.GATEWAY_BUSY}
+
+
+class Turns(Protocol):
+    """This replica's turns (``local.LocalTurns``)."""
+
+    def at_once(self, ticket: Ticket) -> Permit | None: ...
+
+    async def take(self, ticket: Ticket, within: float) -> Permit | Refusal: ...
 
 
 class ReplicaHolds:
     """Local turns confirmed in ``store``, and this replica's charges not yet sent."""
 
-    __slots__ = ("_clock", "_refuse", "_room", "_unsent", "store")
+    __slots__ = ("_clock", "_refuse", "_room", "_tags", "_unsent", "_wall", "places", "store")
 
     def __init__(
-        self, store: HoldStore, room: WaitingRoom, clock: Callable[[], float], refuse: Refuse
+        self,
+        store: HoldStore,
+        room: WaitingRoom,
+        clock: Callable[[], float],
+        refuse: Refuse,
+        wall: Callable[[], float],
     ) -> None:
         self.store = store
         self._room = room  # the room is reconfigured in place, never replaced
         self._clock = clock
+        self._wall = wall  # places' arrival times compare across replicas
         self._refuse = refuse
         self._unsent: defaultdict[str, float] = defaultdict(float)
+        self._tags: dict[str, float] = {}  # the last rank given to each payer's request
+        self.places: dict[int, Place] = {}  # this replica's places in the house, by ticket
 
-    async def acquire(
-        self, ticket: Ticket, deadline: float, local_turn: LocalTurn
+    async def acquire(self, ticket: Ticket, deadline: float, turns: Turns) -> Permit | Refusal:
+        """A turn confirmed by the house, asked again after each release anywhere until
+        ``deadline``; or a refusal."""
+        place = self._place(ticket)
+        permit = turns.at_once(ticket)
+        if permit is not None:
+            confirmed = await self._confirmed(permit, place)
+            if confirmed is not False:
+                return confirmed
+        refused = await self._join(place, ticket)
+        if refused is not None:
+            return refused
+        payer = ticket.payer
+        self._tags[payer] = place.rank
+        self.places[id(ticket)] = place
+        try:
+            return await self._wait(ticket, place, deadline, turns)
+        finally:
+            self.store.leave(place)  # taken, it left already: then nothing
+            del self.places[id(ticket)]
+            if self._tags.get(payer) == place.rank:  # the last of the payer's places
+                del self._tags[payer]
+
+    async def _wait(
+        self, ticket: Ticket, place: Place, deadline: float, turns: Turns
     ) -> Permit | Refusal:
-        """A local turn held across replicas, taken again after each release anywhere
-        until ``deadline``; or a refusal."""
         while True:
-            outcome = await local_turn(ticket, deadline - self._clock())
+            outcome = await turns.take(ticket, deadline - self._clock())
             if isinstance(outcome, Refusal):
                 return outcome
-            try:
-                confirmed = await self.confirm(outcome)
-            except BaseException:
-                outcome.release()
-                raise
-            if confirmed is True:
-                return outcome
-            outcome.release()
+            confirmed = await self._confirmed(outcome, place)
             if confirmed is not False:
                 return confirmed
             remaining = deadline - self._clock()
@@ -69,20 +105,29 @@ class ReplicaHolds:
                 return self._refuse(Reason.WAIT_TIMEOUT, ticket)
             await self.store.released(min(remaining, _SHARED_RETRY_SECONDS))
 
-    async def confirm(self, permit: Permit) -> bool | Refusal:
+    async def _confirmed(
+        self, permit: Permit, place: Place | None
+    ) -> Permit | Refusal | Literal[False]:
+        """The permit, confirmed; a refusal (the policy fails closed without Redis); or
+        False, the turn given back: a request ahead of it, or the room, is elsewhere."""
+        try:
+            confirmed = await self.confirm(permit, place)
+        except BaseException:
+            permit.withdraw()
+            raise
+        if confirmed is True:
+            return permit
+        permit.withdraw()
+        return False if confirmed is False else confirmed
+
+    async def confirm(self, permit: Permit, place: Place | None = None) -> bool | Refusal:
         """True: held across replicas (or Redis is away and the policy says carry on);
-        False: another replica holds the room; a Refusal when the policy says fail closed."""
-        hold = self._hold_for(permit)
+        False: the house has no room for it now; a Refusal when the policy fails closed."""
+        hold = self._hold_for(permit, place)
         try:
             taken = await self.store.take(hold)
         except StoreUnavailable:
-            if self._room.policy.redis.on_failure == "closed":
-                return Refusal(
-                    Reason.STATE_UNAVAILABLE,
-                    "the shared state (Redis) is unreachable and the policy fails closed",
-                    _SHARED_RETRY_SECONDS * 10,
-                )
-            return True  # per-replica limits only, until Redis is back
+            return self._without_redis()
         if taken:
             if permit.released:  # it gave its slot up while the store took the hold
                 self.store.give_back(hold)
@@ -90,18 +135,66 @@ class ReplicaHolds:
             permit.hold = hold
         return taken
 
-    def _hold_for(self, permit: Permit) -> Hold:
+    def _without_redis(self) -> bool | Refusal:
+        if self._room.policy.redis.on_failure == "closed":
+            return Refusal(
+                Reason.STATE_UNAVAILABLE,
+                "the shared state (Redis) is unreachable and the policy fails closed",
+                _SHARED_RETRY_SECONDS * 10,
+            )
+        return True  # per-replica limits only, until Redis is back
+
+    async def _join(self, place: Place, ticket: Ticket) -> Refusal | None:
+        """``place`` waits in the house; the refusal if the house is full for it."""
+        room = self._room
+        max_queued, max_depth = room.caps(ticket.user, ticket.lane)[1], room.policy.queue.max_depth
+        try:
+            refused = await self.store.join(place, max_queued, max_depth)
+        except StoreUnavailable:
+            without = self._without_redis()
+            return without if isinstance(without, Refusal) else None
+        return None if refused is None else self._refuse(_NOT_JOINED[refused], ticket)
+
+    def _place(self, ticket: Ticket) -> Place:
+        """``ticket``'s place in the house: ranked now, once, against who waits anywhere."""
+        room = self._room
+        weight = room.policy.limits_of(ticket.user).weight * ticket.class_weight
+        payer = ticket.payer
+        waiting = {_payer(place) for place in self.store.house.waiting}
+        waiting.update(room.waiting.keys())
+        waiting.update(background_account(user) for user in room.background)
+        start = room.ordering.rank(payer, weight, 0.0, waiting)
+        rank = room.ordering.rank(payer, weight, ticket.input_tokens, waiting)
+        # A user's next request ranks behind their last one still waiting here, as in one
+        # room, where each user's requests go in their order.
+        rank += max(0.0, self._tags.get(payer, start) - start)
+        holder, cap = _holder(ticket), room.caps(ticket.user, ticket.lane)[0]
+        groups = tuple(b.group(ticket.model) for b in room.pool.serving(ticket.api, ticket.model))
+        return Place(
+            uuid.uuid4().hex,
+            holder,
+            cap,
+            ticket.lane,
+            rank,
+            self._wall(),
+            ticket.heavy,
+            groups,
+            ticket.user,
+            ticket.model,
+        )
+
+    def _hold_for(self, permit: Permit, place: Place | None) -> Hold:
         ticket, backend, room = permit.ticket, permit.backend, self._room
-        # Background work has its own cap per user, so its own holder name across replicas.
-        background = ticket.lane is Lane.BACKGROUND
         return Hold(
             id=uuid.uuid4().hex,
-            user=f"{ticket.user}/background" if background else ticket.user,
+            user=_holder(ticket),
             user_cap=room.caps(ticket.user, ticket.lane)[0],
             backend=backend.group(ticket.model),
             slots=backend.slots,
             heavy=ticket.heavy,
             heavy_slots=room.policy.classes.heavy.slots_on(backend.slots),
+            place=place,
+            backend_name=backend.name,
         )
 
     def give_back(self, permit: Permit) -> None:
@@ -125,3 +218,14 @@ class ReplicaHolds:
         if totals is not None:  # else kept, and sent when the shared state is back
             self._unsent.clear()
             ordering.adopt(totals)
+
+
+def _holder(ticket: Ticket) -> str:
+    """Whose running places a request takes across replicas: background work has its own
+    cap per user, so its own holder name."""
+    return f"{ticket.user}/background" if ticket.lane is BACKGROUND else ticket.user
+
+
+def _payer(place: Place) -> str:
+    """Whom a place's request is charged to (``Ticket.payer``)."""
+    return background_account(place.user) if place.lane is Lane.BACKGROUND else place.user

@@ -41,6 +41,7 @@ class RunningRequest:
     request_class: RequestClass
     seconds: float
     lane: Lane = Lane.INTERACTIVE
+    replica: str = ""  # with several replicas: the one it runs on
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +55,8 @@ class WaitingRequest:
     position: int
     lane: Lane = Lane.INTERACTIVE
     starts_in: float = 0.0  # seconds until it likely starts (admission/wait_estimates.py)
+    replica: str = ""  # with several replicas: the one it waits on
+    request: int = 0  # which request it is (its ticket's id), to match it with its place
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +142,7 @@ def room_snapshot(
                 position,
                 waiter.ticket.lane,
                 starts.get(id(waiter), 0.0),
+                request=id(waiter.ticket),
             )
             for position, waiter in enumerate(in_order(room), start=1)
         ),

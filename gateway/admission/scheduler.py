@@ -75,6 +75,13 @@ class Ordering(Protocol):
     def on_dispatch(self, candidate: Candidate) -> None:
         """``candidate`` was given a slot."""
 
+    def rank(
+        self, user: str, weight: float, input_tokens: float, waiting: Collection[str]
+    ) -> float:
+        """A request's place in a house of several replicas, the smaller first: its finish
+        were it to arrive now, its user lifted as ``on_arrival`` would (``waiting``: the
+        other users waiting anywhere). Nothing is charged."""
+
     def on_output(self, user: str, weight: float, tokens: float) -> None:
         """``tokens`` more output tokens streamed (negative: a correction downwards)."""
 
@@ -107,6 +114,11 @@ class Fifo:
 
     def on_dispatch(self, candidate: Candidate) -> None:
         return None
+
+    def rank(
+        self, user: str, weight: float, input_tokens: float, waiting: Collection[str]
+    ) -> float:
+        return 0.0  # arrival decides
 
     def on_output(self, user: str, weight: float, tokens: float) -> None:
         return None
@@ -156,17 +168,25 @@ class Fair:
     def on_arrival(self, user: str, active_users: Collection[str]) -> None:
         # The lift: a user who starts waiting joins at the level of the least-served user
         # waiting, so time spent idle cannot be banked and spent later as a burst.
+        self._charge(user, max(0.0, self._level(active_users) - self._counter(user)))
+
+    def _level(self, active_users: Collection[str]) -> float:
         if active_users:
-            level = min(self._counter(other) for other in active_users)
-        elif self._last_dispatched is not None:
+            return min(self._counter(other) for other in active_users)
+        if self._last_dispatched is not None:
             # Nobody waits: join where the last dispatched user is, which is where the
             # waiting room left off (the paper's Algorithm 2 uses the last user to leave the
             # queue). Keeping the counter as it was would let a user who was light long ago,
             # arriving first after a quiet spell, starve the others until it caught up.
-            level = self._counter(self._last_dispatched)
-        else:
-            level = 0.0
-        self._charge(user, max(0.0, level - self._counter(user)))
+            return self._counter(self._last_dispatched)
+        return 0.0
+
+    def rank(
+        self, user: str, weight: float, input_tokens: float, waiting: Collection[str]
+    ) -> float:
+        others = [other for other in waiting if other != user]
+        lifted = max(self._counter(user), self._level(others))
+        return lifted + self._w_in * input_tokens / weight
 
     def on_dispatch(self, candidate: Candidate) -> None:
         self._charge(candidate.user, self._prompt_charge(candidate))

@@ -84,6 +84,8 @@ class HoldsSnapshot:
     shared: bool  # False while Redis is away and limits are per replica
     failures: int
     others_waiting: int
+    replica: str = ""  # this replica's name in the house
+    replicas: int = 1  # replicas with requests in the house, or this one alone
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,5 +198,8 @@ def _models(name: str, held: ResidentsSnapshot, room: RoomSnapshot) -> tuple[Mod
 def holds_snapshot(holds: HoldStore | None) -> HoldsSnapshot:
     if holds is None:
         return HoldsSnapshot("local", True, 0, 0)
-    kind = type(holds).__name__.removesuffix("Holds").lower()
-    return HoldsSnapshot(kind, holds.shared, holds.failures, holds.others_waiting)
+    kind, house = type(holds).__name__.removesuffix("Holds").lower(), holds.house
+    replicas = max(1, len(house.replicas))
+    return HoldsSnapshot(
+        kind, holds.shared, holds.failures, holds.others_waiting, house.replica, replicas
+    )

@@ -95,6 +95,9 @@ def render(snapshot: GatewaySnapshot) -> dict[str, Any]:
             "kind": holds.kind,
             "shared": holds.shared,
             "waiting_on_other_replicas": holds.others_waiting,
+            # With several replicas: this one, and every replica the house has seen lately.
+            "replica": holds.replica or None,
+            "replicas": holds.replicas,
         },
         "policy": {
             "path": reloads.path,
@@ -222,6 +225,7 @@ def _running(run: RunningRequest) -> dict[str, Any]:
         "class": run.request_class,
         "lane": run.lane,
         "seconds": round(run.seconds, 3),
+        "replica": run.replica or None,
     }
 
 
@@ -234,6 +238,7 @@ def _waiting(waiter: WaitingRequest) -> dict[str, Any]:
         "lane": waiter.lane,
         "waited_seconds": round(waiter.waited, 3),
         "estimated_start_seconds": round(waiter.starts_in, 3),
+        "replica": waiter.replica or None,
     }
 
 

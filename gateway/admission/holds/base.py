@@ -1,16 +1,53 @@
-"""The hold-store contract that admission relies on when replicas share limits."""
+"""The hold-store contract that admission relies on when replicas share limits, and the
+house's one waiting room they keep with it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = ["Hold", "HoldStore", "StoreUnavailable"]
+from gateway.core import Lane
+
+__all__ = ["Hold", "HoldStore", "House", "HouseRun", "Place", "StoreUnavailable"]
+
+# Who goes first in the house: people before background work, then the smaller rank (the
+# fair scheduler's finish tag), then the earlier arrival (Redis's script compares the
+# lane's number).
+LANE_ORDER = {Lane.INTERACTIVE: 0, Lane.BACKGROUND: 1}
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """A request's place in the house's one waiting room, whichever replica it entered.
+
+    ``rank``: its finish tag under fair scheduling (its user's counter once its prompt is
+    charged, fixed when it first asks for a slot), 0 under FIFO; ``arrived``: wall-clock
+    seconds, the tie-break and how long it has waited; ``groups``: the slot groups that
+    could serve it; ``holder`` and ``cap``: whose running places it needs (``Hold.user``)."""
+
+    id: str
+    holder: str
+    cap: int
+    lane: Lane
+    rank: float
+    arrived: float
+    heavy: bool
+    groups: tuple[str, ...]
+    user: str
+    model: str
+    replica: str = ""  # the replica it waits on: set by the store
+
+    def key(self) -> tuple[int, float, float, str]:
+        """The house's order: the smaller goes first."""
+        return LANE_ORDER[self.lane], self.rank, self.arrived, self.id
 
 
 @dataclass(frozen=True, slots=True)
 class Hold:
-    """One running request's claim: a place under its user's cap and a backend slot."""
+    """One running request's claim: a place under its user's cap and a backend slot.
+    ``place``: the request's place in the house (None: a hold outside its order);
+    ``backend_name``: for the house's view of what runs where."""
 
     id: str
     user: str
@@ -19,6 +56,41 @@ class Hold:
     slots: int
     heavy: bool = False
     heavy_slots: int = 0
+    place: Place | None = None
+    backend_name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class HouseRun:
+    """A request running on some replica: who runs what where, since when (wall clock)."""
+
+    user: str
+    model: str
+    backend: str
+    heavy: bool
+    lane: Lane
+    since: float
+    replica: str
+
+
+@dataclass(frozen=True, slots=True)
+class House:
+    """The whole house as the store last read it: every replica's waiting and running
+    requests (this replica's among them), and which replica is this one."""
+
+    waiting: tuple[Place, ...] = ()
+    running: tuple[HouseRun, ...] = ()
+    replica: str = ""
+    replicas: frozenset[str] = field(default_factory=frozenset)
+
+    def elsewhere(self) -> House:
+        """Only what waits and runs on the other replicas."""
+        return House(
+            tuple(p for p in self.waiting if p.replica != self.replica),
+            tuple(r for r in self.running if r.replica != self.replica),
+            self.replica,
+            self.replicas,
+        )
 
 
 class StoreUnavailable(Exception):
@@ -29,14 +101,30 @@ class HoldStore(Protocol):
     shared: bool  # False while running on per-replica limits only
     failures: int  # times the shared store could not be reached
 
+    @property
+    def house(self) -> House:
+        """Every replica's waiting and running requests, as last read."""
+
     def start(self) -> None:
         """Start any background work (lease renewal); called once a loop runs."""
 
+    def watch(self, on_change: Callable[[], None]) -> None:
+        """Call ``on_change`` whenever the house as read changes (the views redraw)."""
+
     async def take(self, hold: Hold) -> bool:
-        """Atomically take the hold if the user and the backend have room; False if not."""
+        """Atomically take the hold if the user and the backend have room and no request
+        ahead of ``hold.place`` in the house is asking for that backend now; False if not.
+        Taken, the hold's place leaves the waiting room."""
 
     def give_back(self, hold: Hold) -> None:
         """Release the hold (never blocks; a remote store releases in the background)."""
+
+    async def join(self, place: Place, max_queued: int, max_depth: int) -> str | None:
+        """``place`` waits in the house: None, or why not: ``"user"`` (its holder has
+        ``max_queued`` waiting already) or ``"house"`` (``max_depth`` wait in all)."""
+
+    def leave(self, place: Place) -> None:
+        """``place`` waits no more (never blocks; idempotent)."""
 
     async def count_in_flight(
         self, user: str, request: str, room: int, tokens: int = 0, token_room: int | None = None

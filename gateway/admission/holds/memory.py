@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import Counter
+from collections.abc import Callable
 
-from gateway.admission.holds.base import Hold
+from gateway.admission.holds.base import Hold, House, Place
+from gateway.admission.holds.scripts import ASKING_MS
 
 __all__ = ["MemoryHolds"]
 
@@ -29,23 +32,83 @@ class MemoryHolds:
         self._heavy: Counter[str] = Counter()
         self._release = asyncio.Event()
         self._in_flight: dict[str, dict[str, int]] = {}  # by user: requests counted, tokens
+        self._places: dict[str, Place] = {}  # the house's waiting room
+        self._asked: dict[str, float] = {}  # when each place last asked for a slot
+        self._on_change: Callable[[], None] = lambda: None
+
+    @property
+    def house(self) -> House:
+        return House(tuple(sorted(self._places.values(), key=Place.key)))
 
     def start(self) -> None:
         return None
 
+    def watch(self, on_change: Callable[[], None]) -> None:
+        self._on_change = on_change
+
     async def take(self, hold: Hold) -> bool:
         if hold.id in self._holds:
             return True
-        if self._users[hold.user] >= hold.user_cap or self._backends[hold.backend] >= hold.slots:
+        if not self._has_room(hold) or self._ahead(hold):
+            if hold.place is not None and hold.place.id in self._places:
+                self._asked[hold.place.id] = time.monotonic()
             return False
-        if hold.heavy and self._heavy[hold.backend] >= hold.heavy_slots:
-            return False
+        if hold.place is not None:
+            self._forget(hold.place)
         self._holds[hold.id] = hold
         self._users[hold.user] += 1
         self._backends[hold.backend] += 1
         if hold.heavy:
             self._heavy[hold.backend] += 1
         return True
+
+    def _has_room(self, hold: Hold) -> bool:
+        if self._users[hold.user] >= hold.user_cap or self._backends[hold.backend] >= hold.slots:
+            return False
+        return not (hold.heavy and self._heavy[hold.backend] >= hold.heavy_slots)
+
+    def _ahead(self, hold: Hold) -> bool:
+        """Whether a place ahead of ``hold``'s asks for its slot and could take it."""
+        mine = hold.place
+        if mine is None:
+            return False
+        asking = time.monotonic() - ASKING_MS / 1000
+        return any(
+            place.key() < mine.key()
+            and self._asked.get(place.id, 0.0) > asking
+            and hold.backend in place.groups
+            and self._users[place.holder] < place.cap
+            and not (place.heavy and self._heavy[hold.backend] >= hold.heavy_slots)
+            for place in self._places.values()
+            if place.id != mine.id
+        )
+
+    async def join(self, place: Place, max_queued: int, max_depth: int) -> str | None:
+        if place.id in self._places:
+            return None
+        if sum(p.holder == place.holder for p in self._places.values()) >= max_queued:
+            return "user"
+        if len(self._places) >= max_depth:
+            return "house"
+        self._places[place.id] = place
+        self._asked[place.id] = time.monotonic()
+        self._on_change()
+        return None
+
+    def leave(self, place: Place) -> None:
+        if self._forget(place):
+            self._wake()
+
+    def _forget(self, place: Place) -> bool:
+        self._asked.pop(place.id, None)
+        if self._places.pop(place.id, None) is None:
+            return False
+        self._on_change()
+        return True
+
+    def _wake(self) -> None:
+        self._release.set()
+        self._release = asyncio.Event()
 
     def give_back(self, hold: Hold) -> None:
         if self._holds.pop(hold.id, None) is None:
@@ -58,8 +121,7 @@ class MemoryHolds:
             self._heavy[hold.backend] -= 1
             if self._heavy[hold.backend] <= 0:
                 del self._heavy[hold.backend]
-        self._release.set()
-        self._release = asyncio.Event()
+        self._wake()
 
     async def count_in_flight(
         self, user: str, request: str, room: int, tokens: int = 0, token_room: int | None = None

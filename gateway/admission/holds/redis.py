@@ -2,9 +2,11 @@
 
 Each hold is a member of three sorted sets (the user's, the backend's, and the backend's
 heavy set), scored by its expiry on Redis's own clock. Taking a hold is one Lua script
-(check every limit, then add), so two replicas cannot both take the last slot. A replica
-renews its leases every third of their lifetime; one killed with SIGKILL stops renewing
-and its holds expire within ``lease_seconds``. Scripts use EVALSHA, which Redis 6 has too.
+(check every limit and the house's order, then add: ``scripts.py``), so two replicas cannot
+both take the last slot. The house's waiting room is kept beside the holds
+(``redis_house.py``). A replica renews its leases every third of their lifetime; one killed
+with SIGKILL stops renewing and its holds and places expire within ``lease_seconds``.
+Scripts use EVALSHA, which Redis 6 has too.
 A user's requests in flight, for budgets (``usage/in_flight.py``), are leases of the
 same kind in one sorted set per user (with a hash of the tokens each reserves), counted and
 added by one script.
@@ -18,105 +20,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
+from dataclasses import replace
 from typing import Any
 
 import structlog
 from redis.exceptions import RedisError
 
-from gateway.admission.holds.base import Hold, StoreUnavailable
+from gateway.admission.holds import scripts
+from gateway.admission.holds.base import Hold, House, Place, StoreUnavailable
+from gateway.admission.holds.redis_house import PREFIX, RUNNING, RedisHouse, running_member
 from gateway.core import Background, connect, repeat
 
 __all__ = ["RedisHolds"]
 
 log = structlog.get_logger("fairgate.state")
 
-PREFIX = "fairgate"
 CHANNEL = f"{PREFIX}:released"
 SERVICE = f"{PREFIX}:service"  # the fair scheduler's counters, summed over replicas
 DEPTH = f"{PREFIX}:waiting"  # one key per replica: its waiting requests
-
-_NOW_MS = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-"""
-_TAKE = (
-    _NOW_MS
-    + """
-for i = 1, 3 do redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now) end
-if redis.call('ZSCORE', KEYS[2], ARGV[1]) then return 1 end
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
-if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[3]) then return 0 end
-if ARGV[4] == '1' and redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[5]) then return 0 end
-local expiry = now + tonumber(ARGV[6])
-redis.call('ZADD', KEYS[1], expiry, ARGV[1])
-redis.call('ZADD', KEYS[2], expiry, ARGV[1])
-if ARGV[4] == '1' then redis.call('ZADD', KEYS[3], expiry, ARGV[1]) end
-for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], 2 * tonumber(ARGV[6])) end
-return 1
-"""
-)
-_RENEW = (
-    _NOW_MS
-    + """
-local expiry = now + tonumber(ARGV[2])
-local sets = ARGV[3] == '1' and 3 or 2
-for i = 1, sets do
-  redis.call('ZADD', KEYS[i], expiry, ARGV[1])
-  redis.call('PEXPIRE', KEYS[i], 2 * tonumber(ARGV[2]))
-end
-return 1
-"""
-)
-# A user's requests in flight for budgets: one sorted set per user, scored by expiry, and
-# beside it a hash of the tokens each reserves. ARGV: the request, the room in requests, the
-# lease, its tokens, the room in tokens (-1: no tokens limit), then requests of the user
-# that ended here and whose removal may not have reached Redis yet: an ended request counts
-# in the ledger's figures at once, and must not count in flight as well.
-_COUNT_IN = (
-    _NOW_MS
-    + """
-for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
-  redis.call('HDEL', KEYS[2], gone)
-end
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-for i = 6, #ARGV do
-  redis.call('ZREM', KEYS[1], ARGV[i])
-  redis.call('HDEL', KEYS[2], ARGV[i])
-end
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 1 end
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
-local token_room = tonumber(ARGV[5])
-if token_room >= 0 then
-  local reserved = 0
-  for _, tokens in ipairs(redis.call('HVALS', KEYS[2])) do
-    reserved = reserved + tonumber(tokens)
-  end
-  if reserved >= token_room then return 0 end
-end
-local lease = tonumber(ARGV[3])
-redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[4])
-redis.call('PEXPIRE', KEYS[1], 2 * lease)
-redis.call('PEXPIRE', KEYS[2], 2 * lease)
-return 1
-"""
-)
-_RENEW_IN_FLIGHT = (
-    _NOW_MS
-    + """
-redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
-redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
-redis.call('PEXPIRE', KEYS[2], 2 * tonumber(ARGV[2]))
-return 1
-"""
-)
-_RELEASE = """
-for i = 1, 3 do redis.call('ZREM', KEYS[i], ARGV[1]) end
-redis.call('PUBLISH', ARGV[2], ARGV[1])
-return 1
-"""
 
 
 def _in_flight_key(user: str) -> str:
@@ -136,6 +60,10 @@ def _keys(hold: Hold) -> list[str]:
     ]
 
 
+# How often the house is read back for the views (``/status``, the house page).
+_HOUSE_SECONDS = 1.0
+
+
 class RedisHolds:
     """Shared holds in Redis, with leases, renewal and a fallback when Redis is away."""
 
@@ -143,12 +71,13 @@ class RedisHolds:
         # Every script is idempotent for a hold id, so the client's one retry does no harm.
         self._redis = connect(url)
         self._lease_ms = int(lease_seconds * 1000)
-        self._take = self._redis.register_script(_TAKE)
-        self._renew = self._redis.register_script(_RENEW)
-        self._release = self._redis.register_script(_RELEASE)
-        self._count_in = self._redis.register_script(_COUNT_IN)
-        self._renew_in_flight = self._redis.register_script(_RENEW_IN_FLIGHT)
-        self._mine: dict[str, Hold] = {}  # holds this replica has in Redis
+        self._take = self._redis.register_script(scripts.TAKE)
+        self._renew = self._redis.register_script(scripts.RENEW)
+        self._release = self._redis.register_script(scripts.RELEASE)
+        self._count_in = self._redis.register_script(scripts.COUNT_IN)
+        self._renew_in_flight = self._redis.register_script(scripts.RENEW_IN_FLIGHT)
+        # Holds this replica has in Redis, each with its member of the running set.
+        self._mine: dict[str, tuple[Hold, str]] = {}
         self._in_flight: dict[str, str] = {}  # requests this replica counts there: their users
         self._ended: dict[str, set[str]] = {}  # by user: requests ended, their removal under way
         self._released = asyncio.Event()
@@ -159,30 +88,74 @@ class RedisHolds:
         self.others_waiting = 0
         self._replica = uuid.uuid4().hex[:12]
         self._depth_ttl_ms = max(1000, 3 * self._lease_ms)
+        self._house = RedisHouse(self._redis, self._lease_ms, self._replica)
+
+    @property
+    def house(self) -> House:
+        return self._house.house
+
+    def watch(self, on_change: Callable[[], None]) -> None:
+        self._house.on_change = on_change
 
     def start(self) -> None:
-        """Renew this replica's leases and listen for releases elsewhere."""
+        """Renew this replica's leases, listen for releases elsewhere, read the house."""
         self._loops.start("renew", self._keep_leases(self._lease_ms / 3000))
         self._loops.start("listen", self._listen())
+        self._loops.start("house", repeat(_HOUSE_SECONDS, self._read_house))
 
     async def take(self, hold: Hold) -> bool:
         if not self.shared:
             raise StoreUnavailable("Redis is unreachable")
-        args: list[str | int] = [hold.id, hold.user_cap, hold.slots, int(hold.heavy)]
+        member = running_member(hold, self._replica, time.time())
+        args: list[str | int | float] = [hold.id, hold.user_cap, hold.slots, int(hold.heavy)]
         args += [hold.heavy_slots, self._lease_ms]
+        house_keys, house_args = self._house.take_args(hold, member)
         try:
-            taken = await self._take(keys=_keys(hold), args=args)
+            taken = await self._take(keys=_keys(hold) + house_keys, args=args + house_args)
         except (RedisError, OSError) as exc:
             self._lost(exc)
             raise StoreUnavailable(str(exc)) from exc
         if taken:
-            self._mine[hold.id] = hold
+            self._mine[hold.id] = (hold, member)
+            if hold.place is not None:
+                self._house.started(hold.place)
         return bool(taken)
 
     def give_back(self, hold: Hold) -> None:
-        if self._mine.pop(hold.id, None) is None:
+        mine = self._mine.pop(hold.id, None)
+        if mine is None:
             return  # never in Redis (taken while it was away): nothing to undo there
-        self._background(self._give_back(hold))
+        self._background(self._give_back(*mine))
+
+    async def join(self, place: Place, max_queued: int, max_depth: int) -> str | None:
+        if not self.shared:
+            raise StoreUnavailable("Redis is unreachable")
+        try:
+            return await self._house.join(
+                replace(place, replica=self._replica), max_queued, max_depth
+            )
+        except (RedisError, OSError) as exc:
+            self._lost(exc)
+            raise StoreUnavailable(str(exc)) from exc
+
+    def leave(self, place: Place) -> None:
+        if place.id in self._house.mine:
+            self._background(self._leave(place))
+
+    async def _leave(self, place: Place) -> None:
+        try:
+            await self._house.leave(place, CHANNEL)
+        except (RedisError, OSError) as exc:
+            # The place expires by itself within lease_seconds.
+            log.warning("state_leave_failed", place=place.id, error=repr(exc))
+
+    async def _read_house(self) -> None:
+        if not self.shared:
+            return
+        try:
+            await self._house.read()
+        except (RedisError, OSError) as exc:
+            self._lost(exc)
 
     def _background(self, release: Coroutine[Any, Any, None]) -> None:
         """A release sent without the caller waiting (``close`` waits for the last ones)."""
@@ -190,9 +163,9 @@ class RedisHolds:
         self._releases.add(task)
         task.add_done_callback(self._releases.discard)
 
-    async def _give_back(self, hold: Hold) -> None:
+    async def _give_back(self, hold: Hold, member: str) -> None:
         try:
-            await self._release(keys=_keys(hold), args=[hold.id, CHANNEL])
+            await self._release(keys=[*_keys(hold), RUNNING], args=[hold.id, CHANNEL, member])
         except (RedisError, OSError) as exc:
             # The lease expires by itself within lease_seconds.
             log.warning("state_release_failed", hold=hold.id, error=repr(exc))
@@ -288,6 +261,8 @@ class RedisHolds:
     def _lost(self, exc: BaseException) -> None:
         if self.shared:
             log.error("state_unavailable", error=repr(exc))
+            # Each replica on its own now: what the house held is no longer known.
+            self._house.seen(House(replica=self._replica))
         self.shared = False
         self.failures += 1
 
@@ -306,8 +281,10 @@ class RedisHolds:
                 log.info("state_restored")
                 self.shared = True
                 self._wake()
-            for hold in list(self._mine.values()):
-                await self._renew(keys=_keys(hold), args=[hold.id, self._lease_ms, int(hold.heavy)])
+            for hold, member in list(self._mine.values()):
+                args: list[str | int] = [hold.id, self._lease_ms, int(hold.heavy), member]
+                await self._renew(keys=[*_keys(hold), RUNNING], args=args)
+            await self._house.renew()
             for request, user in list(self._in_flight.items()):
                 await self._renew_in_flight(
                     keys=_in_flight_keys(user), args=[request, self._lease_ms]

@@ -1,0 +1,153 @@
+"""The house's one waiting room in Redis: each waiting request's place, leased like a hold.
+
+A place joins when its request cannot start at once (``JOIN`` checks its holder's
+``max_queued`` and the house's ``max_depth`` across every replica), is renewed with this
+replica's leases, and leaves when its request starts (``TAKE`` removes it), gives up or is
+refused (``LEAVE``). A replica killed outright stops renewing: its places expire within a
+lease, as its holds do, and their clients are gone with it. The house as every replica's
+views show it is read back once a second (``HOUSE``). Places and running holds are stored
+as JSON arrays: names and models are client input, and JSON quotes whatever they hold.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from redis.asyncio import Redis
+
+from gateway.admission.holds import scripts
+from gateway.admission.holds.base import LANE_ORDER, Hold, House, HouseRun, Place
+from gateway.core import Lane
+
+__all__ = ["PREFIX", "RUNNING", "RedisHouse", "running_member"]
+
+PREFIX = "fairgate"
+WAITING = f"{PREFIX}:house:waiting"
+PLACES = f"{PREFIX}:house:places"
+ASKED = f"{PREFIX}:house:asked"
+RUNNING = f"{PREFIX}:house:running"
+
+_LANES = {number: lane for lane, number in LANE_ORDER.items()}
+# What JOIN answers when a place may not wait, as ``HoldStore.join`` says it.
+_REFUSED = {-1: "user", -2: "house"}
+
+
+def queued_key(holder: str) -> str:
+    return f"{PREFIX}:queued:{holder}"
+
+
+def place_json(place: Place) -> str:
+    """The place as ``TAKE`` reads it: its first seven fields are the script's."""
+    return json.dumps(
+        [
+            place.holder,
+            place.cap,
+            LANE_ORDER[place.lane],
+            place.rank,
+            place.arrived,
+            place.heavy,
+            list(place.groups),
+            place.user,
+            place.model,
+            place.replica,
+            place.id,
+        ]
+    )
+
+
+def _place(text: bytes) -> Place:
+    holder, cap, lane, rank, arrived, heavy, groups, user, model, replica, id_ = json.loads(text)
+    return Place(
+        id_, holder, cap, _LANES[lane], rank, arrived, heavy, tuple(groups), user, model, replica
+    )
+
+
+def running_member(hold: Hold, replica: str, since: float) -> str:
+    """The hold as ``RUNNING`` holds it (unique: it carries the hold's id)."""
+    place = hold.place
+    user, model = (hold.user, "") if place is None else (place.user, place.model)
+    lane = Lane.INTERACTIVE if place is None else place.lane
+    return json.dumps(
+        [hold.id, replica, user, model, hold.backend_name, hold.heavy, lane.value, since]
+    )
+
+
+def _run(text: bytes) -> HouseRun:
+    _, replica, user, model, backend, heavy, lane, since = json.loads(text)
+    return HouseRun(user, model, backend, heavy, Lane(lane), since, replica)
+
+
+class RedisHouse:
+    """This replica's places in the house, and the house as last read."""
+
+    def __init__(self, redis: Redis, lease_ms: int, replica: str) -> None:
+        self._lease_ms = lease_ms
+        self._replica = replica
+        self._join = redis.register_script(scripts.JOIN)
+        self._leave = redis.register_script(scripts.LEAVE)
+        self._renew = redis.register_script(scripts.RENEW_PLACE)
+        self._read = redis.register_script(scripts.HOUSE)
+        self.mine: dict[str, Place] = {}  # places this replica has in Redis
+        self.house = House(replica=replica)
+        self.on_change: Callable[[], None] = lambda: None
+
+    async def join(self, place: Place, max_queued: int, max_depth: int) -> str | None:
+        """JOIN (raises Redis's errors: the store maps them)."""
+        keys = [WAITING, PLACES, ASKED, queued_key(place.holder)]
+        args: list[str | int] = [place.id, place_json(place), max_queued, max_depth]
+        args.append(self._lease_ms)
+        joined = int(await self._join(keys=keys, args=args))
+        if joined < 0:
+            return _REFUSED[joined]
+        self.mine[place.id] = place
+        return None
+
+    def started(self, place: Place) -> None:
+        """``TAKE`` removed the place from Redis: nothing left to renew or take back."""
+        self.mine.pop(place.id, None)
+
+    def forget(self) -> None:
+        """Redis is away: whatever it held of this replica's places expires there."""
+        self.mine.clear()
+
+    async def leave(self, place: Place, channel: str) -> bool:
+        """LEAVE, if the place is this replica's in Redis; whether it was."""
+        if self.mine.pop(place.id, None) is None:
+            return False
+        keys = [WAITING, PLACES, ASKED, queued_key(place.holder)]
+        await self._leave(keys=keys, args=[place.id, channel])
+        return True
+
+    async def renew(self) -> None:
+        for place in list(self.mine.values()):
+            keys = [WAITING, queued_key(place.holder)]
+            await self._renew(keys=keys, args=[place.id, self._lease_ms])
+
+    async def read(self) -> House:
+        """Every replica's places and running holds, now."""
+        _, places, running = await self._read(keys=[WAITING, PLACES, ASKED, RUNNING])
+        replicas = {self._replica}
+        waiting = tuple(sorted((_place(text) for text in places), key=Place.key))
+        runs = tuple(_run(text) for text in running)
+        replicas.update(p.replica for p in waiting)
+        replicas.update(r.replica for r in runs)
+        self.seen(House(waiting, runs, self._replica, frozenset(replicas)))
+        return self.house
+
+    def seen(self, house: House) -> None:
+        """``house`` is the house now: the views redraw if it changed."""
+        if house != self.house:
+            self.house = house
+            self.on_change()
+
+    @staticmethod
+    def take_args(hold: Hold, member: str) -> tuple[list[str], list[str | int | float]]:
+        """``TAKE``'s keys and its place arguments (after the hold's own)."""
+        place = hold.place
+        queued = queued_key(place.holder) if place is not None else f"{PREFIX}:queued:"
+        keys = [WAITING, PLACES, ASKED, RUNNING, queued]
+        if place is None:
+            return keys, ["", 0, 0, 0, hold.backend, member, PREFIX]
+        lane = LANE_ORDER[place.lane]
+        return keys, [place.id, lane, place.rank, place.arrived, hold.backend, member, PREFIX]

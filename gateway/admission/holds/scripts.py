@@ -1,0 +1,242 @@
+"""The Lua scripts of the Redis hold store: each runs atomically in Redis.
+
+Holds: a running request is a member of three sorted sets (its holder's, its slot group's,
+the group's heavy set), scored by its expiry on Redis's own clock, and of ``RUNNING`` (what
+runs where, for every replica's views). The house's waiting room: a waiting request is a
+member of ``WAITING`` (scored by expiry) and of its holder's ``queued`` set, its place
+(``base.Place``, as JSON) in ``PLACES``, and when it last asked for a slot in ``ASKED``.
+
+``TAKE`` checks every limit and the house's order at once, so two replicas cannot both take
+the last slot and no request asking for a slot is passed over by one behind it: a place
+ahead of the taker counts only while it asks (it asked within ``ASKING_MS``; a request
+waiting on a replica looks again at least every half second), and only if it could take
+this slot (it is served by this group, its holder is under their cap, and a heavy one
+finds the heavy share free). A place that stopped asking (its replica holds it back, for
+a prefill gate or a swap) holds nobody up.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ASKING_MS",
+    "COUNT_IN",
+    "HOUSE",
+    "JOIN",
+    "LEAVE",
+    "RELEASE",
+    "RENEW",
+    "RENEW_IN_FLIGHT",
+    "RENEW_PLACE",
+    "TAKE",
+]
+
+# A place asks for a slot while it tried to take one within this many milliseconds.
+ASKING_MS = 1500
+
+_NOW_MS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function live(key) return redis.call('ZCOUNT', key, '(' .. now, '+inf') end
+"""
+# KEYS: the waiting set, the places, when each asked.
+_FORGET_EXPIRED = """
+local function forget_expired(waiting, places, asked)
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', waiting, '-inf', now)) do
+    redis.call('HDEL', places, id)
+    redis.call('HDEL', asked, id)
+  end
+  redis.call('ZREMRANGEBYSCORE', waiting, '-inf', now)
+end
+"""
+
+# KEYS: holder, group, group's heavy, waiting, places, asked, running, holder's queued.
+# ARGV: 1 hold, 2 holder's cap, 3 slots, 4 heavy, 5 heavy slots, 6 lease, 7 place ('' none),
+# 8 lane, 9 rank, 10 arrived, 11 group, 12 the hold as RUNNING shows it, 13 key prefix.
+TAKE = (
+    _NOW_MS
+    + _FORGET_EXPIRED
+    + """
+local function asked()
+  if ARGV[7] ~= '' and redis.call('ZSCORE', KEYS[4], ARGV[7]) then
+    redis.call('HSET', KEYS[6], ARGV[7], now)
+  end
+  return 0
+end
+local function before(place, lane, rank, arrived, id)
+  local l, r, a = tonumber(place[3]), tonumber(place[4]), tonumber(place[5])
+  if l ~= lane then return l < lane end
+  if r ~= rank then return r < rank end
+  if a ~= arrived then return a < arrived end
+  return id < ARGV[7]
+end
+local function serves(place)
+  for _, group in ipairs(place[7]) do
+    if group == ARGV[11] then return true end
+  end
+  return false
+end
+local function ahead()
+  if ARGV[7] == '' or redis.call('ZCARD', KEYS[4]) == 0 then return false end
+  forget_expired(KEYS[4], KEYS[5], KEYS[6])
+  local lane, rank, arrived = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+  for _, id in ipairs(redis.call('ZRANGE', KEYS[4], 0, -1)) do
+    local asked_at = tonumber(redis.call('HGET', KEYS[6], id) or '0')
+    local json = redis.call('HGET', KEYS[5], id)
+    if id ~= ARGV[7] and asked_at > now - """
+    + str(ASKING_MS)
+    + """ and json then
+      local place = cjson.decode(json)
+      if before(place, lane, rank, arrived, id) and serves(place)
+        and live(ARGV[13] .. ':user:' .. place[1]) < tonumber(place[2])
+        and not (place[6] and live(KEYS[3]) >= tonumber(ARGV[5])) then
+        return true
+      end
+    end
+  end
+  return false
+end
+for i = 1, 3 do redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now) end
+if redis.call('ZSCORE', KEYS[2], ARGV[1]) then return 1 end
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return asked() end
+if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[3]) then return asked() end
+if ARGV[4] == '1' and redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[5]) then return asked() end
+if ahead() then return asked() end
+local expiry = now + tonumber(ARGV[6])
+redis.call('ZADD', KEYS[1], expiry, ARGV[1])
+redis.call('ZADD', KEYS[2], expiry, ARGV[1])
+if ARGV[4] == '1' then redis.call('ZADD', KEYS[3], expiry, ARGV[1]) end
+for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], 2 * tonumber(ARGV[6])) end
+redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', now)
+redis.call('ZADD', KEYS[7], expiry, ARGV[12])
+if ARGV[7] ~= '' then
+  redis.call('ZREM', KEYS[4], ARGV[7])
+  redis.call('HDEL', KEYS[5], ARGV[7])
+  redis.call('HDEL', KEYS[6], ARGV[7])
+  redis.call('ZREM', KEYS[8], ARGV[7])
+end
+return 1
+"""
+)
+# KEYS: holder, group, group's heavy, running. ARGV: hold, lease, heavy, as RUNNING shows it.
+RENEW = (
+    _NOW_MS
+    + """
+local expiry = now + tonumber(ARGV[2])
+local sets = ARGV[3] == '1' and 3 or 2
+for i = 1, sets do
+  redis.call('ZADD', KEYS[i], expiry, ARGV[1])
+  redis.call('PEXPIRE', KEYS[i], 2 * tonumber(ARGV[2]))
+end
+redis.call('ZADD', KEYS[4], expiry, ARGV[4])
+return 1
+"""
+)
+# KEYS: holder, group, group's heavy, running. ARGV: hold, channel, as RUNNING shows it.
+RELEASE = """
+for i = 1, 3 do redis.call('ZREM', KEYS[i], ARGV[1]) end
+redis.call('ZREM', KEYS[4], ARGV[3])
+redis.call('PUBLISH', ARGV[2], ARGV[1])
+return 1
+"""
+
+# KEYS: waiting, places, asked, holder's queued. ARGV: place, its JSON, max_queued,
+# max_depth, lease. 1: it waits; -1: its holder has max_queued waiting; -2: the house is full.
+JOIN = (
+    _NOW_MS
+    + _FORGET_EXPIRED
+    + """
+forget_expired(KEYS[1], KEYS[2], KEYS[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 1 end
+if redis.call('ZCARD', KEYS[4]) >= tonumber(ARGV[3]) then return -1 end
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then return -2 end
+local expiry = now + tonumber(ARGV[5])
+redis.call('ZADD', KEYS[1], expiry, ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[3], ARGV[1], now)
+redis.call('ZADD', KEYS[4], expiry, ARGV[1])
+redis.call('PEXPIRE', KEYS[4], 2 * tonumber(ARGV[5]))
+return 1
+"""
+)
+# KEYS: waiting, places, asked, holder's queued. ARGV: place, channel. A place that leaves
+# may have held others back: they look again.
+LEAVE = """
+local was = redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[3], ARGV[1])
+redis.call('ZREM', KEYS[4], ARGV[1])
+if was == 1 then redis.call('PUBLISH', ARGV[2], ARGV[1]) end
+return was
+"""
+# KEYS: waiting, holder's queued. ARGV: place, lease.
+RENEW_PLACE = (
+    _NOW_MS
+    + """
+local expiry = now + tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], 'XX', expiry, ARGV[1])
+redis.call('ZADD', KEYS[2], 'XX', expiry, ARGV[1])
+redis.call('PEXPIRE', KEYS[2], 2 * tonumber(ARGV[2]))
+return 1
+"""
+)
+# KEYS: waiting, places, asked, running. The house: Redis's time, every place (its JSON),
+# every running hold.
+HOUSE = (
+    _NOW_MS
+    + _FORGET_EXPIRED
+    + """
+forget_expired(KEYS[1], KEYS[2], KEYS[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+local places = {}
+for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  local json = redis.call('HGET', KEYS[2], id)
+  if json then table.insert(places, json) end
+end
+return {now, places, redis.call('ZRANGE', KEYS[4], 0, -1)}
+"""
+)
+
+# A user's requests in flight for budgets: one sorted set per user, scored by expiry, and
+# beside it a hash of the tokens each reserves. ARGV: the request, the room in requests, the
+# lease, its tokens, the room in tokens (-1: no tokens limit), then requests of the user
+# that ended here and whose removal may not have reached Redis yet: an ended request counts
+# in the ledger's figures at once, and must not count in flight as well.
+COUNT_IN = (
+    _NOW_MS
+    + """
+for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
+  redis.call('HDEL', KEYS[2], gone)
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+for i = 6, #ARGV do
+  redis.call('ZREM', KEYS[1], ARGV[i])
+  redis.call('HDEL', KEYS[2], ARGV[i])
+end
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 1 end
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
+local token_room = tonumber(ARGV[5])
+if token_room >= 0 then
+  local reserved = 0
+  for _, tokens in ipairs(redis.call('HVALS', KEYS[2])) do
+    reserved = reserved + tonumber(tokens)
+  end
+  if reserved >= token_room then return 0 end
+end
+local lease = tonumber(ARGV[3])
+redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[4])
+redis.call('PEXPIRE', KEYS[1], 2 * lease)
+redis.call('PEXPIRE', KEYS[2], 2 * lease)
+return 1
+"""
+)
+RENEW_IN_FLIGHT = (
+    _NOW_MS
+    + """
+redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
+redis.call('PEXPIRE', KEYS[2], 2 * tonumber(ARGV[2]))
+return 1
+"""
+)
