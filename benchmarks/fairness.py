@@ -39,7 +39,7 @@ from gateway.config.policy import parse_policy
 from gateway.config.settings import IN_MEMORY, Settings
 from gateway.core.logs import configure_logging
 
-__all__ = ["Run", "compare", "main"]
+__all__ = ["Run", "compare", "household_policy", "main", "report"]
 
 SLOTS = 2
 SIM = SimConfig(
@@ -66,7 +66,7 @@ class Run:
         return [t for o in self.outcomes if o.request_class == "light" for t in o.ttft]
 
 
-def _policy(sim_url: str, scheduling: str, heavy_slots: int, mix: Mix) -> str:
+def household_policy(sim_url: str, scheduling: str, heavy_slots: int, mix: Mix) -> str:
     users = [f"light{n}" for n in range(mix.light_users)] + ["heavy"]
     entries = "".join(f"  {user}: {{keys: [{user}-key]}}\n" for user in users)
     # fifo stands for the backend on its own: heavy requests start whenever a slot is free.
@@ -95,7 +95,7 @@ async def _run(
     runners = [backend]
     url, keys, app = sim_url, None, None
     if scheduling is not None:
-        policy = parse_policy(_policy(sim_url, scheduling, heavy_slots, mix))
+        policy = parse_policy(household_policy(sim_url, scheduling, heavy_slots, mix))
         app = create_app(Settings(log_level="WARNING", usage_db=IN_MEMORY), policy)
         gateway, url = await _serve(app)
         runners.append(gateway)
@@ -136,7 +136,8 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:8.0f}"
 
 
-def report(runs: list[Run]) -> str:
+def report(runs: list[Run], reference_name: str = "the direct reference") -> str:
+    """Each run's table, and its light users' TTFT p95 against the first run's."""
     lines = []
     reference = p95(runs[0].light_ttft())
     for run in runs:
@@ -158,8 +159,8 @@ def report(runs: list[Run]) -> str:
             statistics.mean(o.ttft) for o in run.outcomes if o.request_class == "light" and o.ttft
         ]
         lines.append(
-            f"  light p95 TTFT {p95(light) * 1000:.0f} ms = {p95(light) / reference:.2f}x the "
-            f"direct reference; Jain index over light users' mean TTFT {jain(per_user):.3f}"
+            f"  light p95 TTFT {p95(light) * 1000:.0f} ms = {p95(light) / reference:.2f}x "
+            f"{reference_name}; Jain index over light users' mean TTFT {jain(per_user):.3f}"
         )
         if run.estimates is not None:
             error, waits = run.estimates

@@ -13,11 +13,12 @@ import asyncio
 import json
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
 
-__all__ = ["Mix", "Outcome", "p95", "run_mix"]
+__all__ = ["Mix", "Outcome", "Route", "p95", "run_mix"]
 
 MODEL = "llama3.2:3b"
 
@@ -54,7 +55,12 @@ def p95(values: list[float]) -> float:
     return statistics.quantiles(values, n=20, method="inclusive")[18]
 
 
-async def run_mix(url: str, mix: Mix, keys: dict[str, str] | None = None) -> list[Outcome]:
+# Where each request goes: one URL, or a user's name -> the URL of their next request (a
+# household split across replicas, or a load balancer's round-robin).
+Route = str | Callable[[str], str]
+
+
+async def run_mix(url: Route, mix: Mix, keys: dict[str, str] | None = None) -> list[Outcome]:
     """Run the mix against ``url``; ``keys`` maps user names to API keys (None: no keys)."""
     lights = [Outcome(f"light{n}", "light") for n in range(mix.light_users)]
     heavy = Outcome("heavy", "heavy")
@@ -85,7 +91,7 @@ async def run_mix(url: str, mix: Mix, keys: dict[str, str] | None = None) -> lis
 
 async def _stream(
     session: aiohttp.ClientSession,
-    url: str,
+    route: Route,
     outcome: Outcome,
     prompt: str,
     output_tokens: int,
@@ -97,6 +103,7 @@ async def _stream(
         "options": {"num_predict": output_tokens},
     }
     headers = {"Authorization": f"Bearer {keys[outcome.user]}"} if keys else {}
+    url = route if isinstance(route, str) else route(outcome.user)
     sent = time.perf_counter()
     async with session.post(url + "/api/chat", json=body, headers=headers) as reply:
         if reply.status == 503:

@@ -29,6 +29,7 @@ from tests.conftest import Gateway, StartGateway, StartSim
 from tests.processes import until_answers
 from tests.redis_server import RedisServer, redis_server, redis_url  # noqa: F401 (fixtures)
 from tests.test_admission import MODEL, generate_status, held, idle, until
+from tests.test_status_cli import fairgate_status, row_of
 
 
 def policy(sim_url: str, *, slots: int = 2, cap: int = 1, extra: str = "") -> str:
@@ -305,6 +306,11 @@ async def test_a_users_max_queued_holds_across_the_house_and_each_status_shows_i
         assert status["state"]["replicas"] == 2
         assert status["users"]["alice"]["running"] == 1
         assert status["users"]["alice"]["queued"] == 1
+        code, out, _ = await fairgate_status("--url", a.url)  # the admin's command too
+        assert code == 0
+        assert row_of(out, "RUNNING", "alice")[-1] == "here"
+        assert row_of(out, "#", "1")[1] == "alice"
+        assert row_of(out, "#", "1")[-1] == there[0]["replica"]
     assert await waiting == 200
 
 
@@ -338,7 +344,7 @@ async def test_a_request_entering_another_replica_is_not_passed_over(
         holder.release()
         done, _ = await asyncio.wait([alice, *bobs], return_when=asyncio.FIRST_COMPLETED)
         assert done == {alice}
-        for task in (alice, *bobs):
+        for task in asyncio.as_completed([alice, *bobs]):  # each ends, and the next goes
             granted = await task
             assert isinstance(granted, Permit)
             granted.release()

@@ -104,14 +104,17 @@ class TestContract:
 def place(
     n: int, rank: float, user: str = "alice", lane: Lane = Lane.INTERACTIVE, **fields: object
 ) -> Place:
-    """A waiting request's place, served by the backend ``gpu``, its user's cap 2."""
+    """A waiting request's place, served by the backend ``gpu``, its user's cap 2. Its
+    ``rank`` is its cost: the n-th to join, each of another payer, ends ranked ``rank``
+    (the house's clock stays at 0 while nothing starts)."""
     values: dict[str, object] = {"cap": 2, "heavy": False, "groups": ("gpu",)}
     values.update(fields)
     return Place(
         f"p{n}",
         user,
         lane=lane,
-        rank=rank,
+        payer=f"{user}/{lane}",
+        cost=rank,
         arrived=float(n),
         user=user,
         model="m",
@@ -135,8 +138,8 @@ class TestTheHousesWaitingRoom:
         """With one slot free, bob (ranked behind) may not take it while alice asks."""
         assert await state.take(hold(0, user="carol", slots=2))
         first, second = place(1, rank=10.0), place(2, rank=20.0, user="bob")
-        assert await state.join(first, 4, 8) is None
-        assert await state.join(second, 4, 8) is None
+        assert isinstance(await state.join(first, 4, 8), Place)
+        assert isinstance(await state.join(second, 4, 8), Place)
         assert not await state.take(placed(2, second))
         assert await state.take(placed(1, first))  # and alice's place leaves the room
         state.give_back(hold(0, user="carol", slots=2))
@@ -155,9 +158,9 @@ class TestTheHousesWaitingRoom:
             place(3, rank=3.0, user="eve", heavy=True),  # the one heavy slot is taken
         ]
         for each in ahead:
-            assert await state.join(each, 4, 8) is None
+            assert isinstance(await state.join(each, 4, 8), Place)
         behind = place(4, rank=4.0, user="bob")
-        assert await state.join(behind, 4, 8) is None
+        assert isinstance(await state.join(behind, 4, 8), Place)
         assert await state.take(placed(4, behind, slots=3))
 
     async def test_people_go_before_background_work_whatever_its_rank(
@@ -166,24 +169,44 @@ class TestTheHousesWaitingRoom:
         """A task ranked far ahead does not hold back a person's request."""
         task = place(1, rank=0.0, user="owui", lane=Lane.BACKGROUND)
         person = place(2, rank=1000.0, user="bob")
-        assert await state.join(task, 4, 8) is None
-        assert await state.join(person, 4, 8) is None
+        assert isinstance(await state.join(task, 4, 8), Place)
+        assert isinstance(await state.join(person, 4, 8), Place)
         assert await state.take(placed(2, person, slots=3))
+
+    async def test_finish_tags_follow_each_payer_and_the_houses_clock(
+        self, state: HoldStore
+    ) -> None:
+        """A payer's places queue behind each other; a newcomer starts at the clock (the
+        tag of the last request started), not at zero; output pushes a payer back."""
+
+        async def tag(n: int, cost: float, user: str) -> float:
+            joined = await state.join(place(n, cost, user=user), 8, 8)
+            assert isinstance(joined, Place)
+            return joined.rank
+
+        assert await tag(1, 10.0, "alice") == 10.0
+        assert await tag(2, 10.0, "alice") == 20.0  # behind her first
+        bob = place(3, 5.0, user="bob")
+        assert await tag(3, 5.0, "bob") == 5.0
+        assert await state.take(placed(3, bob, slots=3))  # the clock moves to 5
+        assert await tag(4, 1.0, "carol") == 6.0
+        await state.exchange({}, 0, {"dan/interactive": 100.0})
+        assert await tag(5, 1.0, "dan") == 101.0
 
     async def test_a_users_places_and_the_house_are_bounded_everywhere(
         self, state: HoldStore
     ) -> None:
         """max_queued counts a holder's places in the whole house, max_depth every place;
         a place that leaves makes room, and joining twice is one place."""
-        assert await state.join(place(1, 1.0), 2, 3) is None
-        assert await state.join(place(1, 1.0), 2, 3) is None  # the same place again
-        assert await state.join(place(2, 2.0), 2, 3) is None
+        assert isinstance(await state.join(place(1, 1.0), 2, 3), Place)
+        assert isinstance(await state.join(place(1, 1.0), 2, 3), Place)  # the same place again
+        assert isinstance(await state.join(place(2, 2.0), 2, 3), Place)
         assert await state.join(place(3, 3.0), 2, 3) == "user"
-        assert await state.join(place(4, 4.0, user="bob"), 2, 3) is None
+        assert isinstance(await state.join(place(4, 4.0, user="bob"), 2, 3), Place)
         assert await state.join(place(5, 5.0, user="carol"), 2, 3) == "house"
         state.leave(place(2, 2.0))
         await state.released(within=5)  # a place that leaves is announced
-        assert await state.join(place(3, 3.0), 2, 3) is None
+        assert isinstance(await state.join(place(3, 3.0), 2, 3), Place)
 
 
 async def _settled(state: HoldStore) -> None:

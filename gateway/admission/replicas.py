@@ -2,13 +2,14 @@
 
 A request that cannot start at once takes a place in the house's waiting room (its
 user's ``max_queued`` and the house's ``max_depth`` counted across every replica), ranked
-by the fair scheduler's finish tag (``Ordering.rank``). A turn is decided locally, among
+by a finish tag the store keeps (``holds/base.Place``). A turn is decided locally, among
 this replica's waiting requests (``admission/local.py``); a hold in the store then confirms
 it across the house: the user's cap, the backend's slots, and that no request ranked ahead
 of it, on any replica, is asking for that slot now. A turn the house does not confirm is
 given back (``Permit.withdraw``) and the request asks again after a release anywhere, or
 half a second later, within the same ``max_wait``. Fair-share charges are exchanged with
-the other replicas, so that ranks compare. A single replica has no store and none of this.
+the other replicas, and output added to the payers' tags. A single replica has no store
+and none of this.
 """
 
 from __future__ import annotations
@@ -23,8 +24,7 @@ from gateway.admission.permit import Permit
 from gateway.admission.refusals import Refusal, Refuse
 from gateway.admission.room import WaitingRoom
 from gateway.admission.tickets import Ticket
-from gateway.config import background_account
-from gateway.core import BACKGROUND, Lane, Reason
+from gateway.core import BACKGROUND, Reason
 
 __all__ = ["ReplicaHolds", "Turns"]
 
@@ -48,7 +48,7 @@ class Turns(Protocol):
 class ReplicaHolds:
     """Local turns confirmed in ``store``, and this replica's charges not yet sent."""
 
-    __slots__ = ("_clock", "_refuse", "_room", "_tags", "_unsent", "_wall", "places", "store")
+    __slots__ = ("_clock", "_output", "_refuse", "_room", "_unsent", "_wall", "places", "store")
 
     def __init__(
         self,
@@ -64,7 +64,7 @@ class ReplicaHolds:
         self._wall = wall  # places' arrival times compare across replicas
         self._refuse = refuse
         self._unsent: defaultdict[str, float] = defaultdict(float)
-        self._tags: dict[str, float] = {}  # the last rank given to each payer's request
+        self._output: defaultdict[str, float] = defaultdict(float)  # for the house's tags
         self.places: dict[int, Place] = {}  # this replica's places in the house, by ticket
 
     async def acquire(self, ticket: Ticket, deadline: float, turns: Turns) -> Permit | Refusal:
@@ -76,19 +76,19 @@ class ReplicaHolds:
             confirmed = await self._confirmed(permit, place)
             if confirmed is not False:
                 return confirmed
-        refused = await self._join(place, ticket)
-        if refused is not None:
-            return refused
-        payer = ticket.payer
-        self._tags[payer] = place.rank
+        joined = await self._join(place, ticket)
+        if isinstance(joined, Refusal):
+            return joined
+        place, started = joined, self._clock()
         self.places[id(ticket)] = place
         try:
-            return await self._wait(ticket, place, deadline, turns)
+            outcome = await self._wait(ticket, place, deadline, turns)
+            if isinstance(outcome, Permit):  # its wait in the house, not its last local one
+                outcome.queue_wait = self._clock() - started
+            return outcome
         finally:
             self.store.leave(place)  # taken, it left already: then nothing
             del self.places[id(ticket)]
-            if self._tags.get(payer) == place.rank:  # the last of the payer's places
-                del self._tags[payer]
 
     async def _wait(
         self, ticket: Ticket, place: Place, deadline: float, turns: Turns
@@ -144,30 +144,22 @@ class ReplicaHolds:
             )
         return True  # per-replica limits only, until Redis is back
 
-    async def _join(self, place: Place, ticket: Ticket) -> Refusal | None:
-        """``place`` waits in the house; the refusal if the house is full for it."""
+    async def _join(self, place: Place, ticket: Ticket) -> Place | Refusal:
+        """``place`` waits in the house, ranked; the refusal if the house is full for it
+        (or Redis is away and the policy fails closed; open, it waits here alone)."""
         room = self._room
         max_queued, max_depth = room.caps(ticket.user, ticket.lane)[1], room.policy.queue.max_depth
         try:
-            refused = await self.store.join(place, max_queued, max_depth)
+            joined = await self.store.join(place, max_queued, max_depth)
         except StoreUnavailable:
             without = self._without_redis()
-            return without if isinstance(without, Refusal) else None
-        return None if refused is None else self._refuse(_NOT_JOINED[refused], ticket)
+            return without if isinstance(without, Refusal) else place
+        return joined if isinstance(joined, Place) else self._refuse(_NOT_JOINED[joined], ticket)
 
     def _place(self, ticket: Ticket) -> Place:
-        """``ticket``'s place in the house: ranked now, once, against who waits anywhere."""
+        """``ticket``'s place in the house, before the store ranks it."""
         room = self._room
         weight = room.policy.limits_of(ticket.user).weight * ticket.class_weight
-        payer = ticket.payer
-        waiting = {_payer(place) for place in self.store.house.waiting}
-        waiting.update(room.waiting.keys())
-        waiting.update(background_account(user) for user in room.background)
-        start = room.ordering.rank(payer, weight, 0.0, waiting)
-        rank = room.ordering.rank(payer, weight, ticket.input_tokens, waiting)
-        # A user's next request ranks behind their last one still waiting here, as in one
-        # room, where each user's requests go in their order.
-        rank += max(0.0, self._tags.get(payer, start) - start)
         holder, cap = _holder(ticket), room.caps(ticket.user, ticket.lane)[0]
         groups = tuple(b.group(ticket.model) for b in room.pool.serving(ticket.api, ticket.model))
         return Place(
@@ -175,7 +167,8 @@ class ReplicaHolds:
             holder,
             cap,
             ticket.lane,
-            rank,
+            ticket.payer,
+            room.ordering.cost(weight, ticket.input_tokens),
             self._wall(),
             ticket.heavy,
             groups,
@@ -214,9 +207,12 @@ class ReplicaHolds:
         ordering = self._room.ordering
         for user, amount in ordering.take_charges().items():
             self._unsent[user] += amount
-        totals = await self.store.exchange(dict(self._unsent), self._room.depth)
+        for payer, amount in ordering.take_output().items():
+            self._output[payer] += amount
+        totals = await self.store.exchange(dict(self._unsent), self._room.depth, dict(self._output))
         if totals is not None:  # else kept, and sent when the shared state is back
             self._unsent.clear()
+            self._output.clear()
             ordering.adopt(totals)
 
 
@@ -224,8 +220,3 @@ def _holder(ticket: Ticket) -> str:
     """Whose running places a request takes across replicas: background work has its own
     cap per user, so its own holder name."""
     return f"{ticket.user}/background" if ticket.lane is BACKGROUND else ticket.user
-
-
-def _payer(place: Place) -> str:
-    """Whom a place's request is charged to (``Ticket.payer``)."""
-    return background_account(place.user) if place.lane is Lane.BACKGROUND else place.user

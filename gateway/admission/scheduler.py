@@ -75,12 +75,9 @@ class Ordering(Protocol):
     def on_dispatch(self, candidate: Candidate) -> None:
         """``candidate`` was given a slot."""
 
-    def rank(
-        self, user: str, weight: float, input_tokens: float, waiting: Collection[str]
-    ) -> float:
-        """A request's place in a house of several replicas, the smaller first: its finish
-        were it to arrive now, its user lifted as ``on_arrival`` would (``waiting``: the
-        other users waiting anywhere). Nothing is charged."""
+    def cost(self, weight: float, input_tokens: float) -> float:
+        """What a request's prompt adds to its user's finish tag in a house of several
+        replicas (``holds/scripts.py`` keeps the tags): 0 where arrival decides."""
 
     def on_output(self, user: str, weight: float, tokens: float) -> None:
         """``tokens`` more output tokens streamed (negative: a correction downwards)."""
@@ -93,6 +90,11 @@ class Ordering(Protocol):
 
     def take_charges(self) -> dict[str, float]:
         """Charges since the last call, to add to the counters shared by replicas."""
+        ...
+
+    def take_output(self) -> dict[str, float]:
+        """Output charged since the last call, by user: what a house of several replicas
+        adds to each user's finish tag (their prompts are added as they join)."""
         ...
 
     def adopt(self, totals: Mapping[str, float]) -> None:
@@ -115,9 +117,7 @@ class Fifo:
     def on_dispatch(self, candidate: Candidate) -> None:
         return None
 
-    def rank(
-        self, user: str, weight: float, input_tokens: float, waiting: Collection[str]
-    ) -> float:
+    def cost(self, weight: float, input_tokens: float) -> float:
         return 0.0  # arrival decides
 
     def on_output(self, user: str, weight: float, tokens: float) -> None:
@@ -130,6 +130,9 @@ class Fifo:
         return None
 
     def take_charges(self) -> dict[str, float]:
+        return {}
+
+    def take_output(self) -> dict[str, float]:
         return {}
 
     def adopt(self, totals: Mapping[str, float]) -> None:
@@ -156,6 +159,7 @@ class Fair:
         self._w_out = w_out
         self._counters: dict[str, float] = {}
         self._unshared: dict[str, float] = {}  # charges not yet sent to other replicas
+        self._output: dict[str, float] = {}  # output charged since ``take_output``
         self._last_dispatched: str | None = None
 
     def choose(self, candidates: Sequence[Candidate]) -> Candidate:
@@ -168,25 +172,20 @@ class Fair:
     def on_arrival(self, user: str, active_users: Collection[str]) -> None:
         # The lift: a user who starts waiting joins at the level of the least-served user
         # waiting, so time spent idle cannot be banked and spent later as a burst.
-        self._charge(user, max(0.0, self._level(active_users) - self._counter(user)))
-
-    def _level(self, active_users: Collection[str]) -> float:
         if active_users:
-            return min(self._counter(other) for other in active_users)
-        if self._last_dispatched is not None:
+            level = min(self._counter(other) for other in active_users)
+        elif self._last_dispatched is not None:
             # Nobody waits: join where the last dispatched user is, which is where the
             # waiting room left off (the paper's Algorithm 2 uses the last user to leave the
             # queue). Keeping the counter as it was would let a user who was light long ago,
             # arriving first after a quiet spell, starve the others until it caught up.
-            return self._counter(self._last_dispatched)
-        return 0.0
+            level = self._counter(self._last_dispatched)
+        else:
+            level = 0.0
+        self._charge(user, max(0.0, level - self._counter(user)))
 
-    def rank(
-        self, user: str, weight: float, input_tokens: float, waiting: Collection[str]
-    ) -> float:
-        others = [other for other in waiting if other != user]
-        lifted = max(self._counter(user), self._level(others))
-        return lifted + self._w_in * input_tokens / weight
+    def cost(self, weight: float, input_tokens: float) -> float:
+        return self._w_in * input_tokens / weight
 
     def on_dispatch(self, candidate: Candidate) -> None:
         self._charge(candidate.user, self._prompt_charge(candidate))
@@ -196,7 +195,9 @@ class Fair:
         return self._w_in * candidate.input_tokens / candidate.weight
 
     def on_output(self, user: str, weight: float, tokens: float) -> None:
-        self._charge(user, self._w_out * tokens / weight)
+        charge = self._w_out * tokens / weight
+        self._charge(user, charge)
+        self._output[user] = self._output.get(user, 0.0) + charge
 
     def on_correction(self, user: str, weight: float, input_delta: float) -> None:
         self._charge(user, self._w_in * input_delta / weight)
@@ -215,6 +216,10 @@ class Fair:
         """Charges (lifts included) since the last call, for replicas sharing counters."""
         charges, self._unshared = self._unshared, {}
         return charges
+
+    def take_output(self) -> dict[str, float]:
+        output, self._output = self._output, {}
+        return output
 
     def adopt(self, totals: Mapping[str, float]) -> None:
         """Counters summed over every replica; charges made since take_charges stay on top."""

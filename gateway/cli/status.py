@@ -13,7 +13,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -97,7 +97,9 @@ def render_text(status: dict[str, Any]) -> str:
     if refused_edit:  # the admin's last edit did not take: said first, not only in the log
         head = f"{head}\nthe policy file's last edit was refused (still serving the one before):"
         head += "\n  " + refused_edit.replace("\n", "\n  ")
-    parts = [head, _backends(backends), _running(status["running"]), _waiting(queue["waiting"])]
+    where = _replicas(status)
+    running, waiting = _running(status["running"], where), _waiting(queue["waiting"], where)
+    parts = [head, _backends(backends), running, waiting]
     fewer = [f"{name}: {b['runs_fewer']}" for name, b in backends.items() if b.get("runs_fewer")]
     if fewer:
         parts.insert(2, "\n".join(fewer))
@@ -147,17 +149,34 @@ def _in_memory(backend: dict[str, Any]) -> str:
     return f"{held}; swapping in {swap['model']} (draining {', '.join(swap['draining'])})"
 
 
-def _running(running: list[dict[str, Any]]) -> str:
+# A request's REPLICA column, with several replicas (None: one, and no column).
+Where = Callable[[dict[str, Any]], list[str]] | None
+
+
+def _replicas(status: dict[str, Any]) -> Where:
+    """With several replicas, each request's: "here" (the one asked), or another's name."""
+    state = status["state"]
+    if state.get("replicas", 1) < 2:
+        return None
+    here = state.get("replica")
+    return lambda request: [
+        "here" if request.get("replica") in (None, here) else request["replica"]
+    ]
+
+
+def _running(running: list[dict[str, Any]], where: Where) -> str:
     if not running:
         return "nothing running"
     rows = [
         [r["user"], r["model"], r["backend"], r["class"], r["lane"], duration_text(r["seconds"])]
+        + (where(r) if where else [])
         for r in running
     ]
-    return table(["RUNNING", "MODEL", "BACKEND", "CLASS", "LANE", "FOR"], rows)
+    head = ["RUNNING", "MODEL", "BACKEND", "CLASS", "LANE", "FOR"]
+    return table(head + (["REPLICA"] if where else []), rows)
 
 
-def _waiting(waiting: list[dict[str, Any]]) -> str:
+def _waiting(waiting: list[dict[str, Any]], where: Where) -> str:
     if not waiting:
         return "nobody waiting"
     rows = [
@@ -170,9 +189,11 @@ def _waiting(waiting: list[dict[str, Any]]) -> str:
             duration_text(w["waited_seconds"]),
             "~" + duration_text(w["estimated_start_seconds"]),
         ]
+        + (where(w) if where else [])
         for w in waiting
     ]
-    return table(["#", "WAITING", "MODEL", "CLASS", "LANE", "WAITED", "STARTS IN"], rows)
+    head = ["#", "WAITING", "MODEL", "CLASS", "LANE", "WAITED", "STARTS IN"]
+    return table(head + (["REPLICA"] if where else []), rows)
 
 
 def _users(users: dict[str, Any]) -> str:

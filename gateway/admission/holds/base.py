@@ -11,9 +11,8 @@ from gateway.core import Lane
 
 __all__ = ["Hold", "HoldStore", "House", "HouseRun", "Place", "StoreUnavailable"]
 
-# Who goes first in the house: people before background work, then the smaller rank (the
-# fair scheduler's finish tag), then the earlier arrival (Redis's script compares the
-# lane's number).
+# Who goes first in the house: people before background work, then the smaller finish tag,
+# then the earlier arrival (Redis's script compares the lane's number).
 LANE_ORDER = {Lane.INTERACTIVE: 0, Lane.BACKGROUND: 1}
 
 
@@ -21,21 +20,27 @@ LANE_ORDER = {Lane.INTERACTIVE: 0, Lane.BACKGROUND: 1}
 class Place:
     """A request's place in the house's one waiting room, whichever replica it entered.
 
-    ``rank``: its finish tag under fair scheduling (its user's counter once its prompt is
-    charged, fixed when it first asks for a slot), 0 under FIFO; ``arrived``: wall-clock
-    seconds, the tie-break and how long it has waited; ``groups``: the slot groups that
-    could serve it; ``holder`` and ``cap``: whose running places it needs (``Hold.user``)."""
+    Ranked by a finish tag that the store gives it as it joins, as in self-clocked fair
+    queueing (Golestani, INFOCOM 1994): ``max(the house's clock, its payer's last tag) +
+    cost``, the clock being the tag of the last request started, and a payer's tag growing
+    by its requests' costs and its output. One store keeps every tag, so every replica
+    compares the same numbers. ``cost``: its prompt's charge (``Ordering.cost``), 0 under
+    FIFO, where arrival decides; ``arrived``: wall-clock seconds, the tie-break;
+    ``groups``: the slot groups that could serve it; ``holder`` and ``cap``: whose running
+    places it needs (``Hold.user``)."""
 
     id: str
     holder: str
     cap: int
     lane: Lane
-    rank: float
+    payer: str
+    cost: float
     arrived: float
     heavy: bool
     groups: tuple[str, ...]
     user: str
     model: str
+    rank: float = 0.0  # its finish tag, once joined
     replica: str = ""  # the replica it waits on: set by the store
 
     def key(self) -> tuple[int, float, float, str]:
@@ -119,9 +124,9 @@ class HoldStore(Protocol):
     def give_back(self, hold: Hold) -> None:
         """Release the hold (never blocks; a remote store releases in the background)."""
 
-    async def join(self, place: Place, max_queued: int, max_depth: int) -> str | None:
-        """``place`` waits in the house: None, or why not: ``"user"`` (its holder has
-        ``max_queued`` waiting already) or ``"house"`` (``max_depth`` wait in all)."""
+    async def join(self, place: Place, max_queued: int, max_depth: int) -> Place | str:
+        """``place`` waits in the house: the place, ranked; or why not: ``"user"`` (its
+        holder has ``max_queued`` waiting already) or ``"house"`` (``max_depth`` wait)."""
 
     def leave(self, place: Place) -> None:
         """``place`` waits no more (never blocks; idempotent)."""
@@ -143,9 +148,12 @@ class HoldStore(Protocol):
     async def released(self, within: float) -> None:
         """Return when some hold is released anywhere, or after ``within`` seconds."""
 
-    async def exchange(self, charges: dict[str, float], waiting: int) -> dict[str, float] | None:
-        """Add this replica's fair-share charges and publish its queue depth; the counters
-        summed over every replica, or None when nothing is shared."""
+    async def exchange(
+        self, charges: dict[str, float], waiting: int, output: dict[str, float]
+    ) -> dict[str, float] | None:
+        """Add this replica's fair-share charges and publish its queue depth, and add its
+        payers' ``output`` to their finish tags; the counters summed over every replica,
+        or None when nothing is shared."""
 
     others_waiting: int  # requests waiting on the other replicas, as of the last exchange
 

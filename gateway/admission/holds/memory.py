@@ -11,6 +11,7 @@ import contextlib
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 
 from gateway.admission.holds.base import Hold, House, Place
 from gateway.admission.holds.scripts import ASKING_MS
@@ -35,6 +36,8 @@ class MemoryHolds:
         self._places: dict[str, Place] = {}  # the house's waiting room
         self._asked: dict[str, float] = {}  # when each place last asked for a slot
         self._on_change: Callable[[], None] = lambda: None
+        self._clock = 0.0  # the finish tag of the last request started
+        self._tags: dict[str, float] = {}  # each payer's last finish tag
 
     @property
     def house(self) -> House:
@@ -49,12 +52,17 @@ class MemoryHolds:
     async def take(self, hold: Hold) -> bool:
         if hold.id in self._holds:
             return True
-        if not self._has_room(hold) or self._ahead(hold):
-            if hold.place is not None and hold.place.id in self._places:
-                self._asked[hold.place.id] = time.monotonic()
+        mine = hold.place
+        if mine is not None:  # waiting: the tag it joined with; else the one it would have
+            mine = self._places.get(mine.id) or replace(mine, rank=self._tag(mine))
+        if not self._has_room(hold) or self._ahead(hold, mine):
+            if mine is not None and mine.id in self._places:
+                self._asked[mine.id] = time.monotonic()
             return False
-        if hold.place is not None:
-            self._forget(hold.place)
+        if mine is not None:
+            self._forget(mine)
+            self._clock = max(self._clock, mine.rank)
+            self._tags[mine.payer] = max(self._tags.get(mine.payer, 0.0), mine.rank)
         self._holds[hold.id] = hold
         self._users[hold.user] += 1
         self._backends[hold.backend] += 1
@@ -67,9 +75,11 @@ class MemoryHolds:
             return False
         return not (hold.heavy and self._heavy[hold.backend] >= hold.heavy_slots)
 
-    def _ahead(self, hold: Hold) -> bool:
-        """Whether a place ahead of ``hold``'s asks for its slot and could take it."""
-        mine = hold.place
+    def _tag(self, place: Place) -> float:
+        return max(self._clock, self._tags.get(place.payer, 0.0)) + place.cost
+
+    def _ahead(self, hold: Hold, mine: Place | None) -> bool:
+        """Whether a place ahead of ``mine`` asks for ``hold``'s slot and could take it."""
         if mine is None:
             return False
         asking = time.monotonic() - ASKING_MS / 1000
@@ -83,17 +93,20 @@ class MemoryHolds:
             if place.id != mine.id
         )
 
-    async def join(self, place: Place, max_queued: int, max_depth: int) -> str | None:
-        if place.id in self._places:
-            return None
+    async def join(self, place: Place, max_queued: int, max_depth: int) -> Place | str:
+        joined = self._places.get(place.id)
+        if joined is not None:
+            return joined
         if sum(p.holder == place.holder for p in self._places.values()) >= max_queued:
             return "user"
         if len(self._places) >= max_depth:
             return "house"
+        place = replace(place, rank=self._tag(place))
+        self._tags[place.payer] = place.rank
         self._places[place.id] = place
         self._asked[place.id] = time.monotonic()
         self._on_change()
-        return None
+        return place
 
     def leave(self, place: Place) -> None:
         if self._forget(place):
@@ -150,7 +163,11 @@ class MemoryHolds:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._release.wait(), within)
 
-    async def exchange(self, charges: dict[str, float], waiting: int) -> dict[str, float] | None:
+    async def exchange(
+        self, charges: dict[str, float], waiting: int, output: dict[str, float]
+    ) -> dict[str, float] | None:
+        for payer, amount in output.items():
+            self._tags[payer] = self._tags.get(payer, 0.0) + amount
         return None
 
     async def close(self) -> None:

@@ -31,7 +31,13 @@ from redis.exceptions import RedisError
 
 from gateway.admission.holds import scripts
 from gateway.admission.holds.base import Hold, House, Place, StoreUnavailable
-from gateway.admission.holds.redis_house import PREFIX, RUNNING, RedisHouse, running_member
+from gateway.admission.holds.redis_house import (
+    PREFIX,
+    RUNNING,
+    TAGS,
+    RedisHouse,
+    running_member,
+)
 from gateway.core import Background, connect, repeat
 
 __all__ = ["RedisHolds"]
@@ -82,6 +88,7 @@ class RedisHolds:
         self._ended: dict[str, set[str]] = {}  # by user: requests ended, their removal under way
         self._released = asyncio.Event()
         self._releases: set[asyncio.Task[Any]] = set()
+        self._closed = False
         self._loops = Background("holds")
         self.shared = True
         self.failures = 0
@@ -106,6 +113,8 @@ class RedisHolds:
     async def take(self, hold: Hold) -> bool:
         if not self.shared:
             raise StoreUnavailable("Redis is unreachable")
+        if hold.place is not None and not hold.place.replica:
+            hold = replace(hold, place=replace(hold.place, replica=self._replica))
         member = running_member(hold, self._replica, time.time())
         args: list[str | int | float] = [hold.id, hold.user_cap, hold.slots, int(hold.heavy)]
         args += [hold.heavy_slots, self._lease_ms]
@@ -127,7 +136,7 @@ class RedisHolds:
             return  # never in Redis (taken while it was away): nothing to undo there
         self._background(self._give_back(*mine))
 
-    async def join(self, place: Place, max_queued: int, max_depth: int) -> str | None:
+    async def join(self, place: Place, max_queued: int, max_depth: int) -> Place | str:
         if not self.shared:
             raise StoreUnavailable("Redis is unreachable")
         try:
@@ -150,7 +159,7 @@ class RedisHolds:
             log.warning("state_leave_failed", place=place.id, error=repr(exc))
 
     async def _read_house(self) -> None:
-        if not self.shared:
+        if self._closed or not self.shared:  # closed: no command may open a connection now
             return
         try:
             await self._house.read()
@@ -158,7 +167,12 @@ class RedisHolds:
             self._lost(exc)
 
     def _background(self, release: Coroutine[Any, Any, None]) -> None:
-        """A release sent without the caller waiting (``close`` waits for the last ones)."""
+        """A release sent without the caller waiting (``close`` waits for the last ones).
+        Once closed, none: its lease expires by itself, and a command now would open a
+        connection nobody closes (requests turned away at a stop leave after it)."""
+        if self._closed:
+            release.close()
+            return
         task = asyncio.create_task(release)
         self._releases.add(task)
         task.add_done_callback(self._releases.discard)
@@ -223,7 +237,9 @@ class RedisHolds:
             raise StoreUnavailable(str(exc)) from exc
         return found[0], found[1]
 
-    async def exchange(self, charges: dict[str, float], waiting: int) -> dict[str, float] | None:
+    async def exchange(
+        self, charges: dict[str, float], waiting: int, output: dict[str, float]
+    ) -> dict[str, float] | None:
         """HINCRBYFLOAT the charges into one hash; each replica's depth in a key of its own
         that expires if the replica dies."""
         if not self.shared:
@@ -232,6 +248,8 @@ class RedisHolds:
             async with self._redis.pipeline(transaction=False) as pipe:
                 for user, amount in charges.items():
                     pipe.hincrbyfloat(SERVICE, user, amount)
+                for payer, amount in output.items():
+                    pipe.hincrbyfloat(TAGS, payer, amount)
                 pipe.set(f"{DEPTH}:{self._replica}", waiting, px=self._depth_ttl_ms)
                 pipe.hgetall(SERVICE)
                 results = await pipe.execute()
@@ -251,6 +269,7 @@ class RedisHolds:
             await asyncio.wait_for(self._released.wait(), within)
 
     async def close(self) -> None:
+        self._closed = True
         # Bounded: redis-py's pub/sub reader can swallow a cancellation on a dead socket.
         await self._loops.close(within=2.0)
         if self._releases:
@@ -275,6 +294,8 @@ class RedisHolds:
 
     async def _renew_all(self) -> None:
         """Renew this replica's leases; while Redis is away, check whether it is back."""
+        if self._closed:  # a loop that outlived its cancellation: no new connection now
+            return
         try:
             if not self.shared:
                 await self._redis.ping()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 
 from redis.asyncio import Redis
 
@@ -20,13 +21,15 @@ from gateway.admission.holds import scripts
 from gateway.admission.holds.base import LANE_ORDER, Hold, House, HouseRun, Place
 from gateway.core import Lane
 
-__all__ = ["PREFIX", "RUNNING", "RedisHouse", "running_member"]
+__all__ = ["PREFIX", "RUNNING", "TAGS", "RedisHouse", "running_member"]
 
 PREFIX = "fairgate"
 WAITING = f"{PREFIX}:house:waiting"
 PLACES = f"{PREFIX}:house:places"
 ASKED = f"{PREFIX}:house:asked"
 RUNNING = f"{PREFIX}:house:running"
+CLOCK = f"{PREFIX}:house:clock"  # the finish tag of the last request started
+TAGS = f"{PREFIX}:house:tags"  # each payer's last finish tag
 
 _LANES = {number: lane for lane, number in LANE_ORDER.items()}
 # What JOIN answers when a place may not wait, as ``HoldStore.join`` says it.
@@ -52,14 +55,30 @@ def place_json(place: Place) -> str:
             place.model,
             place.replica,
             place.id,
+            place.payer,
+            place.cost,
         ]
     )
 
 
 def _place(text: bytes) -> Place:
-    holder, cap, lane, rank, arrived, heavy, groups, user, model, replica, id_ = json.loads(text)
+    fields = json.loads(text)
+    holder, cap, lane, rank, arrived, heavy, groups, user, model, replica, id_ = fields[:11]
+    payer, cost = fields[11:]
     return Place(
-        id_, holder, cap, _LANES[lane], rank, arrived, heavy, tuple(groups), user, model, replica
+        id_,
+        holder,
+        cap,
+        _LANES[lane],
+        payer,
+        cost,
+        arrived,
+        heavy,
+        tuple(groups),
+        user,
+        model,
+        rank,
+        replica,
     )
 
 
@@ -92,16 +111,17 @@ class RedisHouse:
         self.house = House(replica=replica)
         self.on_change: Callable[[], None] = lambda: None
 
-    async def join(self, place: Place, max_queued: int, max_depth: int) -> str | None:
+    async def join(self, place: Place, max_queued: int, max_depth: int) -> Place | str:
         """JOIN (raises Redis's errors: the store maps them)."""
-        keys = [WAITING, PLACES, ASKED, queued_key(place.holder)]
-        args: list[str | int] = [place.id, place_json(place), max_queued, max_depth]
-        args.append(self._lease_ms)
-        joined = int(await self._join(keys=keys, args=args))
-        if joined < 0:
+        keys = [WAITING, PLACES, ASKED, queued_key(place.holder), CLOCK, TAGS]
+        args: list[str | int | float] = [place.id, place_json(place), max_queued, max_depth]
+        args += [self._lease_ms, place.payer, place.cost]
+        joined = await self._join(keys=keys, args=args)
+        if isinstance(joined, int):
             return _REFUSED[joined]
+        place = replace(place, rank=float(joined))
         self.mine[place.id] = place
-        return None
+        return place
 
     def started(self, place: Place) -> None:
         """``TAKE`` removed the place from Redis: nothing left to renew or take back."""
@@ -146,8 +166,8 @@ class RedisHouse:
         """``TAKE``'s keys and its place arguments (after the hold's own)."""
         place = hold.place
         queued = queued_key(place.holder) if place is not None else f"{PREFIX}:queued:"
-        keys = [WAITING, PLACES, ASKED, RUNNING, queued]
+        keys = [WAITING, PLACES, ASKED, RUNNING, queued, CLOCK, TAGS]
         if place is None:
-            return keys, ["", 0, 0, 0, hold.backend, member, PREFIX]
-        lane = LANE_ORDER[place.lane]
-        return keys, [place.id, lane, place.rank, place.arrived, hold.backend, member, PREFIX]
+            return keys, ["", 0, 0, 0, hold.backend, member, PREFIX, ""]
+        lane, arrived, group = LANE_ORDER[place.lane], place.arrived, hold.backend
+        return keys, [place.id, lane, place.cost, arrived, group, member, PREFIX, place.payer]

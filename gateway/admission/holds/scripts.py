@@ -4,11 +4,16 @@ Holds: a running request is a member of three sorted sets (its holder's, its slo
 the group's heavy set), scored by its expiry on Redis's own clock, and of ``RUNNING`` (what
 runs where, for every replica's views). The house's waiting room: a waiting request is a
 member of ``WAITING`` (scored by expiry) and of its holder's ``queued`` set, its place
-(``base.Place``, as JSON) in ``PLACES``, and when it last asked for a slot in ``ASKED``.
+(``base.Place``, as JSON) in ``PLACES``, and when it last asked for a slot in ``ASKED``;
+the house's clock in ``CLOCK``, each payer's last finish tag in ``TAGS``.
 
 ``TAKE`` checks every limit and the house's order at once, so two replicas cannot both take
-the last slot and no request asking for a slot is passed over by one behind it: a place
-ahead of the taker counts only while it asks (it asked within ``ASKING_MS``; a request
+the last slot and no request asking for a slot is passed over by one behind it. The order
+is by finish tags kept here (``base.Place``), so every replica compares the same numbers:
+``JOIN`` gives a place its tag, ``TAKE`` moves the house's clock to the tag of the request
+it starts (and gives one that starts at once the tag it would have had), and each
+replica adds its payers' output to their tags as it pools its counters. A place ahead of
+the taker counts only while it asks (it asked within ``ASKING_MS``; a request
 waiting on a replica looks again at least every half second), and only if it could take
 this slot (it is served by this group, its holder is under their cap, and a heavy one
 finds the heavy share free). A place that stopped asking (its replica holds it back, for
@@ -49,12 +54,23 @@ local function forget_expired(waiting, places, asked)
 end
 """
 
-# KEYS: holder, group, group's heavy, waiting, places, asked, running, holder's queued.
-# ARGV: 1 hold, 2 holder's cap, 3 slots, 4 heavy, 5 heavy slots, 6 lease, 7 place ('' none),
-# 8 lane, 9 rank, 10 arrived, 11 group, 12 the hold as RUNNING shows it, 13 key prefix.
+# A payer's next finish tag: after the house's clock and after its own last tag, by cost.
+_TAG = """
+local function tag(clock_key, last_key, payer, cost)
+  local clock = tonumber(redis.call('GET', clock_key) or '0')
+  local last = tonumber(redis.call('HGET', last_key, payer) or '0')
+  return math.max(clock, last) + tonumber(cost)
+end
+"""
+
+# KEYS: holder, group, group's heavy, waiting, places, asked, running, holder's queued,
+# the house's clock, the payers' last tags. ARGV: 1 hold, 2 holder's cap, 3 slots, 4 heavy,
+# 5 heavy slots, 6 lease, 7 place ('' none), 8 lane, 9 cost, 10 arrived, 11 group, 12 the
+# hold as RUNNING shows it, 13 key prefix, 14 payer.
 TAKE = (
     _NOW_MS
     + _FORGET_EXPIRED
+    + _TAG
     + """
 local function asked()
   if ARGV[7] ~= '' and redis.call('ZSCORE', KEYS[4], ARGV[7]) then
@@ -75,10 +91,8 @@ local function serves(place)
   end
   return false
 end
-local function ahead()
-  if ARGV[7] == '' or redis.call('ZCARD', KEYS[4]) == 0 then return false end
-  forget_expired(KEYS[4], KEYS[5], KEYS[6])
-  local lane, rank, arrived = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+local function ahead(rank)
+  local lane, arrived = tonumber(ARGV[8]), tonumber(ARGV[10])
   for _, id in ipairs(redis.call('ZRANGE', KEYS[4], 0, -1)) do
     local asked_at = tonumber(redis.call('HGET', KEYS[6], id) or '0')
     local json = redis.call('HGET', KEYS[5], id)
@@ -100,7 +114,14 @@ if redis.call('ZSCORE', KEYS[2], ARGV[1]) then return 1 end
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return asked() end
 if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[3]) then return asked() end
 if ARGV[4] == '1' and redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[5]) then return asked() end
-if ahead() then return asked() end
+local rank = nil
+if ARGV[7] ~= '' then
+  local mine = redis.call('HGET', KEYS[5], ARGV[7])
+  -- Waiting: the tag it joined with; else (starting at once) the tag it would have.
+  rank = mine and tonumber(cjson.decode(mine)[4]) or tag(KEYS[9], KEYS[10], ARGV[14], ARGV[9])
+  forget_expired(KEYS[4], KEYS[5], KEYS[6])
+  if redis.call('ZCARD', KEYS[4]) > 0 and ahead(rank) then return asked() end
+end
 local expiry = now + tonumber(ARGV[6])
 redis.call('ZADD', KEYS[1], expiry, ARGV[1])
 redis.call('ZADD', KEYS[2], expiry, ARGV[1])
@@ -108,7 +129,12 @@ if ARGV[4] == '1' then redis.call('ZADD', KEYS[3], expiry, ARGV[1]) end
 for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], 2 * tonumber(ARGV[6])) end
 redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', now)
 redis.call('ZADD', KEYS[7], expiry, ARGV[12])
-if ARGV[7] ~= '' then
+if rank then
+  -- The house's clock moves to the tag of the request started; its payer's tag covers it.
+  local clock = tonumber(redis.call('GET', KEYS[9]) or '0')
+  if rank > clock then redis.call('SET', KEYS[9], tostring(rank)) end
+  local last = tonumber(redis.call('HGET', KEYS[10], ARGV[14]) or '0')
+  if rank > last then redis.call('HSET', KEYS[10], ARGV[14], tostring(rank)) end
   redis.call('ZREM', KEYS[4], ARGV[7])
   redis.call('HDEL', KEYS[5], ARGV[7])
   redis.call('HDEL', KEYS[6], ARGV[7])
@@ -139,24 +165,32 @@ redis.call('PUBLISH', ARGV[2], ARGV[1])
 return 1
 """
 
-# KEYS: waiting, places, asked, holder's queued. ARGV: place, its JSON, max_queued,
-# max_depth, lease. 1: it waits; -1: its holder has max_queued waiting; -2: the house is full.
+# KEYS: waiting, places, asked, holder's queued, the house's clock, the payers' last tags.
+# ARGV: place, its JSON, max_queued, max_depth, lease, payer, cost. Its finish tag (as a
+# string: Redis would cut a number to an integer); -1: its holder has max_queued waiting;
+# -2: the house is full.
 JOIN = (
     _NOW_MS
     + _FORGET_EXPIRED
+    + _TAG
     + """
 forget_expired(KEYS[1], KEYS[2], KEYS[3])
 redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 1 end
+local joined = redis.call('HGET', KEYS[2], ARGV[1])
+if joined then return tostring(cjson.decode(joined)[4]) end
 if redis.call('ZCARD', KEYS[4]) >= tonumber(ARGV[3]) then return -1 end
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then return -2 end
+local finish = tag(KEYS[5], KEYS[6], ARGV[6], ARGV[7])
+redis.call('HSET', KEYS[6], ARGV[6], tostring(finish))
+local place = cjson.decode(ARGV[2])
+place[4] = finish
 local expiry = now + tonumber(ARGV[5])
 redis.call('ZADD', KEYS[1], expiry, ARGV[1])
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[1], cjson.encode(place))
 redis.call('HSET', KEYS[3], ARGV[1], now)
 redis.call('ZADD', KEYS[4], expiry, ARGV[1])
 redis.call('PEXPIRE', KEYS[4], 2 * tonumber(ARGV[5]))
-return 1
+return tostring(finish)
 """
 )
 # KEYS: waiting, places, asked, holder's queued. ARGV: place, channel. A place that leaves
