@@ -272,10 +272,11 @@ async def _in_the_house(state: HoldStore | None, count: int) -> None:
             await state.released(within=0.1)
 
 
-async def _status(gateway: Gateway) -> dict[str, Any]:
+async def _status(gateway: Gateway, path: str = "/status", key: str = "") -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
     async with (
         aiohttp.ClientSession() as session,
-        session.get(gateway.url + "/status") as reply,
+        session.get(gateway.url + path, headers=headers) as reply,
     ):
         assert reply.status == 200
         return cast(dict[str, Any], await reply.json())
@@ -311,6 +312,9 @@ async def test_a_users_max_queued_holds_across_the_house_and_each_status_shows_i
         assert row_of(out, "RUNNING", "alice")[-1] == "here"
         assert row_of(out, "#", "1")[1] == "alice"
         assert row_of(out, "#", "1")[-1] == there[0]["replica"]
+        me = await _status(a, "/ui/me.json", "alice-key")  # where am I, asked of A
+        assert [(w["position"], w["ahead"]) for w in me["waiting"]] == [(1, 0)]
+        assert me["summary"].endswith("you are next")
     assert await waiting == 200
 
 
