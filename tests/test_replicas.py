@@ -9,6 +9,9 @@ import signal
 import subprocess
 import sys
 import time
+from asyncio.subprocess import Process
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any, cast
 
@@ -30,6 +33,25 @@ from tests.processes import until_answers
 from tests.redis_server import RedisServer, redis_server, redis_url  # noqa: F401 (fixtures)
 from tests.test_admission import MODEL, generate_status, held, idle, until
 from tests.test_status_cli import fairgate_status, row_of
+
+
+@asynccontextmanager
+async def two_admissions(url: str, limits: str) -> AsyncIterator[tuple[Admission, Admission]]:
+    """Two replicas' admissions on one Redis, in front of one backend of one slot."""
+    backend = "{name: gpu, url: 'http://127.0.0.1:9', kind: ollama, slots: 1}"
+    text = f"{limits}backends:\n  - {backend}\n"
+    replicas = []
+    for _ in range(2):
+        policy = parse_policy(text)
+        state = RedisHolds(url, lease_seconds=30)
+        state.start()
+        replicas.append(Admission(policy, PolicyView.of(policy, BackendStates()).pool, holds=state))
+    try:
+        yield replicas[0], replicas[1]
+    finally:
+        for replica in replicas:
+            assert replica.holds is not None
+            await replica.holds.close()
 
 
 def policy(sim_url: str, *, slots: int = 2, cap: int = 1, extra: str = "") -> str:
@@ -79,43 +101,64 @@ async def test_the_backend_never_sees_more_than_its_slots_from_the_pair(
     assert sim.stats.max_running == 2
 
 
-async def test_a_killed_replicas_holds_expire_and_capacity_returns(
-    start_sim: StartSim,
-    start_gateway: StartGateway,
-    redis_url: str,  # noqa: F811
-    tmp_path: Path,
-    unused_tcp_port: int,
-) -> None:
-    """SIGKILL a replica mid-stream: its lease expires and alice can run again elsewhere."""
-    _, sim_url = await start_sim(parallel=8)
+@asynccontextmanager
+async def doomed_replica(
+    text: str, url: str, tmp_path: Path, port: int, lease: str | None
+) -> AsyncIterator[tuple[Gateway, Process]]:
+    """A replica in a process of its own (to be killed), serving ``text`` on ``port``;
+    ``lease``: its FAIRGATE_REDIS_LEASE_SECONDS (None: the default)."""
     config = tmp_path / "fairgate.yaml"
-    config.write_text(policy(sim_url))
+    config.write_text(text)
     env = {
         **os.environ,
         "FAIRGATE_CONFIG": str(config),
-        "FAIRGATE_LISTEN": f"127.0.0.1:{unused_tcp_port}",
-        "FAIRGATE_REDIS_URL": redis_url,
-        "FAIRGATE_REDIS_LEASE_SECONDS": "1",
+        "FAIRGATE_LISTEN": f"127.0.0.1:{port}",
+        "FAIRGATE_REDIS_URL": url,
         "FAIRGATE_LOG_LEVEL": "WARNING",
     }
+    env.pop("FAIRGATE_REDIS_LEASE_SECONDS", None)
+    if lease is not None:
+        env["FAIRGATE_REDIS_LEASE_SECONDS"] = lease
     # sys.executable, not a `python` shim: the PID must be the gateway's own.
     replica = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "gateway", "serve", env=env, stderr=subprocess.DEVNULL
     )
-    doomed = Gateway(f"http://127.0.0.1:{unused_tcp_port}", None)  # type: ignore[arg-type]
+    doomed = Gateway(f"http://127.0.0.1:{port}", None)  # type: ignore[arg-type]
     try:
         await until_answers(doomed.url + "/", 20, replica)
-        survivor = await start_gateway(policy(sim_url), redis_url=redis_url)
+        yield doomed, replica
+    finally:
+        if replica.returncode is None:
+            replica.kill()
+            await replica.wait()
+
+
+# A replica in a process of its own, serving a policy text with a lease (None: the default).
+Crash = Callable[[str, str | None], AbstractAsyncContextManager[tuple[Gateway, Process]]]
+
+
+@pytest.fixture
+def crash(redis_url: str, tmp_path: Path, unused_tcp_port: int) -> Crash:  # noqa: F811
+    return lambda text, lease: doomed_replica(text, redis_url, tmp_path, unused_tcp_port, lease)
+
+
+async def test_a_killed_replicas_holds_expire_and_capacity_returns(
+    start_sim: StartSim,
+    start_gateway: StartGateway,
+    redis_url: str,  # noqa: F811
+    crash: Crash,
+) -> None:
+    """SIGKILL a replica mid-stream: its lease expires and alice can run again elsewhere."""
+    _, sim_url = await start_sim(parallel=8)
+    text = policy(sim_url)
+    async with crash(text, "1") as (doomed, replica):
+        survivor = await start_gateway(text, redis_url=redis_url)
         async with held(doomed, "alice-key", "on the doomed replica"):
             os.kill(replica.pid, signal.SIGKILL)
             await replica.wait()
         started = time.monotonic()
         assert await generate_status(survivor, "alice-key", "after the crash") == 200
         assert time.monotonic() - started < 5  # the 1 s lease, not the 10 s max_wait
-    finally:
-        if replica.returncode is None:
-            replica.kill()
-            await replica.wait()
 
 
 async def test_redis_going_away_is_handled_as_configured_and_sharing_resumes(
@@ -227,18 +270,8 @@ async def test_fair_share_counters_and_queue_depths_travel_between_replicas(
     redis_url: str,  # noqa: F811
 ) -> None:
     """Service charged on replica A shows in B's counters; A's waiting room in B's estimate."""
-    text = (
-        "defaults: {max_concurrent: 1, max_queued: 4}\n"
-        "backends:\n  - {name: gpu, url: 'http://127.0.0.1:9', kind: ollama, slots: 1}\n"
-    )
-    replicas = []
-    for _ in range(2):
-        policy = parse_policy(text)
-        state = RedisHolds(redis_url, lease_seconds=30)
-        state.start()
-        replicas.append(Admission(policy, PolicyView.of(policy, BackendStates()).pool, holds=state))
-    a, b = replicas
-    try:
+    limits = "defaults: {max_concurrent: 1, max_queued: 4}\n"
+    async with two_admissions(redis_url, limits) as (a, b):
         permit = await a.acquire(Ticket("alice", MODEL, Api.OLLAMA, input_tokens=100))
         assert isinstance(permit, Permit)
         permit.add_output(50)  # 100 in x 1 + 50 out x 2 = 200 weighted tokens
@@ -258,10 +291,6 @@ async def test_fair_share_counters_and_queue_depths_travel_between_replicas(
             granted = await task
             assert isinstance(granted, Permit)
             granted.release()
-    finally:
-        for replica in replicas:
-            assert replica.holds is not None
-            await replica.holds.close()
 
 
 async def _in_the_house(state: HoldStore | None, count: int) -> None:
@@ -323,19 +352,8 @@ async def test_a_request_entering_another_replica_is_not_passed_over(
 ) -> None:
     """The heavy user's long prompts wait on A, alice's question on B: when the one slot
     frees, A's room would start bob's first, but the house's order puts alice first."""
-    text = (
-        "defaults: {max_concurrent: 4, max_queued: 4}\n"
-        "queue: {max_depth: 32, max_wait: 30s}\n"
-        "backends:\n  - {name: gpu, url: 'http://127.0.0.1:9', kind: ollama, slots: 1}\n"
-    )
-    replicas = []
-    for _ in range(2):
-        policy = parse_policy(text)
-        state = RedisHolds(redis_url, lease_seconds=30)
-        state.start()
-        replicas.append(Admission(policy, PolicyView.of(policy, BackendStates()).pool, holds=state))
-    a, b = replicas
-    try:
+    limits = "defaults: {max_concurrent: 4, max_queued: 4}\nqueue: {max_depth: 32, max_wait: 30s}\n"
+    async with two_admissions(redis_url, limits) as (a, b):
         holder = await a.acquire(Ticket("carol", MODEL, Api.OLLAMA, input_tokens=10))
         assert isinstance(holder, Permit)
         bobs = [
@@ -352,40 +370,20 @@ async def test_a_request_entering_another_replica_is_not_passed_over(
             granted = await task
             assert isinstance(granted, Permit)
             granted.release()
-    finally:
-        for replica in replicas:
-            assert replica.holds is not None
-            await replica.holds.close()
 
 
 async def test_a_replica_killed_with_requests_running_and_waiting_leaves_nothing_held(
     start_sim: StartSim,
     start_gateway: StartGateway,
     redis_url: str,  # noqa: F811
-    tmp_path: Path,
-    unused_tcp_port: int,
+    crash: Crash,
 ) -> None:
     """SIGKILL a replica (the default 12 s lease) running on both slots with a request
     waiting: its clients' streams end at the backend at once, and within 15 s its slots
     serve the survivor's requests and its waiting place is gone from the house."""
     sim, sim_url = await start_sim(parallel=8)
     text = policy(sim_url, cap=2).replace("max_wait: 10s", "max_wait: 30s")
-    config = tmp_path / "fairgate.yaml"
-    config.write_text(text)
-    env = {
-        **os.environ,
-        "FAIRGATE_CONFIG": str(config),
-        "FAIRGATE_LISTEN": f"127.0.0.1:{unused_tcp_port}",
-        "FAIRGATE_REDIS_URL": redis_url,
-        "FAIRGATE_LOG_LEVEL": "WARNING",
-    }
-    env.pop("FAIRGATE_REDIS_LEASE_SECONDS", None)
-    replica = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway", "serve", env=env, stderr=subprocess.DEVNULL
-    )
-    doomed = Gateway(f"http://127.0.0.1:{unused_tcp_port}", None)  # type: ignore[arg-type]
-    try:
-        await until_answers(doomed.url + "/", 20, replica)
+    async with crash(text, None) as (doomed, replica):
         survivor = await start_gateway(text, redis_url=redis_url)
         async with held(doomed, "alice-key", "one"), held(doomed, "bob-key", "two"):
             waiting = asyncio.create_task(generate_status(doomed, "alice-key", "waits"))
@@ -407,7 +405,3 @@ async def test_a_replica_killed_with_requests_running_and_waiting_leaves_nothing
                 await state.released(within=0.1)
         with pytest.raises(aiohttp.ClientError):
             await waiting  # its client was cut off with its replica
-    finally:
-        if replica.returncode is None:
-            replica.kill()
-            await replica.wait()
