@@ -515,6 +515,23 @@ async def test_a_model_name_no_backend_could_have_is_refused_and_kept_out_of_eve
     assert all(len(r.model or "") < 1000 for r in gateway.services.history.snapshot().refusals)
 
 
+async def test_a_model_name_with_half_a_surrogate_pair_is_a_400_not_a_5xx(
+    start_sim: StartSim, start_gateway: StartGateway
+) -> None:
+    """JSON may escape a lone surrogate ("\\ud800"): no text, so no model's name. Refused
+    before it reaches anything that must encode it (logs, Redis keys, the house's JSON)."""
+    _, url = await start_sim()
+    gateway = await start_gateway(POLICY + one_backend(url, slots=2))
+    body = b'{"model": "llama\\ud800", "messages": []}'
+    headers = {"Authorization": "Bearer bob-key", "Content-Type": "application/json"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(gateway.url + "/api/chat", data=body, headers=headers) as reply,
+    ):
+        assert reply.status == 400
+        assert "UTF-8" in (await reply.json())["error"]
+
+
 class TestIdleConnections:
     async def test_a_head_sent_byte_by_byte_is_cut_at_the_idle_timeout(
         self, start_sim: StartSim, start_gateway: StartGateway

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 
@@ -135,43 +136,71 @@ class TestTheHousesWaitingRoom:
     async def test_a_place_ahead_that_asks_holds_back_a_take_behind_it(
         self, state: HoldStore
     ) -> None:
-        """With one slot free, bob (ranked behind) may not take it while alice asks."""
-        assert await state.take(hold(0, user="carol", slots=2))
+        """A slot frees: bob (ranked behind) may not take it while alice asks for it."""
+        carol, dan = hold(0, user="carol", slots=2), hold(9, user="dan", slots=2)
+        assert await state.take(carol) and await state.take(dan)
         first, second = place(1, rank=10.0), place(2, rank=20.0, user="bob")
         assert isinstance(await state.join(first, 4, 8), Place)
         assert isinstance(await state.join(second, 4, 8), Place)
+        assert not await state.take(placed(1, first))  # full: now she asks for gpu
+        state.give_back(dan)
+        await _running_on_gpu(state, 1)
         assert not await state.take(placed(2, second))
         assert await state.take(placed(1, first))  # and alice's place leaves the room
-        state.give_back(hold(0, user="carol", slots=2))
-        await state.released(within=5)
+        state.give_back(carol)
+        await _running_on_gpu(state, 1)  # alice's
         assert await state.take(placed(3, second))
 
     async def test_a_place_ahead_that_could_not_take_the_slot_holds_nobody_back(
         self, state: HoldStore
     ) -> None:
-        """Ahead but at their cap, served elsewhere, or heavy with the heavy share full:
-        none of them keeps bob waiting for a slot they could not use."""
+        """Ahead and asking, but at their cap, asking for another backend, or heavy with
+        the heavy share full: none of them keeps bob waiting for a slot they could not use."""
         assert await state.take(hold(0, user="alice", user_cap=1, heavy=True))
-        ahead = [
-            place(1, rank=1.0, cap=1),  # alice, at her cap of one
-            place(2, rank=2.0, user="dan", groups=("elsewhere",)),
-            place(3, rank=3.0, user="eve", heavy=True),  # the one heavy slot is taken
-        ]
-        for each in ahead:
+        assert await state.take(hold(8, user="zed", backend="elsewhere", slots=1))
+        alice = place(1, rank=1.0, cap=1)  # at her cap of one
+        dan = place(2, rank=2.0, user="dan", groups=("gpu", "elsewhere"))
+        eve = place(3, rank=3.0, user="eve", heavy=True)  # the one heavy slot is taken
+        bob = place(4, rank=4.0, user="bob")
+        for each in (alice, dan, eve, bob):
             assert isinstance(await state.join(each, 4, 8), Place)
-        behind = place(4, rank=4.0, user="bob")
-        assert isinstance(await state.join(behind, 4, 8), Place)
-        assert await state.take(placed(4, behind, slots=3))
+        assert not await state.take(placed(1, alice, slots=3))
+        assert not await state.take(replace(placed(2, dan), backend="elsewhere", slots=1))
+        assert not await state.take(placed(3, eve, slots=3, heavy=True))
+        assert await state.take(placed(4, bob, slots=3))
+
+    async def test_under_fifo_the_earlier_of_two_arrivals_a_hair_apart_goes_first(
+        self, state: HoldStore
+    ) -> None:
+        """Cost 0, the same tag: arrival decides, compared as every replica reads it, so
+        two requests 30 us apart on the wall clock never each wait for the other (Redis
+        keeps 14 digits: both read back as ...0.1234, each before the other's own)."""
+        carol = hold(0, user="carol", slots=1)
+        assert await state.take(carol)
+        early = replace(place(1, 0.0), arrived=1733480000.12341)
+        late = replace(place(2, 0.0, user="bob"), arrived=1733480000.12344)
+        for each in (early, late):
+            assert isinstance(await state.join(each, 4, 8), Place)
+            assert not await state.take(placed(int(each.id[1:]), each, slots=1))  # it asks
+        state.give_back(carol)
+        await _running_on_gpu(state, 0)
+        assert not await state.take(placed(2, late, slots=1))
+        assert await state.take(placed(1, early, slots=1))
 
     async def test_people_go_before_background_work_whatever_its_rank(
         self, state: HoldStore
     ) -> None:
-        """A task ranked far ahead does not hold back a person's request."""
+        """A task ranked far ahead, asking, does not hold back a person's request."""
+        carol = hold(0, user="carol", slots=1)
+        assert await state.take(carol)
         task = place(1, rank=0.0, user="owui", lane=Lane.BACKGROUND)
         person = place(2, rank=1000.0, user="bob")
         assert isinstance(await state.join(task, 4, 8), Place)
         assert isinstance(await state.join(person, 4, 8), Place)
-        assert await state.take(placed(2, person, slots=3))
+        assert not await state.take(placed(1, task, slots=1))  # full: it asks
+        state.give_back(carol)
+        await _running_on_gpu(state, 0)
+        assert await state.take(placed(2, person, slots=1))
 
     async def test_finish_tags_follow_each_payer_and_the_houses_clock(
         self, state: HoldStore
@@ -205,8 +234,16 @@ class TestTheHousesWaitingRoom:
         assert isinstance(await state.join(place(4, 4.0, user="bob"), 2, 3), Place)
         assert await state.join(place(5, 5.0, user="carol"), 2, 3) == "house"
         state.leave(place(2, 2.0))
-        await state.released(within=5)  # a place that leaves is announced
-        assert isinstance(await state.join(place(3, 3.0), 2, 3), Place)
+        async with asyncio.timeout(5):  # Redis's leave runs in the background
+            while await state.join(place(3, 3.0), 2, 3) == "user":
+                await state.released(within=0.1)
+
+
+async def _running_on_gpu(state: HoldStore, count: int) -> None:
+    """Until the store counts ``count`` holds on ``gpu`` (Redis releases in the background)."""
+    async with asyncio.timeout(5):
+        while (await state.usage())[1].get("gpu", 0) != count:
+            await state.released(within=0.1)
 
 
 async def _settled(state: HoldStore) -> None:

@@ -19,7 +19,13 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Literal, Protocol
 
-from gateway.admission.holds.base import Hold, HoldStore, Place, StoreUnavailable
+from gateway.admission.holds.base import (
+    BACKGROUND_HOLDER,
+    Hold,
+    HoldStore,
+    Place,
+    StoreUnavailable,
+)
 from gateway.admission.permit import Permit
 from gateway.admission.refusals import Refusal, Refuse
 from gateway.admission.room import WaitingRoom
@@ -76,19 +82,19 @@ class ReplicaHolds:
             confirmed = await self._confirmed(permit, place)
             if confirmed is not False:
                 return confirmed
-        joined = await self._join(place, ticket)
-        if isinstance(joined, Refusal):
-            return joined
-        place, started = joined, self._clock()
-        self.places[id(ticket)] = place
+        started = self._clock()
         try:
+            joined = await self._join(place, ticket)
+            if isinstance(joined, Refusal):
+                return joined
+            place = self.places[id(ticket)] = joined
             outcome = await self._wait(ticket, place, deadline, turns)
             if isinstance(outcome, Permit):  # its wait in the house, not its last local one
                 outcome.queue_wait = self._clock() - started
             return outcome
         finally:
-            self.store.leave(place)  # taken, it left already: then nothing
-            del self.places[id(ticket)]
+            self.store.leave(place)  # taken, refused or never joined: then nothing
+            self.places.pop(id(ticket), None)
 
     async def _wait(
         self, ticket: Ticket, place: Place, deadline: float, turns: Turns
@@ -188,6 +194,7 @@ class ReplicaHolds:
             heavy_slots=room.policy.classes.heavy.slots_on(backend.slots),
             place=place,
             backend_name=backend.name,
+            model=ticket.model,
         )
 
     def give_back(self, permit: Permit) -> None:
@@ -219,4 +226,4 @@ class ReplicaHolds:
 def _holder(ticket: Ticket) -> str:
     """Whose running places a request takes across replicas: background work has its own
     cap per user, so its own holder name."""
-    return f"{ticket.user}/background" if ticket.lane is BACKGROUND else ticket.user
+    return ticket.user + BACKGROUND_HOLDER if ticket.lane is BACKGROUND else ticket.user

@@ -25,6 +25,11 @@ def checked_name(model: str) -> str:
     if len(model) > MAX_MODEL_NAME:
         message = f"no model has a name of over {MAX_MODEL_NAME:,} characters"
         raise GatewayError(400, Reason.BAD_REQUEST, message)
+    if not model.isascii():
+        try:  # JSON may escape half a surrogate pair, which is no text: no model's name
+            model.encode()
+        except UnicodeEncodeError:
+            raise GatewayError(400, Reason.BAD_REQUEST, "a model's name is UTF-8 text") from None
     return model
 
 

@@ -9,11 +9,23 @@ from typing import Protocol
 
 from gateway.core import Lane
 
-__all__ = ["Hold", "HoldStore", "House", "HouseRun", "Place", "StoreUnavailable"]
+__all__ = [
+    "BACKGROUND_HOLDER",
+    "LANE_ORDER",
+    "Hold",
+    "HoldStore",
+    "House",
+    "HouseRun",
+    "Place",
+    "StoreUnavailable",
+]
 
 # Who goes first in the house: people before background work, then the smaller finish tag,
 # then the earlier arrival (Redis's script compares the lane's number).
 LANE_ORDER = {Lane.INTERACTIVE: 0, Lane.BACKGROUND: 1}
+
+# A user's background work has a cap of its own, so its own holder name: ``alice/background``.
+BACKGROUND_HOLDER = "/background"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +75,7 @@ class Hold:
     heavy_slots: int = 0
     place: Place | None = None
     backend_name: str = ""
+    model: str = ""
 
 
 @dataclass(frozen=True, slots=True)

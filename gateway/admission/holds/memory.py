@@ -34,7 +34,8 @@ class MemoryHolds:
         self._release = asyncio.Event()
         self._in_flight: dict[str, dict[str, int]] = {}  # by user: requests counted, tokens
         self._places: dict[str, Place] = {}  # the house's waiting room
-        self._asked: dict[str, float] = {}  # when each place last asked for a slot
+        # When each place last asked for a slot, and for which slot group.
+        self._asked: dict[str, tuple[float, str]] = {}
         self._on_change: Callable[[], None] = lambda: None
         self._clock = 0.0  # the finish tag of the last request started
         self._tags: dict[str, float] = {}  # each payer's last finish tag
@@ -57,7 +58,7 @@ class MemoryHolds:
             mine = self._places.get(mine.id) or replace(mine, rank=self._tag(mine))
         if not self._has_room(hold) or self._ahead(hold, mine):
             if mine is not None and mine.id in self._places:
-                self._asked[mine.id] = time.monotonic()
+                self._asked[mine.id] = (time.monotonic(), hold.backend)
             return False
         if mine is not None:
             self._forget(mine)
@@ -85,8 +86,8 @@ class MemoryHolds:
         asking = time.monotonic() - ASKING_MS / 1000
         return any(
             place.key() < mine.key()
-            and self._asked.get(place.id, 0.0) > asking
-            and hold.backend in place.groups
+            and self._asked.get(place.id, (0.0, ""))[0] > asking
+            and self._asked[place.id][1] == hold.backend
             and self._users[place.holder] < place.cap
             and not (place.heavy and self._heavy[hold.backend] >= hold.heavy_slots)
             for place in self._places.values()
@@ -104,7 +105,6 @@ class MemoryHolds:
         place = replace(place, rank=self._tag(place))
         self._tags[place.payer] = place.rank
         self._places[place.id] = place
-        self._asked[place.id] = time.monotonic()
         self._on_change()
         return place
 
@@ -168,7 +168,7 @@ class MemoryHolds:
     ) -> dict[str, float] | None:
         for payer, amount in output.items():
             self._tags[payer] = self._tags.get(payer, 0.0) + amount
-        return None
+        return {}  # taken: no counters to share in one process
 
     async def close(self) -> None:
         return None

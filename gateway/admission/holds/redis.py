@@ -119,15 +119,22 @@ class RedisHolds:
         args: list[str | int | float] = [hold.id, hold.user_cap, hold.slots, int(hold.heavy)]
         args += [hold.heavy_slots, self._lease_ms]
         house_keys, house_args = self._house.take_args(hold, member)
+        # Noted before the script runs: a request cancelled meanwhile gives back what the
+        # script may have taken, rather than leaving a hold renewed for ever.
+        self._mine[hold.id] = (hold, member)
         try:
             taken = await self._take(keys=_keys(hold) + house_keys, args=args + house_args)
         except (RedisError, OSError) as exc:
+            self._mine.pop(hold.id, None)
             self._lost(exc)
             raise StoreUnavailable(str(exc)) from exc
-        if taken:
-            self._mine[hold.id] = (hold, member)
-            if hold.place is not None:
-                self._house.started(hold.place)
+        except BaseException:
+            self.give_back(hold)
+            raise
+        if not taken:
+            self._mine.pop(hold.id, None)
+        elif hold.place is not None:
+            self._house.started(hold.place)
         return bool(taken)
 
     def give_back(self, hold: Hold) -> None:

@@ -18,7 +18,14 @@ from dataclasses import replace
 from redis.asyncio import Redis
 
 from gateway.admission.holds import scripts
-from gateway.admission.holds.base import LANE_ORDER, Hold, House, HouseRun, Place
+from gateway.admission.holds.base import (
+    BACKGROUND_HOLDER,
+    LANE_ORDER,
+    Hold,
+    House,
+    HouseRun,
+    Place,
+)
 from gateway.core import Lane
 
 __all__ = ["PREFIX", "RUNNING", "TAGS", "RedisHouse", "running_member"]
@@ -85,8 +92,12 @@ def _place(text: bytes) -> Place:
 def running_member(hold: Hold, replica: str, since: float) -> str:
     """The hold as ``RUNNING`` holds it (unique: it carries the hold's id)."""
     place = hold.place
-    user, model = (hold.user, "") if place is None else (place.user, place.model)
-    lane = Lane.INTERACTIVE if place is None else place.lane
+    if place is None:  # moved to another backend (a failover): its holder says who
+        user, background, _ = hold.user.partition(BACKGROUND_HOLDER)
+        lane = Lane.BACKGROUND if background else Lane.INTERACTIVE
+        model = hold.model
+    else:
+        user, model, lane = place.user, place.model, place.lane
     return json.dumps(
         [hold.id, replica, user, model, hold.backend_name, hold.heavy, lane.value, since]
     )
@@ -116,8 +127,12 @@ class RedisHouse:
         keys = [WAITING, PLACES, ASKED, queued_key(place.holder), CLOCK, TAGS]
         args: list[str | int | float] = [place.id, place_json(place), max_queued, max_depth]
         args += [self._lease_ms, place.payer, place.cost]
+        # Noted before the script runs: a request cancelled meanwhile leaves (``leave``)
+        # what the script may have added, rather than a place nobody takes back.
+        self.mine[place.id] = place
         joined = await self._join(keys=keys, args=args)
         if isinstance(joined, int):
+            del self.mine[place.id]
             return _REFUSED[joined]
         place = replace(place, rank=float(joined))
         self.mine[place.id] = place
@@ -141,12 +156,13 @@ class RedisHouse:
 
     async def renew(self) -> None:
         for place in list(self.mine.values()):
-            keys = [WAITING, queued_key(place.holder)]
-            await self._renew(keys=keys, args=[place.id, self._lease_ms])
+            keys = [WAITING, queued_key(place.holder), PLACES]
+            await self._renew(keys=keys, args=[place.id, self._lease_ms, place_json(place)])
 
     async def read(self) -> House:
         """Every replica's places and running holds, now."""
-        _, places, running = await self._read(keys=[WAITING, PLACES, ASKED, RUNNING])
+        keys = [WAITING, PLACES, ASKED, RUNNING, CLOCK, TAGS]
+        _, places, running = await self._read(keys=keys)
         replicas = {self._replica}
         waiting = tuple(sorted((_place(text) for text in places), key=Place.key))
         runs = tuple(_run(text) for text in running)

@@ -15,7 +15,7 @@ it starts (and gives one that starts at once the tag it would have had), and eac
 replica adds its payers' output to their tags as it pools its counters. A place ahead of
 the taker counts only while it asks (it asked within ``ASKING_MS``; a request
 waiting on a replica looks again at least every half second), and only if it could take
-this slot (it is served by this group, its holder is under their cap, and a heavy one
+this slot (it asked for this slot group, its holder is under their cap, and a heavy one
 finds the heavy share free). A place that stopped asking (its replica holds it back, for
 a prefill gate or a swap) holds nobody up.
 """
@@ -74,7 +74,7 @@ TAKE = (
     + """
 local function asked()
   if ARGV[7] ~= '' and redis.call('ZSCORE', KEYS[4], ARGV[7]) then
-    redis.call('HSET', KEYS[6], ARGV[7], now)
+    redis.call('HSET', KEYS[6], ARGV[7], now .. ' ' .. ARGV[11])
   end
   return 0
 end
@@ -85,22 +85,24 @@ local function before(place, lane, rank, arrived, id)
   if a ~= arrived then return a < arrived end
   return id < ARGV[7]
 end
-local function serves(place)
-  for _, group in ipairs(place[7]) do
-    if group == ARGV[11] then return true end
-  end
-  return false
-end
-local function ahead(rank)
-  local lane, arrived = tonumber(ARGV[8]), tonumber(ARGV[10])
-  for _, id in ipairs(redis.call('ZRANGE', KEYS[4], 0, -1)) do
-    local asked_at = tonumber(redis.call('HGET', KEYS[6], id) or '0')
-    local json = redis.call('HGET', KEYS[5], id)
-    if id ~= ARGV[7] and asked_at > now - """
+local function asking(id)
+  -- It asked for this very slot group lately: a request refused elsewhere holds up no
+  -- other group it could use, which its replica may never try.
+  local asked_at = redis.call('HGET', KEYS[6], id)
+  if not asked_at then return false end
+  local space = string.find(asked_at, ' ', 1, true)
+  return tonumber(string.sub(asked_at, 1, space - 1)) > now - """
     + str(ASKING_MS)
-    + """ and json then
+    + """
+    and string.sub(asked_at, space + 1) == ARGV[11]
+end
+local function ahead(rank, arrived)
+  local lane = tonumber(ARGV[8])
+  for _, id in ipairs(redis.call('ZRANGE', KEYS[4], 0, -1)) do
+    local json = id ~= ARGV[7] and asking(id) and redis.call('HGET', KEYS[5], id)
+    if json then
       local place = cjson.decode(json)
-      if before(place, lane, rank, arrived, id) and serves(place)
+      if before(place, lane, rank, arrived, id)
         and live(ARGV[13] .. ':user:' .. place[1]) < tonumber(place[2])
         and not (place[6] and live(KEYS[3]) >= tonumber(ARGV[5])) then
         return true
@@ -116,11 +118,19 @@ if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[3]) then return asked() end
 if ARGV[4] == '1' and redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[5]) then return asked() end
 local rank = nil
 if ARGV[7] ~= '' then
+  -- Waiting: the tag and arrival it joined with, as every other replica reads them (the
+  -- JSON's numbers, not the caller's finer ones); else (starting at once) the tag it
+  -- would have.
   local mine = redis.call('HGET', KEYS[5], ARGV[7])
-  -- Waiting: the tag it joined with; else (starting at once) the tag it would have.
-  rank = mine and tonumber(cjson.decode(mine)[4]) or tag(KEYS[9], KEYS[10], ARGV[14], ARGV[9])
+  local arrived = tonumber(ARGV[10])
+  if mine then
+    mine = cjson.decode(mine)
+    rank, arrived = tonumber(mine[4]), tonumber(mine[5])
+  else
+    rank = tag(KEYS[9], KEYS[10], ARGV[14], ARGV[9])
+  end
   forget_expired(KEYS[4], KEYS[5], KEYS[6])
-  if redis.call('ZCARD', KEYS[4]) > 0 and ahead(rank) then return asked() end
+  if redis.call('ZCARD', KEYS[4]) > 0 and ahead(rank, arrived) then return asked() end
 end
 local expiry = now + tonumber(ARGV[6])
 redis.call('ZADD', KEYS[1], expiry, ARGV[1])
@@ -187,7 +197,6 @@ place[4] = finish
 local expiry = now + tonumber(ARGV[5])
 redis.call('ZADD', KEYS[1], expiry, ARGV[1])
 redis.call('HSET', KEYS[2], ARGV[1], cjson.encode(place))
-redis.call('HSET', KEYS[3], ARGV[1], now)
 redis.call('ZADD', KEYS[4], expiry, ARGV[1])
 redis.call('PEXPIRE', KEYS[4], 2 * tonumber(ARGV[5]))
 return tostring(finish)
@@ -203,25 +212,33 @@ redis.call('ZREM', KEYS[4], ARGV[1])
 if was == 1 then redis.call('PUBLISH', ARGV[2], ARGV[1]) end
 return was
 """
-# KEYS: waiting, holder's queued. ARGV: place, lease.
+# KEYS: waiting, holder's queued, places. ARGV: place, lease, its JSON. As RENEW does for
+# holds, a place that a restarted Redis lost is written again.
 RENEW_PLACE = (
     _NOW_MS
     + """
 local expiry = now + tonumber(ARGV[2])
-redis.call('ZADD', KEYS[1], 'XX', expiry, ARGV[1])
-redis.call('ZADD', KEYS[2], 'XX', expiry, ARGV[1])
+redis.call('ZADD', KEYS[1], expiry, ARGV[1])
+redis.call('ZADD', KEYS[2], expiry, ARGV[1])
+redis.call('HSETNX', KEYS[3], ARGV[1], ARGV[3])
 redis.call('PEXPIRE', KEYS[2], 2 * tonumber(ARGV[2]))
 return 1
 """
 )
-# KEYS: waiting, places, asked, running. The house: Redis's time, every place (its JSON),
-# every running hold.
+# KEYS: waiting, places, asked, running, the house's clock, the payers' last tags. The
+# house: Redis's time, every place (its JSON), every running hold. A payer's tag at or
+# below the clock counts as the clock: it is dropped, so the hash holds only payers ahead.
 HOUSE = (
     _NOW_MS
     + _FORGET_EXPIRED
     + """
 forget_expired(KEYS[1], KEYS[2], KEYS[3])
 redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+local clock = tonumber(redis.call('GET', KEYS[5]) or '0')
+local tags = redis.call('HGETALL', KEYS[6])
+for i = 1, #tags, 2 do
+  if tonumber(tags[i + 1]) <= clock then redis.call('HDEL', KEYS[6], tags[i]) end
+end
 local places = {}
 for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
   local json = redis.call('HGET', KEYS[2], id)
