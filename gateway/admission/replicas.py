@@ -76,15 +76,16 @@ class ReplicaHolds:
     async def acquire(self, ticket: Ticket, deadline: float, turns: Turns) -> Permit | Refusal:
         """A turn confirmed by the house, asked again after each release anywhere until
         ``deadline``; or a refusal."""
-        place = self._place(ticket)
+        place, asking = self._place(ticket), ""
         permit = turns.at_once(ticket)
         if permit is not None:
             confirmed = await self._confirmed(permit, place)
             if confirmed is not False:
                 return confirmed
+            asking = permit.backend.group(ticket.model)  # refused there: it asks for it
         started = self._clock()
         try:
-            joined = await self._join(place, ticket)
+            joined = await self._join(place, ticket, asking)
             if isinstance(joined, Refusal):
                 return joined
             place = self.places[id(ticket)] = joined
@@ -150,13 +151,13 @@ class ReplicaHolds:
             )
         return True  # per-replica limits only, until Redis is back
 
-    async def _join(self, place: Place, ticket: Ticket) -> Place | Refusal:
+    async def _join(self, place: Place, ticket: Ticket, asking: str) -> Place | Refusal:
         """``place`` waits in the house, ranked; the refusal if the house is full for it
         (or Redis is away and the policy fails closed; open, it waits here alone)."""
         room = self._room
         max_queued, max_depth = room.caps(ticket.user, ticket.lane)[1], room.policy.queue.max_depth
         try:
-            joined = await self.store.join(place, max_queued, max_depth)
+            joined = await self.store.join(place, max_queued, max_depth, asking)
         except StoreUnavailable:
             without = self._without_redis()
             return without if isinstance(without, Refusal) else place

@@ -137,9 +137,13 @@ class HoldStore(Protocol):
     def give_back(self, hold: Hold) -> None:
         """Release the hold (never blocks; a remote store releases in the background)."""
 
-    async def join(self, place: Place, max_queued: int, max_depth: int) -> Place | str:
+    async def join(
+        self, place: Place, max_queued: int, max_depth: int, asking: str = ""
+    ) -> Place | str:
         """``place`` waits in the house: the place, ranked; or why not: ``"user"`` (its
-        holder has ``max_queued`` waiting already) or ``"house"`` (``max_depth`` wait)."""
+        holder has ``max_queued`` waiting already) or ``"house"`` (``max_depth`` wait).
+        ``asking``: the slot group its request was just refused, which it asks for from
+        now on ("": none yet, so every group serving it, until it tries one)."""
 
     def leave(self, place: Place) -> None:
         """``place`` waits no more (never blocks; idempotent)."""

@@ -83,18 +83,25 @@ class MemoryHolds:
         """Whether a place ahead of ``mine`` asks for ``hold``'s slot and could take it."""
         if mine is None:
             return False
-        asking = time.monotonic() - ASKING_MS / 1000
         return any(
             place.key() < mine.key()
-            and self._asked.get(place.id, (0.0, ""))[0] > asking
-            and self._asked[place.id][1] == hold.backend
+            and self._asks_for(place, hold.backend)
             and self._users[place.holder] < place.cap
             and not (place.heavy and self._heavy[hold.backend] >= hold.heavy_slots)
             for place in self._places.values()
             if place.id != mine.id
         )
 
-    async def join(self, place: Place, max_queued: int, max_depth: int) -> Place | str:
+    def _asks_for(self, place: Place, group: str) -> bool:
+        """Whether ``place`` asked for ``group`` lately (just joined: any serving it)."""
+        when, asked = self._asked.get(place.id, (0.0, ""))
+        if when <= time.monotonic() - ASKING_MS / 1000:
+            return False
+        return asked == group or (asked == "*" and group in place.groups)
+
+    async def join(
+        self, place: Place, max_queued: int, max_depth: int, asking: str = ""
+    ) -> Place | str:
         joined = self._places.get(place.id)
         if joined is not None:
             return joined
@@ -105,6 +112,7 @@ class MemoryHolds:
         place = replace(place, rank=self._tag(place))
         self._tags[place.payer] = place.rank
         self._places[place.id] = place
+        self._asked[place.id] = (time.monotonic(), asking or "*")
         self._on_change()
         return place
 

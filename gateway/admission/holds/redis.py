@@ -143,13 +143,14 @@ class RedisHolds:
             return  # never in Redis (taken while it was away): nothing to undo there
         self._background(self._give_back(*mine))
 
-    async def join(self, place: Place, max_queued: int, max_depth: int) -> Place | str:
+    async def join(
+        self, place: Place, max_queued: int, max_depth: int, asking: str = ""
+    ) -> Place | str:
         if not self.shared:
             raise StoreUnavailable("Redis is unreachable")
         try:
-            return await self._house.join(
-                replace(place, replica=self._replica), max_queued, max_depth
-            )
+            mine = replace(place, replica=self._replica)
+            return await self._house.join(mine, max_queued, max_depth, asking)
         except (RedisError, OSError) as exc:
             self._lost(exc)
             raise StoreUnavailable(str(exc)) from exc

@@ -122,11 +122,11 @@ class RedisHouse:
         self.house = House(replica=replica)
         self.on_change: Callable[[], None] = lambda: None
 
-    async def join(self, place: Place, max_queued: int, max_depth: int) -> Place | str:
+    async def join(self, place: Place, max_queued: int, max_depth: int, asking: str) -> Place | str:
         """JOIN (raises Redis's errors: the store maps them)."""
         keys = [WAITING, PLACES, ASKED, queued_key(place.holder), CLOCK, TAGS]
         args: list[str | int | float] = [place.id, place_json(place), max_queued, max_depth]
-        args += [self._lease_ms, place.payer, place.cost]
+        args += [self._lease_ms, place.payer, place.cost, asking]
         # Noted before the script runs: a request cancelled meanwhile leaves (``leave``)
         # what the script may have added, rather than a place nobody takes back.
         self.mine[place.id] = place

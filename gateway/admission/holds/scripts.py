@@ -15,9 +15,9 @@ it starts (and gives one that starts at once the tag it would have had), and eac
 replica adds its payers' output to their tags as it pools its counters. A place ahead of
 the taker counts only while it asks (it asked within ``ASKING_MS``; a request
 waiting on a replica looks again at least every half second), and only if it could take
-this slot (it asked for this slot group, its holder is under their cap, and a heavy one
-finds the heavy share free). A place that stopped asking (its replica holds it back, for
-a prefill gate or a swap) holds nobody up.
+this slot (it asked for this slot group, or just joined and is served by it, its holder
+is under their cap, and a heavy one finds the heavy share free). A place that stopped
+asking (its replica holds it back, for a prefill gate or a swap) holds nobody up.
 """
 
 from __future__ import annotations
@@ -85,23 +85,33 @@ local function before(place, lane, rank, arrived, id)
   if a ~= arrived then return a < arrived end
   return id < ARGV[7]
 end
-local function asking(id)
-  -- It asked for this very slot group lately: a request refused elsewhere holds up no
-  -- other group it could use, which its replica may never try.
+local function serves(place)
+  for _, group in ipairs(place[7]) do
+    if group == ARGV[11] then return true end
+  end
+  return false
+end
+local function asking(id, place)
+  -- It asked for this very slot group lately: a request refused on one group holds up
+  -- no other it could use, which its replica may never try. Just joined without a try
+  -- ('*'), it asks for every group serving it.
   local asked_at = redis.call('HGET', KEYS[6], id)
   if not asked_at then return false end
   local space = string.find(asked_at, ' ', 1, true)
-  return tonumber(string.sub(asked_at, 1, space - 1)) > now - """
+  if tonumber(string.sub(asked_at, 1, space - 1)) <= now - """
     + str(ASKING_MS)
-    + """
-    and string.sub(asked_at, space + 1) == ARGV[11]
+    + """ then
+    return false
+  end
+  local group = string.sub(asked_at, space + 1)
+  return group == ARGV[11] or (group == '*' and serves(place))
 end
 local function ahead(rank, arrived)
   local lane = tonumber(ARGV[8])
   for _, id in ipairs(redis.call('ZRANGE', KEYS[4], 0, -1)) do
-    local json = id ~= ARGV[7] and asking(id) and redis.call('HGET', KEYS[5], id)
-    if json then
-      local place = cjson.decode(json)
+    local json = id ~= ARGV[7] and redis.call('HGET', KEYS[5], id)
+    local place = json and cjson.decode(json)
+    if place and asking(id, place) then
       if before(place, lane, rank, arrived, id)
         and live(ARGV[13] .. ':user:' .. place[1]) < tonumber(place[2])
         and not (place[6] and live(KEYS[3]) >= tonumber(ARGV[5])) then
@@ -176,7 +186,9 @@ return 1
 """
 
 # KEYS: waiting, places, asked, holder's queued, the house's clock, the payers' last tags.
-# ARGV: place, its JSON, max_queued, max_depth, lease, payer, cost. Its finish tag (as a
+# ARGV: place, its JSON, max_queued, max_depth, lease, payer, cost, the slot group its
+# request was just refused ('' none: it asks for every group serving it until it tries
+# one). Its finish tag (as a
 # string: Redis would cut a number to an integer); -1: its holder has max_queued waiting;
 # -2: the house is full.
 JOIN = (
@@ -197,6 +209,7 @@ place[4] = finish
 local expiry = now + tonumber(ARGV[5])
 redis.call('ZADD', KEYS[1], expiry, ARGV[1])
 redis.call('HSET', KEYS[2], ARGV[1], cjson.encode(place))
+redis.call('HSET', KEYS[3], ARGV[1], now .. ' ' .. (ARGV[8] ~= '' and ARGV[8] or '*'))
 redis.call('ZADD', KEYS[4], expiry, ARGV[1])
 redis.call('PEXPIRE', KEYS[4], 2 * tonumber(ARGV[5]))
 return tostring(finish)
