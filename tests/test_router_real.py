@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 import openai
+import pytest
 import yaml
 
 from gateway.config import model_key
@@ -114,3 +115,34 @@ async def test_init_writes_a_router_as_one(llama_router: LlamaServer, tmp_path: 
     )
     backend = yaml.safe_load(policy.read_text())["backends"][0]
     assert backend["kind"] == "llamacpp-router" and "slots" not in backend
+
+
+async def test_each_user_lists_and_runs_only_the_router_models_they_may_use(
+    llama_router: LlamaServer, start_gateway: StartGateway
+) -> None:
+    """The router's models, read from its /models, listed per user: the kids (allowed
+    ``family``) see it alone, are told they may not use the other, and are refused
+    ``coder`` before anything loads; alice sees both. The coder model stays unloaded."""
+    users = (
+        "users:\n  alice: {keys: [alice-key]}\n"
+        f"  kids: {{keys: [kids-key], models: [{FAMILY}]}}\n"
+    )
+    gateway = await start_gateway(_policy(llama_router.url) + users)
+    router = gateway.services.policy.current.pool.backends[0]
+    await until(gateway.services.admission, lambda _: router.state.models is not None, within=30)
+    for key, expected in (("alice-key", [CODER, FAMILY]), ("kids-key", [FAMILY])):
+        async with openai.AsyncOpenAI(
+            base_url=gateway.url + "/v1", api_key=key, max_retries=0
+        ) as client:
+            assert sorted([model.id async for model in client.models.list()]) == expected
+    async with openai.AsyncOpenAI(
+        base_url=gateway.url + "/v1", api_key="kids-key", max_retries=0
+    ) as kids:
+        assert (await kids.models.retrieve(FAMILY)).id == FAMILY
+        with pytest.raises(openai.PermissionDeniedError):  # as for every backend's models
+            await kids.models.retrieve(CODER)
+        with pytest.raises(openai.PermissionDeniedError):
+            await kids.chat.completions.create(
+                model=CODER, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+            )
+    assert (await _router_models(llama_router.url))[CODER] == "unloaded"
