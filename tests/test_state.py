@@ -187,6 +187,30 @@ class TestTheHousesWaitingRoom:
         assert not await state.take(placed(2, late, slots=1))
         assert await state.take(placed(1, early, slots=1))
 
+    async def test_a_long_prompt_waits_for_peoples_light_requests_on_any_replica(
+        self, state: HoldStore
+    ) -> None:
+        """The prefill gate, house-wide: while a person's light request runs, a heavy hold
+        that has not waited wait_for_light is refused, and its place holds nobody back;
+        once it has waited, or the light request ended, it goes."""
+        chat = replace(hold(0, user="carol", slots=3), light=True)
+        assert await state.take(chat)
+        heavy = place(1, rank=1.0, user="bob", heavy=True)
+        assert isinstance(await state.join(heavy, 4, 8), Place)
+        early = replace(placed(1, heavy, slots=3, heavy=True), prefill_may_start=False)
+        assert not await state.take(early)
+        assert await state.take(placed(2, place(2, rank=2.0, user="dan"), slots=3))
+        assert await state.take(replace(early, id="h3", prefill_may_start=True))
+        state.give_back(chat)
+        await _running_on_gpu(state, 2)
+        assert await state.take(
+            replace(
+                placed(4, place(4, 3.0, user="eve", heavy=True), slots=4, heavy=True),
+                heavy_slots=2,
+                prefill_may_start=False,
+            )
+        )
+
     async def test_people_go_before_background_work_whatever_its_rank(
         self, state: HoldStore
     ) -> None:

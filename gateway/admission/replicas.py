@@ -89,7 +89,7 @@ class ReplicaHolds:
             if isinstance(joined, Refusal):
                 return joined
             place = self.places[id(ticket)] = joined
-            outcome = await self._wait(ticket, place, deadline, turns)
+            outcome = await self._wait(ticket, place, deadline, turns, started)
             if isinstance(outcome, Permit):  # its wait in the house, not its last local one
                 outcome.queue_wait = self._clock() - started
             return outcome
@@ -98,13 +98,13 @@ class ReplicaHolds:
             self.places.pop(id(ticket), None)
 
     async def _wait(
-        self, ticket: Ticket, place: Place, deadline: float, turns: Turns
+        self, ticket: Ticket, place: Place, deadline: float, turns: Turns, started: float
     ) -> Permit | Refusal:
         while True:
             outcome = await turns.take(ticket, deadline - self._clock())
             if isinstance(outcome, Refusal):
                 return outcome
-            confirmed = await self._confirmed(outcome, place)
+            confirmed = await self._confirmed(outcome, place, self._clock() - started)
             if confirmed is not False:
                 return confirmed
             remaining = deadline - self._clock()
@@ -113,12 +113,12 @@ class ReplicaHolds:
             await self.store.released(min(remaining, _SHARED_RETRY_SECONDS))
 
     async def _confirmed(
-        self, permit: Permit, place: Place | None
+        self, permit: Permit, place: Place | None, waited: float = 0.0
     ) -> Permit | Refusal | Literal[False]:
         """The permit, confirmed; a refusal (the policy fails closed without Redis); or
         False, the turn given back: a request ahead of it, or the room, is elsewhere."""
         try:
-            confirmed = await self.confirm(permit, place)
+            confirmed = await self.confirm(permit, place, waited)
         except BaseException:
             permit.withdraw()
             raise
@@ -127,10 +127,13 @@ class ReplicaHolds:
         permit.withdraw()
         return False if confirmed is False else confirmed
 
-    async def confirm(self, permit: Permit, place: Place | None = None) -> bool | Refusal:
+    async def confirm(
+        self, permit: Permit, place: Place | None = None, waited: float | None = None
+    ) -> bool | Refusal:
         """True: held across replicas (or Redis is away and the policy says carry on);
-        False: the house has no room for it now; a Refusal when the policy fails closed."""
-        hold = self._hold_for(permit, place)
+        False: the house has no room for it now; a Refusal when the policy fails closed.
+        ``waited``: seconds it has waited (None: it ran already, and moves)."""
+        hold = self._hold_for(permit, place, waited)
         try:
             taken = await self.store.take(hold)
         except StoreUnavailable:
@@ -183,8 +186,12 @@ class ReplicaHolds:
             ticket.model,
         )
 
-    def _hold_for(self, permit: Permit, place: Place | None) -> Hold:
+    def _hold_for(self, permit: Permit, place: Place | None, waited: float | None) -> Hold:
         ticket, backend, room = permit.ticket, permit.backend, self._room
+        heavy = room.policy.classes.heavy
+        # The prefill gate, house-wide: a long prompt that has not waited ``wait_for_light``
+        # does not start beside a person's light request on any replica.
+        gate_open = waited is None or waited >= heavy.wait_for_light
         return Hold(
             id=uuid.uuid4().hex,
             user=_holder(ticket),
@@ -192,10 +199,12 @@ class ReplicaHolds:
             backend=backend.group(ticket.model),
             slots=backend.slots,
             heavy=ticket.heavy,
-            heavy_slots=room.policy.classes.heavy.slots_on(backend.slots),
+            heavy_slots=heavy.slots_on(backend.slots),
             place=place,
             backend_name=backend.name,
             model=ticket.model,
+            light=not ticket.heavy and ticket.lane is not BACKGROUND,
+            prefill_may_start=gate_open,
         )
 
     def give_back(self, permit: Permit) -> None:
@@ -208,7 +217,7 @@ class ReplicaHolds:
         hold is given back and the new one confirmed; False if the store refuses it."""
         if old_hold is not None:
             self.store.give_back(old_hold)
-        return await self.confirm(permit) is True
+        return await self.confirm(permit, None, None) is True
 
     async def share(self) -> None:
         """Exchange fair-share charges and queue depth with the other replicas."""

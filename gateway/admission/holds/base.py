@@ -76,6 +76,8 @@ class Hold:
     place: Place | None = None
     backend_name: str = ""
     model: str = ""
+    light: bool = False  # a person's light request: a heavy prefill waits for it to end
+    prefill_may_start: bool = True  # heavy: it waited ``wait_for_light``, or need not
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,9 +132,10 @@ class HoldStore(Protocol):
         """Call ``on_change`` whenever the house as read changes (the views redraw)."""
 
     async def take(self, hold: Hold) -> bool:
-        """Atomically take the hold if the user and the backend have room and no request
-        ahead of ``hold.place`` in the house is asking for that backend now; False if not.
-        Taken, the hold's place leaves the waiting room."""
+        """Atomically take the hold if the user and the backend have room, no request
+        ahead of ``hold.place`` in the house is asking for that backend now, and (heavy,
+        unless ``prefill_may_start``) no person's light request runs there: the prefill
+        gate, across replicas; False if not. Taken, the hold's place leaves the room."""
 
     def give_back(self, hold: Hold) -> None:
         """Release the hold (never blocks; a remote store releases in the background)."""

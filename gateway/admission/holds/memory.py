@@ -31,6 +31,7 @@ class MemoryHolds:
         self._users: Counter[str] = Counter()
         self._backends: Counter[str] = Counter()
         self._heavy: Counter[str] = Counter()
+        self._light: Counter[str] = Counter()  # people's light requests, by slot group
         self._release = asyncio.Event()
         self._in_flight: dict[str, dict[str, int]] = {}  # by user: requests counted, tokens
         self._places: dict[str, Place] = {}  # the house's waiting room
@@ -69,11 +70,15 @@ class MemoryHolds:
         self._backends[hold.backend] += 1
         if hold.heavy:
             self._heavy[hold.backend] += 1
+        if hold.light:
+            self._light[hold.backend] += 1
         return True
 
     def _has_room(self, hold: Hold) -> bool:
         if self._users[hold.user] >= hold.user_cap or self._backends[hold.backend] >= hold.slots:
             return False
+        if hold.heavy and not hold.prefill_may_start and self._light[hold.backend]:
+            return False  # the prefill gate, across replicas
         return not (hold.heavy and self._heavy[hold.backend] >= hold.heavy_slots)
 
     def _tag(self, place: Place) -> float:
@@ -88,6 +93,7 @@ class MemoryHolds:
             and self._asks_for(place, hold.backend)
             and self._users[place.holder] < place.cap
             and not (place.heavy and self._heavy[hold.backend] >= hold.heavy_slots)
+            and not (place.heavy and self._light[hold.backend])  # held by the prefill gate
             for place in self._places.values()
             if place.id != mine.id
         )
@@ -138,10 +144,11 @@ class MemoryHolds:
             counter[key] -= 1
             if counter[key] <= 0:
                 del counter[key]
-        if hold.heavy:
-            self._heavy[hold.backend] -= 1
-            if self._heavy[hold.backend] <= 0:
-                del self._heavy[hold.backend]
+        for counted, counter in ((hold.heavy, self._heavy), (hold.light, self._light)):
+            if counted:
+                counter[hold.backend] -= 1
+                if counter[hold.backend] <= 0:
+                    del counter[hold.backend]
         self._wake()
 
     async def count_in_flight(

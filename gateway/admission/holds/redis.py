@@ -66,6 +66,11 @@ def _keys(hold: Hold) -> list[str]:
     ]
 
 
+def _light_key(hold: Hold) -> str:
+    """The people's light requests running on the hold's slot group."""
+    return f"{PREFIX}:light:{hold.backend}"
+
+
 # How often the house is read back for the views (``/status``, the house page).
 _HOUSE_SECONDS = 1.0
 
@@ -123,7 +128,9 @@ class RedisHolds:
         # script may have taken, rather than leaving a hold renewed for ever.
         self._mine[hold.id] = (hold, member)
         try:
-            taken = await self._take(keys=_keys(hold) + house_keys, args=args + house_args)
+            keys = [*_keys(hold), *house_keys, _light_key(hold)]
+            gate: list[str | int | float] = [int(hold.light), int(hold.prefill_may_start)]
+            taken = await self._take(keys=keys, args=args + house_args + gate)
         except (RedisError, OSError) as exc:
             self._mine.pop(hold.id, None)
             self._lost(exc)
@@ -187,7 +194,8 @@ class RedisHolds:
 
     async def _give_back(self, hold: Hold, member: str) -> None:
         try:
-            await self._release(keys=[*_keys(hold), RUNNING], args=[hold.id, CHANNEL, member])
+            keys = [*_keys(hold), RUNNING, _light_key(hold)]
+            await self._release(keys=keys, args=[hold.id, CHANNEL, member])
         except (RedisError, OSError) as exc:
             # The lease expires by itself within lease_seconds.
             log.warning("state_release_failed", hold=hold.id, error=repr(exc))
@@ -312,7 +320,8 @@ class RedisHolds:
                 self._wake()
             for hold, member in list(self._mine.values()):
                 args: list[str | int] = [hold.id, self._lease_ms, int(hold.heavy), member]
-                await self._renew(keys=[*_keys(hold), RUNNING], args=args)
+                keys = [*_keys(hold), RUNNING, _light_key(hold)]
+                await self._renew(keys=keys, args=[*args, int(hold.light)])
             await self._house.renew()
             for request, user in list(self._in_flight.items()):
                 await self._renew_in_flight(

@@ -64,9 +64,11 @@ end
 """
 
 # KEYS: holder, group, group's heavy, waiting, places, asked, running, holder's queued,
-# the house's clock, the payers' last tags. ARGV: 1 hold, 2 holder's cap, 3 slots, 4 heavy,
-# 5 heavy slots, 6 lease, 7 place ('' none), 8 lane, 9 cost, 10 arrived, 11 group, 12 the
-# hold as RUNNING shows it, 13 key prefix, 14 payer.
+# the house's clock, the payers' last tags, the group's people's light requests. ARGV:
+# 1 hold, 2 holder's cap, 3 slots, 4 heavy, 5 heavy slots, 6 lease, 7 place ('' none),
+# 8 lane, 9 cost, 10 arrived, 11 group, 12 the hold as RUNNING shows it, 13 key prefix,
+# 14 payer, 15 a person's light request ('1'), 16 a heavy one whose prefill may start
+# beside people's light requests ('1': it has waited ``wait_for_light``).
 TAKE = (
     _NOW_MS
     + _FORGET_EXPIRED
@@ -112,9 +114,10 @@ local function ahead(rank, arrived)
     local json = id ~= ARGV[7] and redis.call('HGET', KEYS[5], id)
     local place = json and cjson.decode(json)
     if place and asking(id, place) then
+      -- A heavy place is held (the prefill gate) while people's light requests run.
       if before(place, lane, rank, arrived, id)
         and live(ARGV[13] .. ':user:' .. place[1]) < tonumber(place[2])
-        and not (place[6] and live(KEYS[3]) >= tonumber(ARGV[5])) then
+        and not (place[6] and (live(KEYS[3]) >= tonumber(ARGV[5]) or live(KEYS[11]) > 0)) then
         return true
       end
     end
@@ -126,6 +129,11 @@ if redis.call('ZSCORE', KEYS[2], ARGV[1]) then return 1 end
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return asked() end
 if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[3]) then return asked() end
 if ARGV[4] == '1' and redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[5]) then return asked() end
+-- The prefill gate, house-wide: a long prompt waits for people's light requests to end.
+redis.call('ZREMRANGEBYSCORE', KEYS[11], '-inf', now)
+if ARGV[4] == '1' and ARGV[16] ~= '1' and redis.call('ZCARD', KEYS[11]) > 0 then
+  return asked()
+end
 local rank = nil
 if ARGV[7] ~= '' then
   -- Waiting: the tag and arrival it joined with, as every other replica reads them (the
@@ -147,6 +155,10 @@ redis.call('ZADD', KEYS[1], expiry, ARGV[1])
 redis.call('ZADD', KEYS[2], expiry, ARGV[1])
 if ARGV[4] == '1' then redis.call('ZADD', KEYS[3], expiry, ARGV[1]) end
 for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], 2 * tonumber(ARGV[6])) end
+if ARGV[15] == '1' then
+  redis.call('ZADD', KEYS[11], expiry, ARGV[1])
+  redis.call('PEXPIRE', KEYS[11], 2 * tonumber(ARGV[6]))
+end
 redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', now)
 redis.call('ZADD', KEYS[7], expiry, ARGV[12])
 if rank then
@@ -163,7 +175,8 @@ end
 return 1
 """
 )
-# KEYS: holder, group, group's heavy, running. ARGV: hold, lease, heavy, as RUNNING shows it.
+# KEYS: holder, group, group's heavy, running, group's people's light. ARGV: hold, lease,
+# heavy, as RUNNING shows it, a person's light request.
 RENEW = (
     _NOW_MS
     + """
@@ -174,12 +187,18 @@ for i = 1, sets do
   redis.call('PEXPIRE', KEYS[i], 2 * tonumber(ARGV[2]))
 end
 redis.call('ZADD', KEYS[4], expiry, ARGV[4])
+if ARGV[5] == '1' then
+  redis.call('ZADD', KEYS[5], expiry, ARGV[1])
+  redis.call('PEXPIRE', KEYS[5], 2 * tonumber(ARGV[2]))
+end
 return 1
 """
 )
-# KEYS: holder, group, group's heavy, running. ARGV: hold, channel, as RUNNING shows it.
+# KEYS: holder, group, group's heavy, running, group's people's light. ARGV: hold, channel,
+# as RUNNING shows it.
 RELEASE = """
 for i = 1, 3 do redis.call('ZREM', KEYS[i], ARGV[1]) end
+redis.call('ZREM', KEYS[5], ARGV[1])
 redis.call('ZREM', KEYS[4], ARGV[3])
 redis.call('PUBLISH', ARGV[2], ARGV[1])
 return 1
