@@ -34,7 +34,7 @@ def whole_house(
             run.user,
             run.model,
             run.backend,
-            RequestClass.HEAVY if run.heavy else RequestClass.LIGHT,
+            _class(run.heavy),
             max(0.0, now - run.since),
             run.lane,
             run.replica,
@@ -65,7 +65,7 @@ def _waiting(
         WaitingRequest(
             place.user,
             place.model,
-            RequestClass.HEAVY if place.heavy else RequestClass.LIGHT,
+            _class(place.heavy),
             max(0.0, now - place.arrived),
             position,
             place.lane,
@@ -75,6 +75,10 @@ def _waiting(
         )
         for position, place in enumerate(places, start=1)
     )
+
+
+def _class(heavy: bool) -> RequestClass:
+    return RequestClass.HEAVY if heavy else RequestClass.LIGHT
 
 
 def _users(

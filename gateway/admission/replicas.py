@@ -79,7 +79,7 @@ class ReplicaHolds:
         place, asking = self._place(ticket), ""
         permit = turns.at_once(ticket)
         if permit is not None:
-            confirmed = await self._confirmed(permit, place)
+            confirmed = await self._confirmed(permit, place, waited=0.0)
             if confirmed is not False:
                 return confirmed
             asking = permit.backend.group(ticket.model)  # refused there: it asks for it
@@ -113,7 +113,7 @@ class ReplicaHolds:
             await self.store.released(min(remaining, _SHARED_RETRY_SECONDS))
 
     async def _confirmed(
-        self, permit: Permit, place: Place | None, waited: float = 0.0
+        self, permit: Permit, place: Place, waited: float
     ) -> Permit | Refusal | Literal[False]:
         """The permit, confirmed; a refusal (the policy fails closed without Redis); or
         False, the turn given back: a request ahead of it, or the room, is elsewhere."""
