@@ -35,7 +35,13 @@ from gateway.admission.tickets import Ticket
 from gateway.admission.turns import refuses_unseen
 from gateway.admission.wakeups import Changes, WakeTimer
 from gateway.backends import Backend, BackendPool
-from gateway.config import Policy, background_account, is_background_account
+from gateway.config import (
+    PERSON_SEPARATOR,
+    Policy,
+    background_account,
+    is_background_account,
+    is_together_account,
+)
 from gateway.core import Api, Lane, Reason
 from gateway.swaps import SwapWait
 
@@ -124,6 +130,8 @@ class Admission:
         """The requests charged to ``account`` running or waiting here: a person's own, or
         for a front end's background account (``Ticket.payer``) its background work."""
         room = self.room
+        if is_together_account(account):
+            return _together_in_flight(room, account.partition(PERSON_SEPARATOR)[0])
         if not is_background_account(account):
             return room.running[account] + len(room.waiting.get(account, ()))
         running = room.background_running.items()
@@ -227,3 +235,15 @@ class Admission:
         """``ticket``'s refusal, with the requests waiting on the other replicas ahead of it."""
         others = self.replicas.store.others_waiting if self.replicas is not None else 0
         return refusal(reason, ticket, self.room, self.room.waits, others, swap)
+
+
+def _together_in_flight(room: WaitingRoom, front_end: str) -> int:
+    """The requests running or waiting here that came with ``front_end``'s key: its people's,
+    its own and its background work."""
+    running = (*room.running.items(), *room.background_running.items())
+    waiting = (
+        (user, len(queue)) for user, queue in (*room.waiting.items(), *room.background.items())
+    )
+    return sum(
+        n for user, n in (*running, *waiting) if user.partition(PERSON_SEPARATOR)[0] == front_end
+    )

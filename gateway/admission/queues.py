@@ -13,9 +13,9 @@ import itertools
 from collections import Counter, deque
 from collections.abc import Iterator
 
-from gateway.admission.slot_ledger import decrement
+from gateway.admission.slot_ledger import decrement, increment
 from gateway.admission.tickets import Ticket, Waiter
-from gateway.config import Limits, Policy
+from gateway.config import PERSON_SEPARATOR, Limits, Policy
 from gateway.core import BACKGROUND, Lane, Reason
 
 __all__ = ["UserQueues"]
@@ -33,6 +33,10 @@ class UserQueues:
         self.background_running: Counter[str] = Counter()
         # Requests past the quick refusal that are still reading their bodies, by user.
         self.arriving: Counter[str] = Counter()
+        # A person's running and waiting requests again, by front end (``owui`` for
+        # ``owui/alice``; a user of its own key is its own): what ``on_behalf.total`` bounds.
+        self.together_running: Counter[str] = Counter()
+        self.together_waiting: Counter[str] = Counter()
 
     def queues(self, lane: Lane) -> dict[str, deque[Waiter]]:
         """The waiting requests of ``lane``, by user."""
@@ -60,15 +64,30 @@ class UserQueues:
             )
         if limits is None:
             limits = self.policy.limits_of(user)
-        return self.running.get(user, 0) >= limits.max_concurrent
+        if self.running.get(user, 0) >= limits.max_concurrent:
+            return True
+        together = self.policy.together_of(user)
+        if together is None or together[1].max_concurrent is None:
+            return False
+        return self.together_running.get(_front_end(user), 0) >= together[1].max_concurrent
 
     def over_bound(self, user: str, lane: Lane, extra: int) -> Reason | None:
         """Which bound the lines pass with ``extra`` more requests of ``user`` waiting."""
         if len(self.queues(lane).get(user, ())) + extra > self.caps(user, lane)[1]:
             return Reason.USER_QUEUE_FULL
+        if lane is not BACKGROUND and self.together_full(user, extra):
+            return Reason.USER_QUEUE_FULL
         if self.depth + extra > self.policy.queue.max_depth:
             return Reason.GATEWAY_BUSY
         return None
+
+    def together_full(self, user: str, extra: int) -> bool:
+        """Whether ``extra`` more requests of ``user`` waiting would pass its front end's
+        bound on its people's waiting requests together (``on_behalf.total.max_queued``)."""
+        together = self.policy.together_of(user)
+        if together is None or together[1].max_queued is None:
+            return False
+        return self.together_waiting.get(_front_end(user), 0) + extra > together[1].max_queued
 
     def waiters(self) -> Iterator[Waiter]:
         """Every waiting request, interactive first; with the ones whose turn is done (a
@@ -78,8 +97,11 @@ class UserQueues:
 
     def add(self, waiter: Waiter) -> None:
         """``waiter`` joins the end of its user's queue in its lane."""
-        self.queues(waiter.ticket.lane).setdefault(waiter.ticket.user, deque()).append(waiter)
+        user, lane = waiter.ticket.user, waiter.ticket.lane
+        self.queues(lane).setdefault(user, deque()).append(waiter)
         self.depth += 1
+        if lane is not BACKGROUND:
+            increment(self.together_waiting, _front_end(user))
 
     def remove(self, waiter: Waiter) -> bool:
         """Take ``waiter`` out of its queue; False if it was not in it (already gone)."""
@@ -89,6 +111,8 @@ class UserQueues:
             return False
         queue.remove(waiter)
         self.depth -= 1
+        if waiter.ticket.lane is not BACKGROUND:
+            decrement(self.together_waiting, _front_end(user))
         if not queue:
             del queues[user]  # users without waiting requests are not looked at by dispatch
         return True
@@ -96,12 +120,18 @@ class UserQueues:
     def started(self, ticket: Ticket) -> None:
         """``ticket``'s request runs: it takes one of its user's places in its lane."""
         # ``increment`` of ``runs``, written out: every request starts here.
-        runs = self.background_running if ticket.lane is BACKGROUND else self.running
+        if ticket.lane is BACKGROUND:
+            runs = self.background_running
+        else:
+            runs = self.running
+            increment(self.together_running, _front_end(ticket.user))
         runs[ticket.user] = runs.get(ticket.user, 0) + 1
 
     def ended(self, ticket: Ticket) -> None:
         """``ticket``'s request ended: its user's place in its lane is free again."""
         decrement(self.runs(ticket.lane), ticket.user)
+        if ticket.lane is not BACKGROUND:
+            decrement(self.together_running, _front_end(ticket.user))
 
     def idle(self, user: str) -> bool:
         """Whether ``user`` has nothing waiting and nothing running, in either lane."""
@@ -116,3 +146,8 @@ class UserQueues:
         """The background request that came last: the first to go when a person needs room."""
         waiting = [w for queue in self.background.values() for w in queue if not w.turn.done()]
         return max(waiting, key=lambda waiter: waiter.candidate.seq, default=None)
+
+
+def _front_end(user: str) -> str:
+    """The configured user whose key ``user``'s requests came with."""
+    return user.partition(PERSON_SEPARATOR)[0]

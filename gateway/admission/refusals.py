@@ -17,6 +17,7 @@ from gateway.admission.room import WaitingRoom
 from gateway.admission.room_state import RoomState
 from gateway.admission.tickets import Ticket
 from gateway.admission.wait_estimates import WaitEstimates
+from gateway.config import PERSON_SEPARATOR
 from gateway.core import GatewayError, Lane, Reason, retry_after_header
 from gateway.swaps import SwapWait
 
@@ -67,13 +68,7 @@ def refusal(
     waiting_ahead = room.depth if lane is Lane.BACKGROUND else _people_waiting(room)
     ahead = waiting_ahead + others_waiting
     if reason is Reason.USER_QUEUE_FULL:
-        queued = room.caps(user, lane)[1]
-        waiting = len(room.queues(lane).get(user, ()))
-        work = "background work" if lane is Lane.BACKGROUND else "user"
-        said = (
-            f"{work} {user} already has {room.runs(lane)[user]} running and {waiting} "
-            f"waiting (max_queued {queued})"
-        )
+        said = _queue_full(room, user, lane)
     else:
         said = (
             f"the gateway is busy: {ahead} requests waiting ahead of you (max_depth "
@@ -90,6 +85,26 @@ def refusal(
     # In words as well as in Retry-After: chat front ends show the text, not the header.
     message = f"{said}; try again in about {retry_after_header(retry_after)} s"
     return Refusal(reason, message, retry_after)
+
+
+def _queue_full(room: RoomState, user: str, lane: Lane) -> str:
+    """Whose places are all taken: the user's own, or its front end's people's together."""
+    queued = room.caps(user, lane)[1]
+    waiting = len(room.queues(lane).get(user, ()))
+    together = room.policy.together_of(user) if lane is Lane.INTERACTIVE else None
+    if waiting < queued and together is not None and room.lines.together_full(user, 1):
+        front_end = together[0].partition(PERSON_SEPARATOR)[0]
+        return (
+            f"the people of {front_end} already have "
+            f"{room.lines.together_running.get(front_end, 0)} running and "
+            f"{room.lines.together_waiting.get(front_end, 0)} waiting together "
+            f"(on_behalf.total.max_queued {together[1].max_queued})"
+        )
+    work = "background work" if lane is Lane.BACKGROUND else "user"
+    return (
+        f"{work} {user} already has {room.runs(lane)[user]} running and {waiting} "
+        f"waiting (max_queued {queued})"
+    )
 
 
 # Turning away requests that already wait: a revoked key, a shutdown, displaced background work.

@@ -168,7 +168,9 @@ def _policy(found: Found, keys: dict[str, str], open_webui: bool) -> str:
         lines += [
             f"  {_FRONT_END}:               # Open WebUI: one key, its people told apart",
             f'    keys: ["{hashed_key(keys[_FRONT_END])}"]',
-            "    on_behalf: {header: X-OpenWebUI-User-Email}",
+            "    on_behalf:",
+            "      header: X-OpenWebUI-User-Email",
+            "      total: {max_queued: 8}   # whatever names it sends: half the room at most",
         ]
     lines += ["", "backends:", *_backend(found)]
     return "\n".join(lines) + "\n"

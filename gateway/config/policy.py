@@ -18,7 +18,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from gateway.config.backends import BackendConfig, check_backends
 from gateway.config.base import AddressRange, Strict, model_key
-from gateway.config.budgets import Budget, merged_budget
+from gateway.config.budgets import Budget, BudgetConfig, merged_budget
 from gateway.config.cors import CorsPolicy
 from gateway.config.lanes import Lanes
 from gateway.config.models import ModelPolicy, NumCtxPolicy
@@ -32,9 +32,12 @@ from gateway.config.users import (
     PERSON_SEPARATOR,
     KeyVariables,
     Limits,
+    Together,
     UserConfig,
     check_users,
     is_background_account,
+    is_together_account,
+    together_account,
 )
 from gateway.config.yaml_reader import PolicyError, read_yaml
 from gateway.core import Lane
@@ -127,6 +130,8 @@ class Policy(Strict):
     def budget_of(self, user: str) -> Budget:
         """The user's budget, each unset field taken from ``defaults``; a person named by a
         front end has the front end's, counted on their own."""
+        if is_together_account(user):
+            return self._together_budgets.get(user, Budget())
         if is_background_account(user):  # rarely asked: only with a budget somewhere
             # The policy's own for background work, else the front end's: a prompt made to
             # look like a task must not escape a budget (it gets one of the same size).
@@ -143,7 +148,35 @@ class Policy(Strict):
             bool(self._default_budget)
             or any(self._budgets.values())
             or bool(self.lanes.background.budget_in_force)
+            or any(self._together_budgets.values())
         )
+
+    def together_of(self, user: str) -> tuple[str, Together] | None:
+        """The account where ``user``'s requests count with the other people of its front
+        end (``owui/(all)``), and the bounds on them together; None when its front end sets
+        none (or it is nobody's)."""
+        totals = self._totals
+        if not totals:  # no front end bounds its people: every request asks
+            return None
+        front_end = user.partition(PERSON_SEPARATOR)[0]
+        total = totals.get(front_end)
+        return None if total is None else (together_account(front_end), total)
+
+    @cached_property
+    def _totals(self) -> dict[str, Together]:
+        return {
+            name: user.on_behalf.total
+            for name, user in self.users.items()
+            if user.on_behalf is not None and user.on_behalf.total is not None
+        }
+
+    @cached_property
+    def _together_budgets(self) -> dict[str, Budget]:
+        none = BudgetConfig()  # the defaults are each person's, not the sum's
+        return {
+            together_account(name): merged_budget(none, total.budget)
+            for name, total in self._totals.items()
+        }
 
     def may_use(self, user: str, model: str) -> bool:
         """Whether the user's ``models:`` list (if any) names ``model``, either of them

@@ -27,15 +27,19 @@ __all__ = [
     "BACKGROUND_ACCOUNT",
     "KEY_VARIABLES",
     "PERSON_SEPARATOR",
+    "TOGETHER_ACCOUNT",
     "UNKNOWN",
     "KeyVariables",
     "Limits",
     "OnBehalf",
+    "Together",
     "UserConfig",
     "background_account",
     "check_users",
     "hashed_key",
     "is_background_account",
+    "is_together_account",
+    "together_account",
 ]
 
 ANONYMOUS = "anonymous"
@@ -46,6 +50,10 @@ BACKGROUND_ACCOUNT = "(background)"
 """The person a front end's background work is charged to: ``owui/(background)``. Its own
 usage rows, its own budget (``lanes.background.budget``), its own fair share: never the
 person's whose chat caused it."""
+TOGETHER_ACCOUNT = "(all)"
+"""What a front end's people hold and use together counts under ``owui/(all)``, against
+``on_behalf.total``: never a person's name (a header naming it is refused), nor a row of
+usage (the sum of the people's is read)."""
 UNKNOWN = "unknown"
 """What metrics call a request no user could be found for (an unknown key): not a name for
 a user, so that those refusals are never counted as someone's."""
@@ -109,12 +117,34 @@ def _digest_of(key: str) -> str:
 ConfiguredKey = Annotated[str, AfterValidator(_configured_key)]
 
 
+class Together(Strict):
+    """What all the people a front end names may hold together, whatever names it sends:
+    each person has the front end's limits of their own, and these bound their sum."""
+
+    max_concurrent: int | None = Field(
+        default=None, ge=1, description="Its people's requests running at once, together."
+    )
+    max_queued: int | None = Field(
+        default=None, ge=0, description="Its people's requests waiting, together; more gets 503."
+    )
+    budget: BudgetConfig | None = Field(
+        default=None,
+        description="A budget for its people together (the front end's own requests and its "
+        "background work included); nothing is taken from the defaults.",
+    )
+
+
 class OnBehalf(Strict):
     """A front end that serves many people with one key, and names each in a header."""
 
     header: HeaderName = Field(
         description="The header naming the person (Open WebUI: X-OpenWebUI-User-Email, with "
         "ENABLE_FORWARD_USER_INFO_HEADERS=True). Trusted only with this user's keys."
+    )
+    total: Together | None = Field(
+        default=None,
+        description="Bounds on all its people together. Unset, whoever holds the key gets a "
+        "person's places for every name it sends, up to the house's queue.max_depth.",
     )
 
 
@@ -179,3 +209,12 @@ def background_account(user: str) -> str:
 
 def is_background_account(user: str) -> bool:
     return user.endswith(PERSON_SEPARATOR + BACKGROUND_ACCOUNT)
+
+
+def together_account(front_end: str) -> str:
+    """Where ``front_end``'s people count together: ``owui/(all)``."""
+    return front_end + PERSON_SEPARATOR + TOGETHER_ACCOUNT
+
+
+def is_together_account(user: str) -> bool:
+    return user.endswith(PERSON_SEPARATOR + TOGETHER_ACCOUNT)

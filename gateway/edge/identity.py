@@ -13,7 +13,13 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gateway.config import ANONYMOUS, PERSON_SEPARATOR, Policy
+from gateway.config import (
+    ANONYMOUS,
+    BACKGROUND_ACCOUNT,
+    PERSON_SEPARATOR,
+    TOGETHER_ACCOUNT,
+    Policy,
+)
 from gateway.core import GatewayError, Reason
 from gateway.edge.forwarded import Address, ProxyTrust, address_of
 
@@ -25,6 +31,8 @@ __all__ = ["Caller", "Directory"]
 _ANONYMOUS_CREDENTIAL = "anonymous"
 _KEY_CREDENTIAL = "key:"  # then the key's SHA-256 digest, in hex
 _MAX_PERSON = 200  # characters of a person's name from a front end's header
+# Accounts of a front end's own, never a person's: its background work, its people's sum.
+_ACCOUNTS = frozenset({BACKGROUND_ACCOUNT, TOGETHER_ACCOUNT})
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +159,8 @@ class Directory:
                 f"the {header} header must name a person in at most {_MAX_PERSON} "
                 "printable characters",
             )
+        if person in _ACCOUNTS:  # a person named so would spend the front end's work's
+            raise GatewayError(400, Reason.BAD_REQUEST, f"{person} is not a person's name")
         return f"{user}{PERSON_SEPARATOR}{person}"
 
     def _caller_of_digest(self, digest: bytes) -> Caller | None:

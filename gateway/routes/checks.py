@@ -58,30 +58,64 @@ def check_model_served(pool: BackendPool, api: Api, model: str) -> None:
 def in_flight(
     services: Services, policy: Policy, user: str, estimate: Estimate | None = None
 ) -> AbstractAsyncContextManager[None]:
-    """A request counted (and its ``estimate`` of tokens reserved) against ``user``'s budget
-    while it runs or waits; nothing to count without a budget."""
-    budget = policy.budget_of(user) if policy.budgeted else None
-    if not budget:
+    """A request counted (and its ``estimate`` of tokens reserved) against ``user``'s budget,
+    and its front end's people's together, while it runs or waits; nothing to count
+    without a budget."""
+    if not policy.budgeted:
         return _UNCOUNTED
-    tokens = 0
-    if estimate is not None and budget.tokens_per_day is not None:
-        output = estimate.output_tokens
-        tokens = estimate.prompt_tokens + (output or services.usage.expected_output(user))
-    return InFlight(services.usage, services.admission, budget, user, tokens)
+    counts = []
+    for account in _accounts(policy, user):
+        budget = policy.budget_of(account)
+        if not budget:
+            continue
+        tokens = 0
+        if estimate is not None and budget.tokens_per_day is not None:
+            output = estimate.output_tokens
+            tokens = estimate.prompt_tokens + (output or services.usage.expected_output(user))
+        counts.append(InFlight(services.usage, services.admission, budget, account, tokens))
+    if not counts:
+        return _UNCOUNTED
+    return counts[0] if len(counts) == 1 else _Both(*counts)
 
 
 _UNCOUNTED = contextlib.nullcontext()
 
 
+class _Both:
+    """A person's count and their front end's people's together: the second entered only
+    once the first is (its 429 gives the first back)."""
+
+    def __init__(self, own: InFlight, together: InFlight) -> None:
+        self._stack = contextlib.AsyncExitStack()
+        self._counts = (own, together)
+
+    async def __aenter__(self) -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            for count in self._counts:
+                await stack.enter_async_context(count)
+            self._stack = stack.pop_all()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._stack.aclose()
+
+
 def check_budget(services: Services, policy: Policy, user: str) -> None:
+    """The 429 when ``user``'s budget, or its front end's people's together, is used up."""
     if not policy.budgeted:
         return
-    budget = policy.budget_of(user)
-    if not budget:
-        return
-    spent = services.usage.refusal(user, budget, services.admission.in_flight(user))
-    if spent is not None:
-        raise spent.error()
+    for account in _accounts(policy, user):
+        budget = policy.budget_of(account)
+        if not budget:
+            continue
+        spent = services.usage.refusal(account, budget, services.admission.in_flight(account))
+        if spent is not None:
+            raise spent.error()
+
+
+def _accounts(policy: Policy, user: str) -> tuple[str, ...]:
+    """Whose budgets a request of ``user`` spends: its own, and its front end's people's."""
+    together = policy.together_of(user)
+    return (user,) if together is None else (user, together[0])
 
 
 def check_model_allowed(policy: Policy, user: str, model: str) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway.admission import Refusal
-from gateway.config import PERSON_SEPARATOR, Budget, is_background_account
+from gateway.config import PERSON_SEPARATOR, Budget, is_background_account, is_together_account
 from gateway.core import Calendar, Reason, Windows
 from gateway.usage.stores.base import Tally
 
@@ -110,6 +110,8 @@ def over_budget(user: str, states: list[BudgetState], calendar: Calendar) -> Ref
     front_end, separator, _ = user.partition(PERSON_SEPARATOR)
     if is_background_account(user):
         who = f"background work on {front_end} (counted apart from its people's)"
+    elif is_together_account(user):
+        who = f"the people of {front_end} together (on_behalf.total)"
     else:
         who = f"this person on {front_end}" if separator else user
     message = (

@@ -24,7 +24,13 @@ from collections import Counter
 import structlog
 
 from gateway.admission import Refusal
-from gateway.config import PERSON_SEPARATOR, Budget, background_account, model_key
+from gateway.config import (
+    PERSON_SEPARATOR,
+    Budget,
+    background_account,
+    is_together_account,
+    model_key,
+)
 from gateway.core import API_PREFIXES, REFUSALS, Background, Calendar, Lane, Windows, repeat
 from gateway.edge import RequestRecord
 from gateway.usage.budgets import BudgetState, budget_states, over_budget, requests_room
@@ -145,6 +151,13 @@ class Ledger:
         figures.roll(self.calendar.now())
         # What a write carries counts until the store's totals include it: a store that is
         # slow to answer or away (a stalled Redis, a locked file) must not hide it from budgets.
+        if is_together_account(user):  # a front end's people together: the sum of theirs
+            front_end = user.partition(PERSON_SEPARATOR)[0]
+            for part in self._parts():
+                for name, theirs in part.items():
+                    if name.partition(PERSON_SEPARATOR)[0] == front_end:
+                        figures.absorb(theirs)
+            return figures
         for part in self._parts():
             tally = part.get(user)
             if tally is not None:

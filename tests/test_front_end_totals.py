@@ -1,0 +1,151 @@
+"""A front end's people together (``on_behalf.total``): whatever names its header sends,
+its key holds no more running, waiting or budget than the total allows."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import pytest
+
+from gateway.config.policy import parse_policy
+from gateway.config.yaml_reader import PolicyError
+from tests.conftest import Gateway, StartGateway, StartSim
+from tests.redis_server import redis_url  # noqa: F401 (fixture)
+from tests.test_admission import MODEL, until
+from tests.test_budgets import PARIS, Clock, at
+
+HEADER = "X-OpenWebUI-User-Email"
+
+
+def house(sim_url: str, total: str, slots: int = 4) -> str:
+    """owui with one running and one waiting request per person, and ``total`` for all."""
+    return (
+        "users:\n"
+        "  owui:\n"
+        "    keys: [owui-key]\n"
+        "    max_concurrent: 1\n"
+        "    max_queued: 1\n"
+        f"    on_behalf: {{header: {HEADER}, total: {total}}}\n"
+        "  bob: {keys: [bob-key]}\n"
+        f"backends:\n  - {{name: sim, url: {sim_url}, kind: ollama, slots: {slots}}}\n"
+    )
+
+
+async def as_person(
+    session: aiohttp.ClientSession, gateway: Gateway, person: str, **options: Any
+) -> tuple[int, str]:
+    """Status and body of a chat owui sends for ``person``, read whole."""
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": False,
+        "options": options,
+    }
+    headers = {"Authorization": "Bearer owui-key", HEADER: person}
+    async with session.post(gateway.url + "/api/chat", json=body, headers=headers) as reply:
+        return reply.status, await reply.text()
+
+
+class TestPolicy:
+    def test_a_total_parses_and_bounds_only_its_front_ends_people(self) -> None:
+        policy = parse_policy(
+            house("http://127.0.0.1:1", "{max_concurrent: 2, budget: {requests_per_hour: 9}}")
+        )
+        found = policy.together_of("owui/alice")
+        assert found is not None and found[0] == "owui/(all)"
+        assert found[1].max_concurrent == 2 and found[1].max_queued is None
+        assert policy.together_of("owui") == found  # the key's own requests count too
+        assert policy.together_of("bob") is None
+        budget = policy.budget_of("owui/(all)")
+        assert budget.requests_per_hour == 9 and budget.tokens_per_day is None
+        assert policy.budgeted
+
+    def test_a_total_with_a_mistake_is_refused_at_its_line(self) -> None:
+        with pytest.raises(PolicyError, match="max_queued"):
+            parse_policy(house("http://127.0.0.1:1", "{max_queued: -1}"))
+
+
+class TestWhateverNamesItSends:
+    async def test_ten_people_at_once_get_the_totals_places_and_no_more(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """total 1 running, 1 waiting: ten people at once give 1 running, 1 waiting and 8
+        refused (without the total: 4 running and 6 waiting), and bob is not held back."""
+        _, sim_url = await start_sim(parallel=4)
+        gateway = await start_gateway(house(sim_url, "{max_concurrent: 1, max_queued: 1}"))
+        admission = gateway.services.admission
+        async with aiohttp.ClientSession() as session:
+            tasks = [
+                asyncio.create_task(as_person(session, gateway, f"p{n}", sim_stall_after=1))
+                for n in range(10)
+            ]
+            refused = []
+            async with asyncio.timeout(10):  # the queue's max_wait is 30 s
+                for task in asyncio.as_completed(tasks):
+                    status, text = await task
+                    refused.append(status)
+                    if len(refused) == 8:
+                        break
+            assert refused == [503] * 8
+            assert "the people of owui already have 1 running and 1 waiting together" in text
+            snapshot = admission.snapshot()
+            running = sum(busy for busy, _ in snapshot.backends.values())
+            assert (running, snapshot.queue_depth) == (1, 1)
+            body = {"model": MODEL, "prompt": "hi", "stream": False}
+            bob = {"Authorization": "Bearer bob-key"}
+            async with session.post(gateway.url + "/api/generate", json=body, headers=bob) as r:
+                assert r.status == 200  # the total bounds owui's people, not the house
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def test_a_new_name_each_time_does_not_renew_the_budget(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """3 requests a minute for owui's people together: twelve requests, each from a
+        person never seen before, give 3 served and 9 refused with 429."""
+        _, sim_url = await start_sim()
+        clock = Clock(at(2025, 3, 14, 15, 0, 0))  # one minute throughout
+        text = house(sim_url, "{budget: {requests_per_minute: 3}}")
+        gateway = await start_gateway(text, clock=clock, time_zone=PARIS)
+        statuses, said = [], ""
+        async with aiohttp.ClientSession() as session:
+            for n in range(12):
+                status, body = await as_person(session, gateway, f"new{n}@example.com")
+                statuses.append(status)
+                said = body if status == 429 else said
+        assert statuses == [200] * 3 + [429] * 9
+        assert "the people of owui together (on_behalf.total) has used the budget" in said
+
+    async def test_people_sent_at_once_count_together_before_any_ends(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """The same three a minute, ten new people at once: three admitted (running or
+        waiting count already), seven refused."""
+        _, sim_url = await start_sim()
+        clock = Clock(at(2025, 3, 14, 15, 0, 0))
+        text = house(sim_url, "{budget: {requests_per_minute: 3}}", slots=1)
+        gateway = await start_gateway(text, clock=clock, time_zone=PARIS)
+        async with aiohttp.ClientSession() as session:
+            replies = await asyncio.gather(
+                *(as_person(session, gateway, f"burst{n}") for n in range(10))
+            )
+        statuses = sorted(status for status, _ in replies)
+        assert statuses == [200] * 3 + [429] * 7
+        await until(gateway.services.admission, lambda s: not s.users)
+
+
+class TestNamesAPersonCannotHave:
+    @pytest.mark.parametrize("name", ["(all)", "(background)"])
+    async def test_a_header_naming_an_account_of_the_front_ends_is_refused(
+        self, start_sim: StartSim, start_gateway: StartGateway, name: str
+    ) -> None:
+        """owui/(all) is where its people count together, owui/(background) its tasks: a
+        person so named would spend (or escape) those."""
+        _, sim_url = await start_sim()
+        gateway = await start_gateway(house(sim_url, "{max_concurrent: 2}"))
+        async with aiohttp.ClientSession() as session:
+            status, text = await as_person(session, gateway, name)
+        assert status == 400 and "is not a person's name" in text
