@@ -33,7 +33,7 @@ MODEL = "llama3.2:3b"
 _PIECE = b" " * 65536  # the body is whitespace before "{}": any JSON reader would take it
 
 
-def _rss_mib(pid: int) -> float:
+def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
@@ -129,13 +129,13 @@ async def _measure(args: argparse.Namespace, url: str, pid: int, port: int) -> N
     alice = asyncio.create_task(_stream_gaps(url, "alice-key", done))  # alice at her cap
     bob = asyncio.create_task(_stream_gaps(url, "bob-key", done))
     await asyncio.sleep(args.quiet)  # a quiet window for bob's baseline
-    rss_before, flood_started = _rss_mib(pid), time.monotonic()
+    rss_before, flood_started = rss_mib(pid), time.monotonic()
     peak = rss_before
 
     async def sample() -> None:
         nonlocal peak
         while not done.is_set():
-            peak = max(peak, _rss_mib(pid))
+            peak = max(peak, rss_mib(pid))
             await asyncio.sleep(0.01)
 
     sampler = asyncio.create_task(sample())
@@ -148,7 +148,7 @@ async def _measure(args: argparse.Namespace, url: str, pid: int, port: int) -> N
     latencies: list[float] = json.loads(output)
     flood_ended = time.monotonic()
     await asyncio.sleep(1.0)
-    rss_after = _rss_mib(pid)
+    rss_after = rss_mib(pid)
     done.set()
     await sampler
     gaps = await bob

@@ -233,6 +233,98 @@ class TestRefusedBeforeTheBody:
         assert {record.status for record in records} == {499}
 
 
+class TestSlowBodies:
+    async def test_a_chunked_body_is_read_no_further_than_its_limit(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """alice at her cap may still send a task, a small body: one without a length is
+        refused once past a task's size (503 for her, the connection closed), not read on
+        to the 32 MiB any body may be."""
+        gateway = await capped_gateway(start_sim, start_gateway)
+        async with held(gateway, "alice-key", "holding"):
+            reader, writer = await open_raw(gateway)
+            head = request_head("/api/generate", 0).replace(
+                b"Content-Length: 0", b"Transfer-Encoding: chunked"
+            )
+            writer.write(head)
+            piece = b" " * 65536
+            with contextlib.suppress(ConnectionError):
+                for _ in range(64):  # 4 MiB, if it were all read
+                    writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                    await writer.drain()
+            reply = await head_of(reader)
+            assert reply.startswith(b"HTTP/1.1 503") and b"Connection: close" in reply
+            writer.close()
+
+    async def test_bodies_on_their_way_count_as_the_users_places(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """alice may run one and queue two: three bodies sent one byte at a time are read,
+        a fourth and fifth are refused from their heads, and bob is not held back. (With
+        lanes on, a body that may be a task is read too, within the background lane's
+        places and its small size.)"""
+        _, url = await start_sim(parallel=2)
+        head = "defaults: {max_concurrent: 1, max_queued: 2}\nlanes: {presets: []}\n"
+        gateway = await start_gateway(head + POLICY + one_backend(url, slots=2))
+        slow = [await invited(gateway, "alice-key", len(CHAT)) for _ in range(3)]
+        for _, writer in slow:
+            writer.write(CHAT[:1])
+        for _ in range(2):
+            reader, writer = await open_raw(gateway)
+            writer.write(request_head("/api/generate", len(CHAT)) + CHAT[:1])
+            head = await head_of(reader)
+            assert head.startswith(b"HTTP/1.1 503")
+            writer.close()
+        assert await generate_as(gateway, "bob-key") == 200
+        for reader, writer in slow:  # the three are read to their end and served
+            writer.write(CHAT[1:])
+            assert (await head_of(reader)).startswith(b"HTTP/1.1 200")
+            writer.close()
+
+    async def test_a_users_big_bodies_are_read_one_at_a_time(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """Two bodies of 20 MiB from alice, each sent but for its last byte: the second is
+        refused from its head (together they would pass the 32 MiB one body may be),
+        before a byte of it is read; bob's own big body is read beside hers."""
+        _, url = await start_sim(parallel=2)
+        gateway = await start_gateway(POLICY + one_backend(url, slots=2))
+        size = 20 * 1024 * 1024
+        _, first = await invited(gateway, "alice-key", size)
+        first.write(b" " * (size - 1))
+        reader, writer = await open_raw(gateway)
+        writer.write(request_head("/api/generate", size))
+        head = await head_of(reader)
+        assert head.startswith(b"HTTP/1.1 503")
+        body = await reader.readexactly(length_of(head))
+        assert b"MiB of this user's other requests are still arriving" in body
+        writer.close()
+        _, bob = await invited(gateway, "bob-key", size)
+        bob.close()
+        first.close()
+
+
+async def invited(
+    gateway: Gateway, key: str, length: int
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A request head declaring ``length`` bytes, once the gateway has asked for its body
+    (100 Continue: it counts the body as on its way from then)."""
+    reader, writer = await open_raw(gateway)
+    writer.write(request_head("/api/generate", length, key, "Expect: 100-continue\r\n"))
+    assert await head_of(reader) == b"HTTP/1.1 100 Continue\r\n\r\n"
+    return reader, writer
+
+
+async def generate_as(gateway: Gateway, key: str) -> int:
+    headers = {"Authorization": f"Bearer {key}"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(gateway.url + "/api/generate", data=CHAT, headers=headers) as reply,
+    ):
+        await reply.read()
+        return reply.status
+
+
 class TestBigBodies:
     async def test_another_users_stream_flows_while_a_big_body_waits_for_the_parser(
         self, start_sim: StartSim, start_gateway: StartGateway

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter
 from collections.abc import Callable
 
 from gateway.admission import house_view
+from gateway.admission.arriving import Arriving
 from gateway.admission.holds.base import HoldStore
 from gateway.admission.local import LocalTurns
 from gateway.admission.parallelism import Parallelism
@@ -30,7 +30,6 @@ from gateway.admission.refusals import REVOKED, Refusal, refusal, turn_away
 from gateway.admission.replicas import ReplicaHolds
 from gateway.admission.room import WaitingRoom
 from gateway.admission.room_snapshot import RoomSnapshot
-from gateway.admission.slot_ledger import decrement, increment
 from gateway.admission.tickets import Ticket
 from gateway.admission.turns import refuses_unseen
 from gateway.admission.wakeups import Changes, WakeTimer
@@ -46,23 +45,6 @@ from gateway.core import Api, Lane, Reason
 from gateway.swaps import SwapWait
 
 __all__ = ["Admission", "Permit", "Refusal", "Ticket"]
-
-
-class Arriving:
-    """A request reading its body, counted in ``arriving`` by user while in its block."""
-
-    # A class rather than a generator-based context manager: every request enters one.
-    __slots__ = ("_arriving", "_user")
-
-    def __init__(self, arriving: Counter[str], user: str) -> None:
-        self._arriving = arriving
-        self._user = user
-
-    def __enter__(self) -> None:
-        increment(self._arriving, self._user)
-
-    def __exit__(self, *exc_info: object) -> None:
-        decrement(self._arriving, self._user)
 
 
 class Admission:
@@ -145,11 +127,12 @@ class Admission:
             return None
         return self._refusal(reason, Ticket(user, "", Api.OLLAMA, lane=lanes[0]))
 
-    def arriving(self, user: str) -> Arriving:
-        """While a request of ``user`` reads its body (``with``): counted by
-        ``refuses_unseen``, so that a burst cannot have more bodies read at once than the
-        user could queue."""
-        return Arriving(self.room.arriving, user)
+    def arriving(self, user: str, size: int, bound: int) -> Arriving:
+        """While a request of ``user`` reads a body of up to ``size`` bytes (``with``):
+        counted by ``refuses_unseen``, so that a burst cannot have more bodies read at once
+        than the user could hold; GatewayError (503) at once when the user's bodies on
+        their way would pass ``bound`` bytes."""
+        return Arriving(self.room.lines.arriving, user, size, bound)
 
     def release(self, permit: Permit) -> None:
         """Give back the permit's place, slot and hold, and let the next request in."""

@@ -13,6 +13,7 @@ import itertools
 from collections import Counter, deque
 from collections.abc import Iterator
 
+from gateway.admission.arriving import ArrivingBodies
 from gateway.admission.slot_ledger import decrement, increment
 from gateway.admission.tickets import Ticket, Waiter
 from gateway.config import PERSON_SEPARATOR, Limits, Policy
@@ -32,7 +33,7 @@ class UserQueues:
         self.running: Counter[str] = Counter()  # interactive, by user
         self.background_running: Counter[str] = Counter()
         # Requests past the quick refusal that are still reading their bodies, by user.
-        self.arriving: Counter[str] = Counter()
+        self.arriving = ArrivingBodies()
         # A person's running and waiting requests again, by front end (``owui`` for
         # ``owui/alice``; a user of its own key is its own): what ``on_behalf.total`` bounds.
         self.together_running: Counter[str] = Counter()
@@ -80,6 +81,14 @@ class UserQueues:
         if self.depth + extra > self.policy.queue.max_depth:
             return Reason.GATEWAY_BUSY
         return None
+
+    def holds_all_it_may(self, user: str, lane: Lane, arriving: int) -> bool:
+        """Whether ``user``'s requests of ``lane`` running and waiting, with ``arriving``
+        more still reading their bodies, already take every place the user has
+        (``max_concurrent`` + ``max_queued``)."""
+        running, queued = self.caps(user, lane)
+        held = self.runs(lane).get(user, 0) + len(self.queues(lane).get(user, ()))
+        return held + arriving >= running + queued
 
     def together_full(self, user: str, extra: int) -> bool:
         """Whether ``extra`` more requests of ``user`` waiting would pass its front end's

@@ -100,10 +100,6 @@ class WaitingRoom:
         return len(self.preemptions.runs)
 
     @property
-    def arriving(self) -> Counter[str]:
-        return self.lines.arriving
-
-    @property
     def busy(self) -> Counter[str]:
         return self.slots.busy
 

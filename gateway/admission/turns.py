@@ -260,9 +260,14 @@ def refuses_unseen(room: RoomState, user: str, lanes: tuple[Lane, ...]) -> Reaso
 
 def _refuses_unseen_in(room: RoomState, user: str, lane: Lane) -> Reason | None:
     lines = room.lines
+    arriving = lines.arriving.count.get(user, 0)
+    if arriving and lines.holds_all_it_may(user, lane, arriving):
+        # Bodies still on their way count as the user's: a burst of slow bodies cannot
+        # be read side by side beyond what the user could run and queue.
+        return Reason.USER_QUEUE_FULL
     if not lines.at_cap(user, lane) and room.slots.has_free_slot(room.pool.backends):
         return None  # it may start at once, whatever its waiting would pass: asked first
-    reason = lines.over_bound(user, lane, extra=1 + lines.arriving.get(user, 0))
+    reason = lines.over_bound(user, lane, extra=1 + arriving)
     busy_for_a_person = reason is Reason.GATEWAY_BUSY and lane is Lane.INTERACTIVE
     if busy_for_a_person and (lines.background or room.giving_way):
         return None  # a person's request would displace background work

@@ -25,14 +25,7 @@ from gateway.core import (
     api_of,
 )
 from gateway.edge.http import HOT_PATHS, RECORD, defer_continue, read_body
-from gateway.intake import (
-    apply_load_policy,
-    classify,
-    lane_of,
-    parsed,
-    possible_lanes,
-    prefix_of,
-)
+from gateway.intake import apply_load_policy, classify, lane_of, parsed, possible_lanes, prefix_of
 from gateway.relay import Preempted, Relay, Target
 from gateway.routes.checks import (
     REFUSED,
@@ -104,13 +97,15 @@ class Generation:
         # A person whose places are all taken may still send a task, known from its prompt:
         # a body is read only if it is small enough to be one, else refused for the person.
         limit = settings.max_body_bytes if person_refused is None else TASK_BODY_BYTES
-        # A body waiting for the parser counts as arriving too: a user's burst of big
-        # bodies cannot hold more of them in memory than the user could queue.
-        with admission.arriving(user):
+        # A body waiting for the parser counts as arriving too: a user's bodies cannot
+        # hold more memory than the user could queue, nor than one body of the largest size.
+        size = min(limit, request.content_length or limit)
+        with admission.arriving(user, size, settings.max_body_bytes):
             try:
                 body = await read_body(request, limit, settings.body_timeout)
             except GatewayError as error:
                 if person_refused is not None and error.reason is Reason.BODY_TOO_LARGE:
+                    person_refused = replace(person_refused, close=error.close)  # rest unread
                     raise person_refused.error() from None
                 raise
             fields = await parsed(body, services.parsing, STRUCTS.get(path))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 
-from aiohttp import hdrs, web
+from aiohttp import StreamReader, hdrs, web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
@@ -55,7 +55,7 @@ async def read_body(request: web.Request, limit: int, deadline: float) -> bytes:
                 return content.read_nowait()
             return await request.read()
         async with asyncio.timeout(deadline):
-            return await request.read()
+            return await _read_within(content, limit)
     except (HttpProcessingError, RequestPayloadError) as exc:
         # e.g. a Content-Encoding the bytes are not in: the rest of the connection's bytes
         # cannot be trusted to start the next request, so it is closed.
@@ -72,3 +72,21 @@ async def read_body(request: web.Request, limit: int, deadline: float) -> bytes:
             f"the request body did not arrive within {deadline:g}s",
             close=True,  # its rest may still come: nothing after it can be read
         ) from None
+
+
+async def _read_within(content: StreamReader, limit: int) -> bytes:
+    """The body's bytes (decoded, if it came encoded) up to ``limit``, else a 413. Kept as
+    the pieces that came until the last, then joined: a body that never ends (a slow
+    client's) holds what came of it and no more, not a buffer grown ahead of it."""
+    pieces, size = [], 0
+    while piece := await content.readany():
+        size += len(piece)
+        if size > limit:  # no length said (chunked), or more decoded than it said
+            raise GatewayError(
+                413,
+                Reason.BODY_TOO_LARGE,
+                f"the body is over the limit of {limit} bytes",
+                close=True,  # its rest is not read: nothing after it on the connection can be
+            )
+        pieces.append(piece)
+    return b"".join(pieces)
