@@ -23,6 +23,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -95,30 +96,44 @@ def _quantile(values: list[float], q: float) -> float:
 
 
 async def _run(args: argparse.Namespace, workdir: Path) -> None:
-    sim_port, gateway_port = free_port(), free_port()
+    users = (
+        "defaults: {max_concurrent: 1, max_queued: 0}\n"
+        "users:\n  alice: {keys: [alice-key]}\n  bob: {keys: [bob-key]}\n"
+    )
+    env = {"FAIRGATE_MAX_BODY_BYTES": str(args.mib * 2 * 1024 * 1024)}
+    async with gateway_and_sim(workdir, users, ["--decode-tps", "50"], env) as (pid, port):
+        await _measure(args, f"http://127.0.0.1:{port}", pid, port)
+
+
+@contextlib.asynccontextmanager
+async def gateway_and_sim(
+    workdir: Path, users: str, sim_options: list[str], env: dict[str, str]
+) -> AsyncIterator[tuple[int, int]]:
+    """A simulated Ollama with 2 slots and a gateway in front of it (``users``: the
+    policy's users and defaults, ``env``: more settings), each in its own process; the
+    gateway's pid and port."""
+    sim_port, port = free_port(), free_port()
     python = sys.executable
     sim = await asyncio.create_subprocess_exec(
         python, "-m", "gateway", "sim", "--port", str(sim_port), "--parallel", "2",
-        "--decode-tps", "50", stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        *sim_options, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
     )  # fmt: skip
     policy = workdir / "fairgate.yaml"
+    backend = f"http://127.0.0.1:{sim_port}"
     policy.write_text(
-        "defaults: {max_concurrent: 1, max_queued: 0}\n"
-        "users:\n  alice: {keys: [alice-key]}\n  bob: {keys: [bob-key]}\n"
-        f"backends:\n  - {{name: sim, url: http://127.0.0.1:{sim_port}, kind: ollama, slots: 2}}\n"
+        f"{users}backends:\n  - {{name: sim, url: {backend}, kind: ollama, slots: 2}}\n"
     )
-    env = {**os.environ, "FAIRGATE_CONFIG": str(policy), "FAIRGATE_LOG_LEVEL": "WARNING"}
-    env["FAIRGATE_USAGE_DB"] = str(workdir / "usage.db")
-    env["FAIRGATE_LISTEN"] = f"127.0.0.1:{gateway_port}"
-    env["FAIRGATE_MAX_BODY_BYTES"] = str(args.mib * 2 * 1024 * 1024)
+    settings = {"FAIRGATE_CONFIG": str(policy), "FAIRGATE_LOG_LEVEL": "WARNING"}
+    settings["FAIRGATE_USAGE_DB"] = str(workdir / "usage.db")
+    settings["FAIRGATE_LISTEN"] = f"127.0.0.1:{port}"
     gateway = await asyncio.create_subprocess_exec(
-        python, "-m", "gateway", "serve", env=env, stderr=asyncio.subprocess.DEVNULL
-    )
-    url = f"http://127.0.0.1:{gateway_port}"
+        python, "-m", "gateway", "serve", env={**os.environ, **settings, **env},
+        stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
     try:
-        await until_answers(f"http://127.0.0.1:{sim_port}/", 20)
-        await until_answers(url + "/", 20)
-        await _measure(args, url, gateway.pid, gateway_port)
+        await until_answers(backend + "/", 20)
+        await until_answers(f"http://127.0.0.1:{port}/", 20)
+        yield gateway.pid, port
     finally:
         await stop(gateway)
         await stop(sim)
@@ -172,12 +187,18 @@ async def _flood(port: int, bodies: int, size: int) -> list[float]:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bodies", type=int, default=8)
+def flood_arguments(doc: str | None, bodies: int) -> argparse.ArgumentParser:
+    """The options of a benchmark whose bodies come from a child process of its own."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    parser.add_argument("--bodies", type=int, default=bodies)
     parser.add_argument("--mib", type=int, default=30)
-    parser.add_argument("--quiet", type=float, default=3.0, help="seconds of baseline")
     parser.add_argument("--flood", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    return parser
+
+
+def main() -> None:
+    parser = flood_arguments(__doc__, bodies=8)
+    parser.add_argument("--quiet", type=float, default=3.0, help="seconds of baseline")
     args = parser.parse_args()
     if args.flood:  # the child that sends the bodies; prints its latencies
         print(json.dumps(asyncio.run(_flood(args.flood, args.bodies, args.mib * 1024 * 1024))))

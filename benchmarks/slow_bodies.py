@@ -18,14 +18,12 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.hostile import rss_mib
-from tests.processes import free_port, stop, until_answers
+from benchmarks.hostile import flood_arguments, gateway_and_sim, rss_mib
 
 _PIECE = b" " * 65536
 
@@ -59,31 +57,9 @@ async def _flood(port: int, bodies: int, size: int, hold: float) -> list[str]:
 
 
 async def _run(args: argparse.Namespace, workdir: Path) -> None:
-    sim_port, port = free_port(), free_port()
-    python = sys.executable
-    sim = await asyncio.create_subprocess_exec(
-        python, "-m", "gateway", "sim", "--port", str(sim_port), "--parallel", "2",
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
-    policy = workdir / "fairgate.yaml"
-    policy.write_text(
-        "defaults: {max_concurrent: 1, max_queued: 2}\n"
-        "users:\n  bob: {keys: [bob-key]}\n"
-        f"backends:\n  - {{name: sim, url: http://127.0.0.1:{sim_port}, kind: ollama, slots: 2}}\n"
-    )
-    env = {**os.environ, "FAIRGATE_CONFIG": str(policy), "FAIRGATE_LOG_LEVEL": "WARNING"}
-    env["FAIRGATE_USAGE_DB"] = str(workdir / "usage.db")
-    env["FAIRGATE_LISTEN"] = f"127.0.0.1:{port}"
-    gateway = await asyncio.create_subprocess_exec(
-        python, "-m", "gateway", "serve", env=env, stderr=asyncio.subprocess.DEVNULL
-    )
-    try:
-        await until_answers(f"http://127.0.0.1:{sim_port}/", 20)
-        await until_answers(f"http://127.0.0.1:{port}/", 20)
-        await _measure(args, gateway.pid, port)
-    finally:
-        await stop(gateway)
-        await stop(sim)
+    users = "defaults: {max_concurrent: 1, max_queued: 2}\nusers:\n  bob: {keys: [bob-key]}\n"
+    async with gateway_and_sim(workdir, users, [], {}) as (pid, port):
+        await _measure(args, pid, port)
 
 
 async def _measure(args: argparse.Namespace, pid: int, port: int) -> None:
@@ -109,11 +85,8 @@ async def _measure(args: argparse.Namespace, pid: int, port: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bodies", type=int, default=16)
-    parser.add_argument("--mib", type=int, default=30)
+    parser = flood_arguments(__doc__, bodies=16)
     parser.add_argument("--hold", type=float, default=3.0, help="seconds each body is held")
-    parser.add_argument("--flood", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.flood:  # the child that sends the bodies; prints each one's status line
         size = args.mib * 1024 * 1024

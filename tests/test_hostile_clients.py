@@ -31,7 +31,7 @@ from tests.conftest import (
     post_gzipped,
     serve,
 )
-from tests.test_admission import MODEL, held, idle, until
+from tests.test_admission import MODEL, generate_status, held, idle, until
 from tests.test_metrics import scrape
 
 STALL = 1.0
@@ -67,6 +67,11 @@ def request_head(path: str, length: int, key: str = "alice-key", extra: str = ""
 
 def request_bytes(path: str, body: bytes, key: str = "alice-key", extra: str = "") -> bytes:
     return request_head(path, len(body), key, extra) + body
+
+
+def closed_with(head: bytes, status: bytes) -> None:
+    """``head`` answers ``status`` and says the connection is closed after it."""
+    assert head.startswith(b"HTTP/1.1 " + status) and b"Connection: close" in head
 
 
 async def head_of(reader: asyncio.StreamReader) -> bytes:
@@ -161,8 +166,7 @@ class TestRefusedBeforeTheBody:
         reader, writer = await open_raw(gateway)
         expect = "Expect: 100-continue\r\n"
         writer.write(request_head("/api/generate", length, key=key, extra=expect))
-        head = await head_of(reader)
-        assert head.startswith(b"HTTP/1.1 " + status) and b"Connection: close" in head
+        closed_with(await head_of(reader), status)
         writer.close()
 
     async def test_an_accepted_request_is_invited_and_expect_is_not_forwarded(
@@ -193,8 +197,7 @@ class TestRefusedBeforeTheBody:
         )
         reader, writer = await open_raw(gateway)
         writer.write(request_head("/api/generate", len(CHAT)) + CHAT[:5])
-        head = await head_of(reader)
-        assert head.startswith(b"HTTP/1.1 408") and b"Connection: close" in head
+        closed_with(await head_of(reader), b"408")
         # Its rest, or a next request, is not read as another request.
         writer.write(CHAT[5:] + b"GET /api/version HTTP/1.1\r\nHost: gateway\r\n\r\n")
         assert b"HTTP/1.1" not in await asyncio.wait_for(reader.read(), timeout=5)
@@ -208,8 +211,7 @@ class TestRefusedBeforeTheBody:
         gateway = await capped_gateway(start_sim, start_gateway)
         reader, writer = await open_raw(gateway)
         writer.write(request_head("/api/generate", HUGE * 2) + b"x" * 1000)
-        head = await head_of(reader)
-        assert head.startswith(b"HTTP/1.1 413") and b"Connection: close" in head
+        closed_with(await head_of(reader), b"413")
         writer.close()
 
     async def test_a_client_gone_before_its_100_continue_is_a_hang_up(
@@ -252,8 +254,7 @@ class TestSlowBodies:
                 for _ in range(64):  # 4 MiB, if it were all read
                     writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
                     await writer.drain()
-            reply = await head_of(reader)
-            assert reply.startswith(b"HTTP/1.1 503") and b"Connection: close" in reply
+            closed_with(await head_of(reader), b"503")
             writer.close()
 
     async def test_bodies_on_their_way_count_as_the_users_places(
@@ -275,7 +276,7 @@ class TestSlowBodies:
             head = await head_of(reader)
             assert head.startswith(b"HTTP/1.1 503")
             writer.close()
-        assert await generate_as(gateway, "bob-key") == 200
+        assert await generate_status(gateway, "bob-key") == 200
         for reader, writer in slow:  # the three are read to their end and served
             writer.write(CHAT[1:])
             assert (await head_of(reader)).startswith(b"HTTP/1.1 200")
@@ -313,16 +314,6 @@ async def invited(
     writer.write(request_head("/api/generate", length, key, "Expect: 100-continue\r\n"))
     assert await head_of(reader) == b"HTTP/1.1 100 Continue\r\n\r\n"
     return reader, writer
-
-
-async def generate_as(gateway: Gateway, key: str) -> int:
-    headers = {"Authorization": f"Bearer {key}"}
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(gateway.url + "/api/generate", data=CHAT, headers=headers) as reply,
-    ):
-        await reply.read()
-        return reply.status
 
 
 class TestBigBodies:
