@@ -84,6 +84,10 @@ class SimStats:
     """Ollama: the part of held_seconds its scheduler spent waiting for a victim's requests
     to finish and the victim to unload (an eviction, or a reload), holding the queue."""
     prompts: list[str] = field(default_factory=list)
+    counting: int = 0
+    """llama-server: /v1/messages/count_tokens requests under way (it tokenizes them in its
+    HTTP threads, beside the slots), and the most at once."""
+    max_counting: int = 0
 
 
 @dataclass

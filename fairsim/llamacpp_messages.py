@@ -5,6 +5,7 @@ and its message_delta the output's alone; a whole reply says both in its ``usage
 
 from __future__ import annotations
 
+import asyncio
 import random
 import string
 from typing import Any
@@ -26,6 +27,16 @@ async def count_tokens(api: LlamaServer, request: web.Request) -> web.Response:
     body = await api.body(request)
     if isinstance(body, web.Response):
         return body
+    stats = api.engine.stats
+    stats.counting += 1
+    stats.max_counting = max(stats.max_counting, stats.counting)
+    try:
+        # As long as the tokenizer takes, when a test says (sim_first_byte_delay).
+        delay = faults_from(body, native=False).first_byte_delay
+        if delay > 0:
+            await asyncio.sleep(delay)
+    finally:
+        stats.counting -= 1
     return reply({"input_tokens": tokens_in(chat_text(body.get("system"), body.get("messages")))})
 
 

@@ -14,6 +14,7 @@ import anthropic
 import pytest
 from multidict import CIMultiDict
 
+from fairsim import Simulator
 from gateway.core.vocabulary import RequestClass
 from gateway.edge.record import RequestRecord
 from tests.conftest import Finished, Gateway, StartGateway, StartSim
@@ -55,9 +56,13 @@ async def post(gateway: Gateway, body: object, headers: dict[str, str]) -> tuple
 HI = [{"role": "user", "content": "hi"}]
 
 
-async def llama_gateway(start_sim: StartSim, start_gateway: StartGateway) -> Gateway:
-    """A gateway in front of one simulated llama-server serving MODEL."""
-    _, sim_url = await start_sim(flavor="llamacpp", models=[MODEL])
+async def llama_gateway(
+    start_sim: StartSim, start_gateway: StartGateway, sims: list[Simulator] | None = None
+) -> Gateway:
+    """A gateway in front of one simulated llama-server serving MODEL (added to ``sims``)."""
+    sim, sim_url = await start_sim(flavor="llamacpp", models=[MODEL])
+    if sims is not None:
+        sims.append(sim)
     return await start_gateway(
         USERS + f"backends:\n  - {{name: cpp, url: {sim_url}, kind: llamacpp}}\n"
     )
@@ -525,6 +530,26 @@ class TestCountTokens:
 
 
 class TestLlamaCpp:
+    async def test_a_backend_counts_one_prompt_at_a_time(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """Four counts at once, each taking the tokenizer a moment: the backend is asked
+        one after the other (it tokenizes on the cores that decode), and each gets its
+        count."""
+        sims: list[Simulator] = []
+        gateway = await llama_gateway(start_sim, start_gateway, sims)
+        body = {"model": MODEL, "messages": HI, "sim_first_byte_delay": 0.2}
+        headers = {"Authorization": "Bearer alice-key"}
+        async with aiohttp.ClientSession() as session:
+
+            async def count() -> int:
+                url = gateway.url + "/v1/messages/count_tokens"
+                async with session.post(url, json=body, headers=headers) as reply:
+                    return int((await reply.json())["input_tokens"])
+
+            assert await asyncio.gather(*(count() for _ in range(4))) == [1] * 4
+        assert sims[0].stats.max_counting == 1
+
     async def test_a_long_stream_from_llama_server_keeps_the_prompt_count_of_its_start(
         self, start_sim: StartSim, start_gateway: StartGateway
     ) -> None:

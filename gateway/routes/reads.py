@@ -28,7 +28,8 @@ from gateway.core import Api, GatewayError, Reason
 from gateway.edge.http import NO_STORE, RECORD, defer_continue, read_body
 from gateway.intake import checked_name, model_forbidden, model_not_found, no_backend, parsed
 from gateway.relay import Relay, Target
-from gateway.routes.token_counting import COUNT_TOKENS, counting_backends
+from gateway.routes.checks import check_budget
+from gateway.routes.token_counting import COUNT_TOKENS, Counting, counting_backends
 from gateway.services import Services
 
 __all__ = ["Reads"]
@@ -51,6 +52,7 @@ class Reads:
     def __init__(self, services: Services) -> None:
         self._services = services
         self._reading: Counter[str] = Counter()  # reads under way, by user
+        self._counting = Counting()
 
     def add_routes(self, app: web.Application) -> None:
         for path in _LISTINGS:
@@ -172,9 +174,10 @@ class Reads:
         record.model = model or None
         pool = view.pool
         if counting:
-            return await self._relay(
-                request, self._choose(counting_backends(pool, model), model), fields.body
-            )
+            check_budget(services, view.policy, user)
+            backend = self._choose(counting_backends(pool, model), model)
+            async with self._counting.turn(backend):
+                return await self._relay(request, backend, fields.body)
         candidates = pool.serving(Api.OLLAMA, model) if model else pool.healthy(Api.OLLAMA)
         if not candidates and model and pool.known_nowhere(Api.OLLAMA, model):
             raise model_not_found(model)

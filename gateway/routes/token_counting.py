@@ -3,17 +3,58 @@ the model. llama-server counts a Messages request's prompt with the model's own 
 and template, and runs no slot for it; Ollama has no such route (server/routes.go serves
 ``/v1/messages`` alone), so a model only Ollama serves is a 404 that says so, rather than
 Ollama's bare 404 page. A read, like ``/api/show``: no turn, under the per-user read cap.
+
+Not free for the engine, though: llama-server renders and tokenizes the whole prompt in its
+HTTP threads, on the cores that decode (four clients counting 480 KB prompts in a loop took
+another user's token gap from 15 to 129 ms). So each backend counts one prompt at a time,
+the others waiting for it a few seconds at most (then 503), and a user whose budget is
+spent is refused a count as a generation would be.
 """
 
 from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 from gateway.backends import Backend, BackendPool
 from gateway.core import Api, GatewayError, Reason
 from gateway.intake import model_not_found, no_backend
 
-__all__ = ["COUNT_TOKENS", "counting_backends"]
+__all__ = ["COUNT_TOKENS", "Counting", "counting_backends"]
 
 COUNT_TOKENS = "/v1/messages/count_tokens"
+# A count waits this long for the one under way on its backend: a count of the longest
+# prompt takes well under a second on a CPU, so a longer wait is a queue of them.
+COUNT_WAIT_SECONDS = 5.0
+
+
+class Counting:
+    """One count at a time on each backend."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, asyncio.Lock] = {}  # by backend: bounded by the policy's
+
+    @asynccontextmanager
+    async def turn(self, backend: Backend) -> AsyncIterator[None]:
+        """``backend`` counts for this request alone while in the block; a 503 when the
+        count under way there does not end within ``COUNT_WAIT_SECONDS``."""
+        lock = self._locks.setdefault(backend.key, asyncio.Lock())
+        try:
+            async with asyncio.timeout(COUNT_WAIT_SECONDS):
+                await lock.acquire()
+        except TimeoutError:
+            raise GatewayError(
+                503,
+                Reason.GATEWAY_BUSY,
+                "other token counts are under way on the backend serving this model; "
+                "retry in a moment",
+                retry_after=1.0,
+            ) from None
+        try:
+            yield
+        finally:
+            lock.release()
 
 
 def counting_backends(pool: BackendPool, model: str) -> tuple[Backend, ...]:
