@@ -6,13 +6,14 @@ import asyncio
 import os
 import shutil
 import socket
+import sys
 import time
 from pathlib import Path
 
 import aiohttp
 import pytest
 
-__all__ = ["free_port", "required_binary", "stop", "until_answers"]
+__all__ = ["free_port", "required_binary", "serve_on_a_full_disk", "stop", "until_answers"]
 
 
 def free_port() -> int:
@@ -67,3 +68,26 @@ async def until_answers(
                 pass
             await asyncio.sleep(0.1)
     raise TimeoutError(f"{url} did not answer within {within:g} s")
+
+
+async def serve_on_a_full_disk(policy: Path, cwd: Path) -> tuple[asyncio.subprocess.Process, str]:
+    """``fairgate serve`` of ``policy`` in a process of its own whose stderr (its log) is
+    /dev/full, where every write fails as on a full disk; its URL once it answers."""
+    port = free_port()
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("FAIRGATE_")}
+    full = os.open("/dev/full", os.O_WRONLY)
+    try:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gateway", "serve", "--config", str(policy),
+            "--listen", f"127.0.0.1:{port}", cwd=cwd, stdout=asyncio.subprocess.DEVNULL,
+            stderr=full, env={**clean, "FAIRGATE_LOG_FORMAT": "json"},
+        )  # fmt: skip
+    finally:
+        os.close(full)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        await until_answers(url + "/healthz", 30, process)
+    except BaseException:
+        await stop(process)
+        raise
+    return process, url

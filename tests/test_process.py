@@ -30,7 +30,7 @@ from gateway.cli.first_run import EXAMPLE_KEYS, example_keys_in
 from gateway.config.policy import parse_policy
 from gateway.config.settings import Settings
 from tests.conftest import Gateway, StartGateway, StartSim, one_backend
-from tests.processes import free_port, stop, until_answers
+from tests.processes import free_port, serve_on_a_full_disk, stop, until_answers
 from tests.test_admission import MODEL
 from tests.test_backends import FAST_MONITOR, wait_backend
 
@@ -176,22 +176,10 @@ class TestServeCommand:
         policy = tmp_path / "fairgate.yaml"
         budgeted = "users:\n  carol: {keys: [carol-key], budget: {requests_per_hour: 2}}\n"
         policy.write_text(budgeted + gpu_backend(sim_url))
-        port = free_port()
-        clean = {k: v for k, v in os.environ.items() if not k.startswith("FAIRGATE_")}
-        full = os.open("/dev/full", os.O_WRONLY)
-        try:
-            process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "gateway", "serve", "--config", str(policy),
-                "--listen", f"127.0.0.1:{port}", cwd=tmp_path, stdout=asyncio.subprocess.DEVNULL,
-                stderr=full, env={**clean, "FAIRGATE_LOG_FORMAT": "json"},
-            )  # fmt: skip
-        finally:
-            os.close(full)
-        url = f"http://127.0.0.1:{port}"
+        process, url = await serve_on_a_full_disk(policy, tmp_path)
         chat = {"model": MODEL, "prompt": "hi", "stream": False, "options": {"num_predict": 2}}
         carol = {"Authorization": "Bearer carol-key"}
         try:
-            await until_answers(url + "/healthz", 30, process)
             async with aiohttp.ClientSession() as session:
                 statuses = []
                 for _ in range(4):
