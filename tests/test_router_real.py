@@ -23,7 +23,7 @@ import yaml
 
 from gateway.config import model_key
 from tests.conftest import StartGateway
-from tests.llama_server import LlamaServer
+from tests.llama_server import LlamaServer, running_llama_router
 from tests.test_admission import until
 from tests.test_hostile_clients import status_of
 from tests.test_init import init
@@ -146,3 +146,35 @@ async def test_each_user_lists_and_runs_only_the_router_models_they_may_use(
                 model=CODER, messages=[{"role": "user", "content": "hi"}], max_tokens=2
             )
     assert (await _router_models(llama_router.url))[CODER] == "unloaded"
+
+
+async def test_a_model_the_router_cannot_load_unloads_no_other_again(
+    tmp_path: Path, start_gateway: StartGateway
+) -> None:
+    """A broken file among the router's models: its first request fails as the router
+    says (500, its child exited), and from then on, for a while, a request for it is a 503
+    that says why, at once, without unloading the family's model for a load that fails
+    again. /status names it."""
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "broken.gguf").write_bytes(b"GGUF" + bytes(100))
+    async with running_llama_router(tmp_path) as llama_router:
+        gateway = await start_gateway(_policy(llama_router.url))
+        admission = gateway.services.admission
+        router = gateway.services.policy.current.pool.backends[0]
+        await until(admission, lambda _: router.state.models is not None, within=30)
+        async with aiohttp.ClientSession() as session:
+
+            async def chat(model: str) -> tuple[int, str]:
+                body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+                url = gateway.url + "/v1/chat/completions"
+                async with session.post(url, json=body | {"max_tokens": 2}) as reply:
+                    return reply.status, await reply.text()
+
+            assert (await chat("broken"))[0] == 500  # the router's own answer, the first time
+            await until(admission, lambda _: bool(router.state.failed_loads), within=30)
+            assert (await chat(FAMILY))[0] == 200
+            status, said = await chat("broken")
+            assert status == 503 and "failed to load (its process exited with code" in said
+            assert (await _router_models(llama_router.url))[FAMILY] == "loaded"
+            held = (await status_of(gateway))["backends"]["router"]
+            assert list(held["failed_loads"]) == [model_key("broken")]

@@ -10,11 +10,13 @@ from gateway.config import MANY_MODEL_KINDS, BackendConfig, model_key
 from gateway.core import Api
 
 __all__ = [
+    "FAILED_LOAD_SECONDS",
     "OLLAMA_AUTOMATIC_MAX_LOADED",
     "Backend",
     "BackendPool",
     "BackendState",
     "BackendStates",
+    "FailedLoad",
     "LoadedModel",
     "RunsAtMost",
     "model_key",
@@ -34,6 +36,20 @@ class LoadedModel:
     expires_at: str | None = None
     size: int = 0  # bytes: weights and KV cache (size_vram of them on the GPU)
     context_length: int | None = None
+
+
+FAILED_LOAD_SECONDS = 60.0
+"""How long requests for a model whose load failed are refused before one tries again."""
+
+
+@dataclass(slots=True)
+class FailedLoad:
+    """A model the router could not load (its child exited: a broken file, too little
+    memory), as ``/models`` says; requests for it are refused until ``retry_at`` (the
+    monotonic clock), when one may try again."""
+
+    exit_code: int | None
+    retry_at: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +79,7 @@ class BackendState:
     sizes: dict[str, int] = field(default_factory=dict)  # model key -> bytes on disk (tags)
     observed_at: float = float("-inf")  # when the probe that read `loaded` started
     sleeping: bool = False
+    failed_loads: dict[str, FailedLoad] = field(default_factory=dict)  # by model key
     last_error: str | None = None
     # Fewer requests at once than the policy's slots, as the gateway found: sent no more.
     runs_at_most: RunsAtMost | None = None

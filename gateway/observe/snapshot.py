@@ -54,6 +54,7 @@ class BackendSnapshot:
     model_counts: dict[tuple[str, str], float] = field(default_factory=dict)
     swap: PendingSwap | None = None  # the swap under way
     runs_fewer: str | None = None  # found to run fewer at once than its slots: what to do
+    failed_loads: dict[str, int | None] = field(default_factory=dict)  # model -> exit code
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +184,7 @@ def _backend(backend: Backend, room: RoomSnapshot, heavy_slots: int) -> BackendS
         },
         swap=None if pending is None else PendingSwap(*pending),
         runs_fewer=runs_fewer(backend),
+        failed_loads={model: load.exit_code for model, load in state.failed_loads.items()},
     )
 
 

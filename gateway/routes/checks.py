@@ -5,11 +5,13 @@ run, and its account's budget (counted as in flight until it ends)."""
 from __future__ import annotations
 
 import contextlib
+import time
+from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 
-from gateway.backends import BackendPool
-from gateway.config import Policy
-from gateway.core import Api, GatewayError, Reason
+from gateway.backends import FAILED_LOAD_SECONDS, Backend, BackendPool
+from gateway.config import Policy, model_key
+from gateway.core import Api, GatewayError, Reason, retry_after_header
 from gateway.intake import (
     Estimate,
     Fields,
@@ -48,11 +50,37 @@ def resolved(fields: Fields, policy: Policy) -> str:
 
 
 def check_model_served(pool: BackendPool, api: Api, model: str) -> None:
-    if pool.serving(api, model):
+    serving = pool.serving(api, model)
+    if serving:
+        if any(backend.state.failed_loads for backend in serving):  # a router's, rarely
+            _check_loads(serving, model)
         return
     if pool.known_nowhere(api, model):
         raise model_not_found(model)
     raise no_backend(pool, api, model)
+
+
+def _check_loads(serving: Sequence[Backend], model: str) -> None:
+    """A 503 when every backend serving ``model`` failed to load it lately (a router whose
+    child exited): sent, the request would unload the models others use for a load that
+    fails again. Once a while has passed, one request tries again."""
+    key = model_key(model)
+    failed = [backend.state.failed_loads.get(key) for backend in serving]
+    known = [load for load in failed if load is not None]
+    if len(known) < len(failed):
+        return  # another backend can load it
+    due, now = min(known, key=lambda load: load.retry_at), time.monotonic()
+    if due.retry_at <= now:
+        due.retry_at = now + FAILED_LOAD_SECONDS  # this one tries; the others wait for it
+        return
+    code = "" if due.exit_code is None else f" (its process exited with code {due.exit_code})"
+    raise GatewayError(
+        503,
+        Reason.NO_BACKEND,
+        f"{model!r} failed to load{code}: the backend's log says why; it is tried again in "
+        f"{retry_after_header(due.retry_at - now)} s",
+        retry_after=due.retry_at - now,
+    )
 
 
 def in_flight(

@@ -122,6 +122,7 @@ def _backend(backend: BackendSnapshot, snapshot: GatewaySnapshot) -> dict[str, A
         "sleeping": backend.sleeping,
         "last_error": backend.last_error,
         "runs_fewer": backend.runs_fewer,
+        "failed_loads": backend.failed_loads,  # the router's: model -> its child's exit code
         "keep_warm_pings": {
             f"{model}:{outcome}": count
             for (name, model, outcome), count in warmth.pings.items()

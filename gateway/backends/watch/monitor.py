@@ -12,7 +12,13 @@ from collections.abc import Callable
 
 import structlog
 
-from gateway.backends.pool import BackendState, BackendStates, LoadedModel
+from gateway.backends.pool import (
+    FAILED_LOAD_SECONDS,
+    BackendState,
+    BackendStates,
+    FailedLoad,
+    LoadedModel,
+)
 from gateway.backends.watch.failures import sentence
 from gateway.backends.watch.probes import Observation, ProbeFailed, probe
 from gateway.config import BackendConfig, Monitoring
@@ -124,6 +130,7 @@ class BackendMonitor:
         # What the gateway sent after the probe started is newer than what it read.
         state.sizes, state.observed_at = seen.sizes, started
         state.sleeping = seen.sleeping
+        changed |= _note_failed_loads(config, state, seen.failed, started)
         if not state.healthy and state.successes >= self._settings.healthy_after:
             state.healthy = True
             state.runs_at_most = None  # back from a restart, maybe with another setting
@@ -131,6 +138,23 @@ class BackendMonitor:
             log.info("backend_up", backend=config.name, url=config.url)
         if changed:
             self._on_change()
+
+
+def _note_failed_loads(
+    config: BackendConfig, state: BackendState, failed: dict[str, int | None], now: float
+) -> bool:
+    """Models whose load failed, as the router says, are refused for a while
+    (``FAILED_LOAD_SECONDS``): each request for one would otherwise unload what the others
+    use, for a load that fails again. One that loaded since is forgotten. Whether a new
+    one was noted (requests waiting for it are told at once)."""
+    for model in state.failed_loads.keys() - failed.keys():
+        del state.failed_loads[model]
+    new = failed.keys() - state.failed_loads.keys()
+    for model in new:
+        code = failed[model]
+        state.failed_loads[model] = FailedLoad(code, now + FAILED_LOAD_SECONDS)
+        log.warning("model_failed_to_load", backend=config.name, model=model, exit_code=code)
+    return bool(new)
 
 
 def _held(loaded: dict[str, LoadedModel]) -> dict[str, tuple[int, int | None]]:

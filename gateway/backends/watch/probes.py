@@ -40,6 +40,8 @@ class Observation:
     sleeping: bool = False
     model_limit: int | None = None  # the router's --models-max (None: no limit)
     names: dict[str, str] = field(default_factory=dict)  # model key -> the router's own name
+    # Models whose last load failed (the router's), with the exit code of their child.
+    failed: dict[str, int | None] = field(default_factory=dict)
 
 
 Getter = Callable[[str], Awaitable[Any]]
@@ -122,17 +124,24 @@ async def _llamacpp_router(get: Getter) -> Observation:
     limit = props.get("max_instances")
     names: dict[str, str] = {}
     loaded: dict[str, LoadedModel] = {}
+    failed: dict[str, int | None] = {}
     for entry in _entries(await get("/models"), "data"):
         name = str(entry.get("id"))
         aliases = entry.get("aliases")
         for called in [name, *(aliases if isinstance(aliases, list) else [])]:
             names[model_key(str(called))] = name
         status = entry.get("status")
-        if isinstance(status, dict) and status.get("value") in _HELD:
+        if not isinstance(status, dict):
+            continue
+        if status.get("value") in _HELD:
             loaded[model_key(name)] = LoadedModel()
+        elif status.get("failed") is True:
+            code = status.get("exit_code")
+            failed[model_key(name)] = code if isinstance(code, int) else None
     return Observation(
         models=frozenset(names),
         loaded=loaded,
+        failed=failed,
         slots=await _child_slots(get, [names[m] for m in loaded]),
         model_limit=_count(limit),
         names=names,
