@@ -30,6 +30,7 @@ async def count_tokens(api: LlamaServer, request: web.Request) -> web.Response:
     stats = api.engine.stats
     stats.counting += 1
     stats.max_counting = max(stats.max_counting, stats.counting)
+    api.engine.changed()
     try:
         # As long as the tokenizer takes, when a test says (sim_first_byte_delay).
         delay = faults_from(body, native=False).first_byte_delay
@@ -37,6 +38,7 @@ async def count_tokens(api: LlamaServer, request: web.Request) -> web.Response:
             await asyncio.sleep(delay)
     finally:
         stats.counting -= 1
+        api.engine.changed()
     return reply({"input_tokens": tokens_in(chat_text(body.get("system"), body.get("messages")))})
 
 

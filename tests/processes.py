@@ -16,6 +16,11 @@ import pytest
 __all__ = ["free_port", "required_binary", "serve_on_a_full_disk", "stop", "until_answers"]
 
 
+# The checkout under test, first on the child's path: the venv's editable install may be
+# another checkout's.
+_REPO = str(Path(__file__).resolve().parent.parent)
+
+
 def free_port() -> int:
     """A loopback port nothing listens on right now."""
     with socket.socket() as probe:
@@ -80,7 +85,7 @@ async def serve_on_a_full_disk(policy: Path, cwd: Path) -> tuple[asyncio.subproc
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "gateway", "serve", "--config", str(policy),
             "--listen", f"127.0.0.1:{port}", cwd=cwd, stdout=asyncio.subprocess.DEVNULL,
-            stderr=full, env={**clean, "FAIRGATE_LOG_FORMAT": "json"},
+            stderr=full, env={**clean, "FAIRGATE_LOG_FORMAT": "json", "PYTHONPATH": _REPO},
         )  # fmt: skip
     finally:
         os.close(full)

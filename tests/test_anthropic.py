@@ -530,24 +530,28 @@ class TestCountTokens:
 
 
 class TestLlamaCpp:
-    async def test_a_backend_counts_one_prompt_at_a_time(
+    async def test_a_backend_counts_one_prompt_at_a_time_and_each_users_one_at_a_time(
         self, start_sim: StartSim, start_gateway: StartGateway
     ) -> None:
-        """Four counts at once, each taking the tokenizer a moment: the backend is asked
-        one after the other (it tokenizes on the cores that decode), and each gets its
-        count."""
+        """Counts from alice and the kids at once, each taking the tokenizer a moment: the
+        backend is asked one after the other (it tokenizes on the cores that decode), and
+        alice's second count beside her first is a 429, not a place in the line."""
         sims: list[Simulator] = []
         gateway = await llama_gateway(start_sim, start_gateway, sims)
         body = {"model": MODEL, "messages": HI, "sim_first_byte_delay": 0.2}
-        headers = {"Authorization": "Bearer alice-key"}
         async with aiohttp.ClientSession() as session:
 
-            async def count() -> int:
+            async def count(key: str) -> tuple[int, int]:
                 url = gateway.url + "/v1/messages/count_tokens"
+                headers = {"Authorization": f"Bearer {key}"}
                 async with session.post(url, json=body, headers=headers) as reply:
-                    return int((await reply.json())["input_tokens"])
+                    counted = await reply.json()
+                    return reply.status, int(counted.get("input_tokens", 0))
 
-            assert await asyncio.gather(*(count() for _ in range(4))) == [1] * 4
+            alice = asyncio.create_task(count("alice-key"))
+            await sims[0].wait_for(lambda stats: stats.counting == 1, timeout=5)
+            assert await count("alice-key") == (429, 0)
+            assert await asyncio.gather(alice, count("kids-key")) == [(200, 1), (200, 1)]
         assert sims[0].stats.max_counting == 1
 
     async def test_a_long_stream_from_llama_server_keeps_the_prompt_count_of_its_start(

@@ -40,7 +40,7 @@ users:
     keys: [owui-key]
     on_behalf:
       header: X-Person
-      total: {max_concurrent: 1, max_queued: 1, budget: {requests_per_minute: 3}}
+      total: {max_concurrent: 1, max_queued: 1, budget: {requests_per_hour: 3}}
 """
 
 Send = Callable[..., Awaitable[tuple[int, dict[str, Any]]]]
@@ -103,7 +103,7 @@ async def mallory(send: Send) -> list[int]:
 
 
 async def front_end(send: Send) -> list[int]:
-    """A front end naming a new person each time: its total's 3 a minute, whatever names."""
+    """A front end naming a new person each time: its total's 3 an hour, whatever names."""
     statuses = []
     for n in range(8):
         headers = {"X-Person": f"new{n}@example.com"}

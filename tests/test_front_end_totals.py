@@ -15,6 +15,7 @@ from tests.conftest import Gateway, StartGateway, StartSim
 from tests.redis_server import redis_url  # noqa: F401 (fixture)
 from tests.test_admission import MODEL, until
 from tests.test_budgets import PARIS, Clock, at
+from tests.test_hostile_clients import head_of, invited, open_raw, request_head
 
 HEADER = "X-OpenWebUI-User-Email"
 
@@ -89,7 +90,7 @@ class TestWhateverNamesItSends:
                     if len(refused) == 8:
                         break
             assert refused == [503] * 8
-            assert "the people of owui already have 1 running and 1 waiting together" in text
+            assert "the people of owui already have 1 running, 1 waiting and 0 on" in text
             snapshot = admission.snapshot()
             running = sum(busy for busy, _ in snapshot.backends.values())
             assert (running, snapshot.queue_depth) == (1, 1)
@@ -137,7 +138,48 @@ class TestWhateverNamesItSends:
         await until(gateway.services.admission, lambda s: not s.users)
 
 
+class TestBodiesOnTheirWay:
+    async def test_new_names_get_no_more_bodies_read_than_the_totals_places_and_one_bodys_bytes(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """Slow bodies from a new person each time: two are read (the total's places),
+        the third is refused from its head; and of big ones, one at a time for the key.
+        (With lanes on, a body that may be a task is read too, within a task's size and
+        the key's bytes.)"""
+        _, sim_url = await start_sim(parallel=4)
+        lanes_off = "lanes: {presets: []}\n"
+        gateway = await start_gateway(
+            lanes_off + house(sim_url, "{max_concurrent: 1, max_queued: 1}")
+        )
+        slow = []
+        for n in range(2):
+            _, writer = await invited(gateway, "owui-key", 1000, f"{HEADER}: slow{n}\r\n")
+            slow.append(writer)
+        reader, third = await open_raw(gateway)
+        third.write(request_head("/api/generate", 1000, "owui-key", f"{HEADER}: slow2\r\n"))
+        assert (await head_of(reader)).startswith(b"HTTP/1.1 503")
+        for writer in (*slow, third):
+            writer.close()
+        _, big = await invited(gateway, "owui-key", 20 << 20, f"{HEADER}: big0\r\n")
+        reader, writer = await open_raw(gateway)
+        writer.write(request_head("/api/generate", 20 << 20, "owui-key", f"{HEADER}: big1\r\n"))
+        assert (await head_of(reader)).startswith(b"HTTP/1.1 503")
+        writer.close()
+        big.close()
+
+
 class TestNamesAPersonCannotHave:
+    def test_a_name_that_only_ends_like_an_account_is_a_person(self) -> None:
+        """owui/x/(all) is a person named x/(all): the front end's budget for them, not the
+        total's (which would be none for a person)."""
+        policy = parse_policy(
+            house("http://127.0.0.1:1", "{max_concurrent: 2}").replace(
+                "    max_queued: 1\n", "    max_queued: 1\n    budget: {requests_per_minute: 1}\n"
+            )
+        )
+        for name in ("owui/x/(all)", "owui/x/(background)"):
+            assert policy.budget_of(name).requests_per_minute == 1, name
+
     @pytest.mark.parametrize("name", ["(all)", "(background)"])
     async def test_a_header_naming_an_account_of_the_front_ends_is_refused(
         self, start_sim: StartSim, start_gateway: StartGateway, name: str

@@ -298,7 +298,7 @@ class TestSlowBodies:
         head = await head_of(reader)
         assert head.startswith(b"HTTP/1.1 503")
         body = await reader.readexactly(length_of(head))
-        assert b"MiB of this user's other requests are still arriving" in body
+        assert b"MiB of other requests with this key are still arriving" in body
         writer.close()
         _, bob = await invited(gateway, "bob-key", size)
         bob.close()
@@ -306,12 +306,13 @@ class TestSlowBodies:
 
 
 async def invited(
-    gateway: Gateway, key: str, length: int
+    gateway: Gateway, key: str, length: int, extra: str = ""
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A request head declaring ``length`` bytes, once the gateway has asked for its body
-    (100 Continue: it counts the body as on its way from then)."""
+    """A request head declaring ``length`` bytes (``extra``: more header lines), once the
+    gateway has asked for its body (100 Continue: it counts it as on its way from then)."""
     reader, writer = await open_raw(gateway)
-    writer.write(request_head("/api/generate", length, key, "Expect: 100-continue\r\n"))
+    expect = "Expect: 100-continue\r\n" + extra
+    writer.write(request_head("/api/generate", length, key, expect))
     assert await head_of(reader) == b"HTTP/1.1 100 Continue\r\n\r\n"
     return reader, writer
 

@@ -13,10 +13,10 @@ import itertools
 from collections import Counter, deque
 from collections.abc import Iterator
 
-from gateway.admission.arriving import ArrivingBodies
+from gateway.admission.arriving import ArrivingBodies, key_of
 from gateway.admission.slot_ledger import decrement, increment
 from gateway.admission.tickets import Ticket, Waiter
-from gateway.config import PERSON_SEPARATOR, Limits, Policy
+from gateway.config import Limits, Policy
 from gateway.core import BACKGROUND, Lane, Reason
 
 __all__ = ["UserQueues"]
@@ -70,7 +70,7 @@ class UserQueues:
         together = self.policy.together_of(user)
         if together is None or together[1].max_concurrent is None:
             return False
-        return self.together_running.get(_front_end(user), 0) >= together[1].max_concurrent
+        return self.together_running.get(key_of(user), 0) >= together[1].max_concurrent
 
     def over_bound(self, user: str, lane: Lane, extra: int) -> Reason | None:
         """Which bound the lines pass with ``extra`` more requests of ``user`` waiting."""
@@ -90,13 +90,24 @@ class UserQueues:
         held = self.runs(lane).get(user, 0) + len(self.queues(lane).get(user, ()))
         return held + arriving >= running + queued
 
+    def together_holds_all(self, user: str) -> bool:
+        """Whether the people of ``user``'s front end, running, waiting and with bodies on
+        their way, already take every place its total gives them together."""
+        together = self.policy.together_of(user)
+        if together is None or together[1].max_concurrent is None:
+            return False
+        places = together[1].max_concurrent + (together[1].max_queued or 0)
+        key = key_of(user)
+        held = self.together_running.get(key, 0) + self.together_waiting.get(key, 0)
+        return held + self.arriving.together.get(key, 0) >= places
+
     def together_full(self, user: str, extra: int) -> bool:
         """Whether ``extra`` more requests of ``user`` waiting would pass its front end's
         bound on its people's waiting requests together (``on_behalf.total.max_queued``)."""
         together = self.policy.together_of(user)
         if together is None or together[1].max_queued is None:
             return False
-        return self.together_waiting.get(_front_end(user), 0) + extra > together[1].max_queued
+        return self.together_waiting.get(key_of(user), 0) + extra > together[1].max_queued
 
     def waiters(self) -> Iterator[Waiter]:
         """Every waiting request, interactive first; with the ones whose turn is done (a
@@ -110,7 +121,7 @@ class UserQueues:
         self.queues(lane).setdefault(user, deque()).append(waiter)
         self.depth += 1
         if lane is not BACKGROUND:
-            increment(self.together_waiting, _front_end(user))
+            increment(self.together_waiting, key_of(user))
 
     def remove(self, waiter: Waiter) -> bool:
         """Take ``waiter`` out of its queue; False if it was not in it (already gone)."""
@@ -121,7 +132,7 @@ class UserQueues:
         queue.remove(waiter)
         self.depth -= 1
         if waiter.ticket.lane is not BACKGROUND:
-            decrement(self.together_waiting, _front_end(user))
+            decrement(self.together_waiting, key_of(user))
         if not queue:
             del queues[user]  # users without waiting requests are not looked at by dispatch
         return True
@@ -133,14 +144,14 @@ class UserQueues:
             runs = self.background_running
         else:
             runs = self.running
-            increment(self.together_running, _front_end(ticket.user))
+            increment(self.together_running, key_of(ticket.user))
         runs[ticket.user] = runs.get(ticket.user, 0) + 1
 
     def ended(self, ticket: Ticket) -> None:
         """``ticket``'s request ended: its user's place in its lane is free again."""
         decrement(self.runs(ticket.lane), ticket.user)
         if ticket.lane is not BACKGROUND:
-            decrement(self.together_running, _front_end(ticket.user))
+            decrement(self.together_running, key_of(ticket.user))
 
     def idle(self, user: str) -> bool:
         """Whether ``user`` has nothing waiting and nothing running, in either lane."""
@@ -155,8 +166,3 @@ class UserQueues:
         """The background request that came last: the first to go when a person needs room."""
         waiting = [w for queue in self.background.values() for w in queue if not w.turn.done()]
         return max(waiting, key=lambda waiter: waiter.candidate.seq, default=None)
-
-
-def _front_end(user: str) -> str:
-    """The configured user whose key ``user``'s requests came with."""
-    return user.partition(PERSON_SEPARATOR)[0]

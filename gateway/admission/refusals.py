@@ -89,21 +89,27 @@ def refusal(
 
 def _queue_full(room: RoomState, user: str, lane: Lane) -> str:
     """Whose places are all taken: the user's own, or its front end's people's together."""
+    lines = room.lines
     queued = room.caps(user, lane)[1]
     waiting = len(room.queues(lane).get(user, ()))
+    arriving = lines.arriving.count.get(user, 0)
     together = room.policy.together_of(user) if lane is Lane.INTERACTIVE else None
-    if waiting < queued and together is not None and room.lines.together_full(user, 1):
+    own_full = waiting >= queued or lines.holds_all_it_may(user, lane, arriving)
+    if not own_full and together is not None:
         front_end = together[0].partition(PERSON_SEPARATOR)[0]
         return (
             f"the people of {front_end} already have "
-            f"{room.lines.together_running.get(front_end, 0)} running and "
-            f"{room.lines.together_waiting.get(front_end, 0)} waiting together "
-            f"(on_behalf.total.max_queued {together[1].max_queued})"
+            f"{lines.together_running.get(front_end, 0)} running, "
+            f"{lines.together_waiting.get(front_end, 0)} waiting and "
+            f"{lines.arriving.together.get(front_end, 0)} on their way together "
+            f"(on_behalf.total: max_concurrent {together[1].max_concurrent}, "
+            f"max_queued {together[1].max_queued})"
         )
     work = "background work" if lane is Lane.BACKGROUND else "user"
+    on_the_way = f" and {arriving} more on their way" if arriving else ""
     return (
         f"{work} {user} already has {room.runs(lane)[user]} running and {waiting} "
-        f"waiting (max_queued {queued})"
+        f"waiting{on_the_way} (max_queued {queued})"
     )
 
 

@@ -265,6 +265,8 @@ def _refuses_unseen_in(room: RoomState, user: str, lane: Lane) -> Reason | None:
         # Bodies still on their way count as the user's: a burst of slow bodies cannot
         # be read side by side beyond what the user could run and queue.
         return Reason.USER_QUEUE_FULL
+    if lane is Lane.INTERACTIVE and lines.together_holds_all(user):
+        return Reason.USER_QUEUE_FULL  # and as its front end's people's, whatever the name
     if not lines.at_cap(user, lane) and room.slots.has_free_slot(room.pool.backends):
         return None  # it may start at once, whatever its waiting would pass: asked first
     reason = lines.over_bound(user, lane, extra=1 + arriving)

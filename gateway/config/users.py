@@ -119,7 +119,9 @@ ConfiguredKey = Annotated[str, AfterValidator(_configured_key)]
 
 class Together(Strict):
     """What all the people a front end names may hold together, whatever names it sends:
-    each person has the front end's limits of their own, and these bound their sum."""
+    each person has the front end's limits of their own, and these bound their sum (their
+    bodies still arriving count). Its tasks (the background lane) keep each person's
+    lanes.background places; its budget counts them."""
 
     max_concurrent: int | None = Field(
         default=None, ge=1, description="Its people's requests running at once, together."
@@ -208,7 +210,8 @@ def background_account(user: str) -> str:
 
 
 def is_background_account(user: str) -> bool:
-    return user.endswith(PERSON_SEPARATOR + BACKGROUND_ACCOUNT)
+    # The whole person's part, not its end: a person named "x/(background)" is a person.
+    return user.partition(PERSON_SEPARATOR)[2] == BACKGROUND_ACCOUNT
 
 
 def together_account(front_end: str) -> str:
@@ -217,4 +220,4 @@ def together_account(front_end: str) -> str:
 
 
 def is_together_account(user: str) -> bool:
-    return user.endswith(PERSON_SEPARATOR + TOGETHER_ACCOUNT)
+    return user.partition(PERSON_SEPARATOR)[2] == TOGETHER_ACCOUNT

@@ -24,7 +24,7 @@ from gateway.core import (
     Reason,
     api_of,
 )
-from gateway.edge.http import HOT_PATHS, RECORD, defer_continue, read_body
+from gateway.edge.http import HOT_PATHS, RECORD, body_size, defer_continue, read_body
 from gateway.intake import apply_load_policy, classify, lane_of, parsed, possible_lanes, prefix_of
 from gateway.relay import Preempted, Relay, Target
 from gateway.routes.checks import (
@@ -99,8 +99,7 @@ class Generation:
         limit = settings.max_body_bytes if person_refused is None else TASK_BODY_BYTES
         # A body waiting for the parser counts as arriving too: a user's bodies cannot
         # hold more memory than the user could queue, nor than one body of the largest size.
-        size = min(limit, request.content_length or limit)
-        with admission.arriving(user, size, settings.max_body_bytes):
+        with admission.arriving(user, body_size(request, limit), settings.max_body_bytes):
             try:
                 body = await read_body(request, limit, settings.body_timeout)
             except GatewayError as error:

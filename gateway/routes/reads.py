@@ -25,7 +25,7 @@ from gateway.backends import Backend
 from gateway.backends.watch import entries_of
 from gateway.config import model_key
 from gateway.core import Api, GatewayError, Reason
-from gateway.edge.http import NO_STORE, RECORD, defer_continue, read_body
+from gateway.edge.http import NO_STORE, RECORD, body_size, defer_continue, read_body
 from gateway.intake import checked_name, model_forbidden, model_not_found, no_backend, parsed
 from gateway.relay import Relay, Target
 from gateway.routes.checks import check_budget
@@ -158,9 +158,13 @@ class Reads:
         view, record, settings = services.policy.current, request[RECORD], services.settings
         # Read as Ollama reads it (keys folded, last wins refused), so the model checked
         # against models: is the model shown: `model`, else the older `name`.
-        body = await read_body(request, settings.max_body_bytes, settings.body_timeout)
-        fields = await parsed(body, services.parsing)
         counting = request.path == COUNT_TOKENS
+        if counting:  # before its body, as a generation's: it costs the engine work
+            check_budget(services, view.policy, user)
+        limit = settings.max_body_bytes
+        with services.admission.arriving(user, body_size(request, limit), limit):
+            body = await read_body(request, limit, settings.body_timeout)
+        fields = await parsed(body, services.parsing)
         named = "model" if counting or fields.values.get("model") else "name"
         model = fields.values.get(named) or ""
         if not isinstance(model, str):
@@ -174,9 +178,8 @@ class Reads:
         record.model = model or None
         pool = view.pool
         if counting:
-            check_budget(services, view.policy, user)
             backend = self._choose(counting_backends(pool, model), model)
-            async with self._counting.turn(backend):
+            async with self._counting.turn(backend, user):
                 return await self._relay(request, backend, fields.body)
         candidates = pool.serving(Api.OLLAMA, model) if model else pool.healthy(Api.OLLAMA)
         if not candidates and model and pool.known_nowhere(Api.OLLAMA, model):

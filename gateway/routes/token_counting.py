@@ -7,8 +7,8 @@ Ollama's bare 404 page. A read, like ``/api/show``: no turn, under the per-user 
 Not free for the engine, though: llama-server renders and tokenizes the whole prompt in its
 HTTP threads, on the cores that decode (four clients counting 480 KB prompts in a loop took
 another user's token gap from 15 to 129 ms). So each backend counts one prompt at a time,
-the others waiting for it a few seconds at most (then 503), and a user whose budget is
-spent is refused a count as a generation would be.
+the others waiting for it a few seconds at most (then 503), each user's one at a time (then
+429), and a user whose budget is spent is refused a count as a generation would be.
 """
 
 from __future__ import annotations
@@ -30,15 +30,35 @@ COUNT_WAIT_SECONDS = 5.0
 
 
 class Counting:
-    """One count at a time on each backend."""
+    """One count at a time on each backend, and one of each user's there at a time."""
 
     def __init__(self) -> None:
         self._locks: dict[str, asyncio.Lock] = {}  # by backend: bounded by the policy's
+        self._users: set[tuple[str, str]] = set()  # (backend, user) with a count under way
 
     @asynccontextmanager
-    async def turn(self, backend: Backend) -> AsyncIterator[None]:
+    async def turn(self, backend: Backend, user: str) -> AsyncIterator[None]:
         """``backend`` counts for this request alone while in the block; a 503 when the
-        count under way there does not end within ``COUNT_WAIT_SECONDS``."""
+        count under way there does not end within ``COUNT_WAIT_SECONDS``, a 429 when the
+        user has one waiting or running there already (so that one user's counts cannot
+        hold the others' past their wait)."""
+        mine = (backend.key, user)
+        if mine in self._users:
+            raise GatewayError(
+                429,
+                Reason.TOO_MANY_READS,
+                "one token count at a time: this one's is still under way",
+                retry_after=1.0,
+            )
+        self._users.add(mine)
+        try:
+            async with self._one_at_a_time(backend):
+                yield
+        finally:
+            self._users.discard(mine)
+
+    @asynccontextmanager
+    async def _one_at_a_time(self, backend: Backend) -> AsyncIterator[None]:
         lock = self._locks.setdefault(backend.key, asyncio.Lock())
         try:
             async with asyncio.timeout(COUNT_WAIT_SECONDS):

@@ -13,7 +13,7 @@ from gateway.edge.http.cors import Cors
 from gateway.edge.http.headers import NO_STORE, decoded, forwarded_headers, returned_pairs
 from gateway.edge.http.hot_routes import HOT_PATHS
 from gateway.edge.http.reply_headers import ReplyHeaders, put
-from gateway.edge.http.request_body import defer_continue, read_body
+from gateway.edge.http.request_body import body_size, defer_continue, read_body
 
 __all__ = [
     "HOT_PATHS",
@@ -24,6 +24,7 @@ __all__ = [
     "Listener",
     "ReplyHeaders",
     "access_log",
+    "body_size",
     "decoded",
     "defer_continue",
     "error_response",

@@ -17,13 +17,22 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from gateway.core import GatewayError, Reason
 
-__all__ = ["defer_continue", "read_body"]
+__all__ = ["body_size", "defer_continue", "read_body"]
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
 async def defer_continue(request: web.Request) -> None:
     """The routes' expect handler: say nothing yet; ``read_body`` decides."""
+
+
+def body_size(request: web.Request, limit: int) -> int:
+    """The most memory ``request``'s body may take once read: its declared length, unless
+    it comes encoded (gzip decodes into more) or without one; at most ``limit``."""
+    declared = request.content_length
+    if declared is None or hdrs.CONTENT_ENCODING in request.headers:
+        return limit
+    return min(declared, limit)
 
 
 async def read_body(request: web.Request, limit: int, deadline: float) -> bytes:
@@ -53,7 +62,7 @@ async def read_body(request: web.Request, limit: int, deadline: float) -> bytes:
                 # Exactly the declared bytes (none decoded into more), within the limit:
                 # taken as they are, without read()'s copy and its two awaits.
                 return content.read_nowait()
-            return await request.read()
+            return await _read_within(content, limit)  # decoded, maybe into more
         async with asyncio.timeout(deadline):
             return await _read_within(content, limit)
     except (HttpProcessingError, RequestPayloadError) as exc:
