@@ -305,6 +305,23 @@ class TestSlowBodies:
         first.close()
 
 
+class TestEncodedBodiesOnTheirWay:
+    async def test_an_encoded_body_counts_as_the_largest_a_body_may_be(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """A gzip body of 1,000 bytes may decode into 32 MiB: while one is on its way, a
+        second from the same key is refused from its head, not read and decoded beside it."""
+        _, url = await start_sim(parallel=2)
+        gateway = await start_gateway(POLICY + one_backend(url, slots=2))
+        gzip = "Content-Encoding: gzip\r\n"
+        _, first = await invited(gateway, "alice-key", 1000, gzip)
+        reader, writer = await open_raw(gateway)
+        writer.write(request_head("/api/generate", 1000, "alice-key", gzip))
+        assert (await head_of(reader)).startswith(b"HTTP/1.1 503")
+        writer.close()
+        first.close()
+
+
 async def invited(
     gateway: Gateway, key: str, length: int, extra: str = ""
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
