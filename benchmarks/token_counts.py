@@ -32,6 +32,7 @@ __all__ = ["main"]
 
 PROMPT = "count these words please " * 20_000  # 480 KB
 HEADERS = {"Authorization": "Bearer key"}
+COUNTERS = 4  # clients counting, each a user of its own (one count at a time each)
 
 
 async def _gaps(session: aiohttp.ClientSession, url: str, stop: asyncio.Event) -> list[float]:
@@ -57,12 +58,13 @@ async def _gaps(session: aiohttp.ClientSession, url: str, stop: asyncio.Event) -
     return gaps  # type: ignore[return-value]
 
 
-async def _counting(session: aiohttp.ClientSession, url: str, until: float) -> int:
+async def _counting(session: aiohttp.ClientSession, url: str, until: float, n: int) -> int:
     body = {"model": MODEL_ALIAS, "messages": [{"role": "user", "content": PROMPT}]}
+    headers = {"Authorization": f"Bearer counter{n}"}
     answered = 0
     while time.perf_counter() < until:
         async with session.post(
-            url + "/v1/messages/count_tokens", json=body, headers=HEADERS
+            url + "/v1/messages/count_tokens", json=body, headers=headers
         ) as reply:
             await reply.read()
             answered += reply.status == 200
@@ -76,7 +78,9 @@ async def _run(url: str, seconds: float) -> str:
         await asyncio.sleep(seconds)  # the quiet window
         started = time.perf_counter()
         until = started + seconds
-        answered = await asyncio.gather(*(_counting(session, url, until) for _ in range(4)))
+        answered = await asyncio.gather(
+            *(_counting(session, url, until, n) for n in range(COUNTERS))
+        )
         ended = time.perf_counter()
         stop.set()
         gaps: list[tuple[float, float]] = await stream  # type: ignore[assignment]
@@ -96,7 +100,8 @@ async def compare(seconds: float, workdir: Path) -> list[str]:
         policy = workdir / "fairgate.yaml"
         policy.write_text(
             "users:\n  reader: {keys: [key], max_concurrent: 2}\n"
-            f"backends:\n  - {{name: cpp, url: {server.url}, kind: llamacpp}}\n"
+            + "".join(f"  counter{n}: {{keys: [counter{n}]}}\n" for n in range(COUNTERS))
+            + f"backends:\n  - {{name: cpp, url: {server.url}, kind: llamacpp}}\n"
         )
         # In a process of its own, as deployed: the clients' loop is not the gateway's.
         port = free_port()
