@@ -171,6 +171,35 @@ class TestWhatAnEstimateCouldNotSee:
         assert record.input_estimate is not None and record.input_estimate >= 2048
         assert record.request_class is RequestClass.HEAVY
 
+    async def test_a_hang_up_after_the_first_bytes_is_charged_the_hidden_prompt(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """Issue 41: a hang-up after the first bytes of a reply to a prompt hidden in a
+        tool's output charged 0 tokens. The reply's counts never come; the estimate, which
+        sees the hidden prompt, is what the day's usage is charged."""
+        _, url = await start_sim(models=[MODEL], decode_tokens_per_s=50.0)
+        gateway = await start_gateway(one_backend(url, slots=2))
+        finished = Finished(gateway)
+        body = {
+            "model": MODEL,
+            "stream": True,
+            "max_output_tokens": 500,
+            "input": [
+                {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c1", "output": self.LONG},
+                {"role": "user", "content": "ok?"},
+            ],
+        }
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(gateway.url + "/v1/responses", json=body) as reply,
+        ):
+            assert await reply.content.readline()  # the first bytes, then gone
+        record = await finished.first(("/v1/responses",))
+        assert record.prompt_tokens is None  # the counts never came
+        used = gateway.services.usage.used(record.user or "")
+        assert used.prompt_tokens >= 2048
+
 
 class TestOutputLimit:
     """The most a reply may generate, as the reservation against a tokens budget reads it:
