@@ -78,13 +78,16 @@ async def _pairs(admission: Admission, ticket: Ticket, n: int) -> float:
     return time.process_time() - started
 
 
+_BODY, _MAX_BODY = 71, 32 * 1024 * 1024
+
+
 async def _requests(admission: Admission, ticket: Ticket, n: int) -> float:
     """Process time for ``n`` requests' admissions, as the request handler calls it."""
     lanes = (Lane.INTERACTIVE,)
     started = time.process_time()
     for _ in range(n):
         assert admission.refuses_unseen(ticket.user, lanes) is None
-        with admission.arriving(ticket.user):
+        with admission.arriving(ticket.user, _BODY, _MAX_BODY):  # a chat's body, in its head
             pass
         permit = await admission.acquire(ticket)
         assert isinstance(permit, Permit)

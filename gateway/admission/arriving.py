@@ -13,9 +13,6 @@ headers rather than read side by side.
 
 from __future__ import annotations
 
-from collections import Counter
-
-from gateway.admission.slot_ledger import decrement, increment
 from gateway.config import PERSON_SEPARATOR
 from gateway.core import GatewayError, Reason
 
@@ -29,9 +26,13 @@ class ArrivingBodies:
     many, and the bytes they may come to."""
 
     def __init__(self) -> None:
-        self.count: Counter[str] = Counter()  # by user
-        self.together: Counter[str] = Counter()  # by key
-        self.bytes: Counter[str] = Counter()  # by key
+        self.count: dict[str, int] = {}  # by user
+        self.people: dict[str, int] = {}  # by front end: those of the people it names
+        self.bytes: dict[str, int] = {}  # by key
+
+    def together(self, front_end: str) -> int:
+        """The bodies on their way with ``front_end``'s key: its people's and its own."""
+        return self.people.get(front_end, 0) + self.count.get(front_end, 0)
 
 
 class Arriving:
@@ -39,7 +40,8 @@ class Arriving:
     in the block; entering raises a 503 when the bodies on their way with its key would
     pass ``bound`` bytes (one body of any size is always read)."""
 
-    # A class rather than a generator-based context manager: every request enters one.
+    # A class rather than a generator-based context manager, and plain dictionaries written
+    # out rather than Counters and helpers: every request enters one.
     __slots__ = ("_bodies", "_key", "_size", "_user")
 
     def __init__(self, bodies: ArrivingBodies, user: str, size: int, bound: int) -> None:
@@ -57,23 +59,35 @@ class Arriving:
             )
 
     def __enter__(self) -> None:
-        bodies, key = self._bodies, self._key
-        increment(bodies.count, self._user)
-        increment(bodies.together, key)
-        bodies.bytes[key] = bodies.bytes.get(key, 0) + self._size
+        bodies, user, key = self._bodies, self._user, self._key
+        count = bodies.count
+        count[user] = count.get(user, 0) + 1
+        if key is not user:  # a person a front end names
+            people = bodies.people
+            people[key] = people.get(key, 0) + 1
+        held = bodies.bytes
+        held[key] = held.get(key, 0) + self._size
 
     def __exit__(self, *exc_info: object) -> None:
-        bodies, key = self._bodies, self._key
-        decrement(bodies.count, self._user)
-        decrement(bodies.together, key)
-        left = bodies.bytes[key] - self._size
-        if left > 0:
-            bodies.bytes[key] = left
-        else:
-            del bodies.bytes[key]
+        bodies, user, key = self._bodies, self._user, self._key
+        _less(bodies.count, user, 1)
+        if key is not user:
+            _less(bodies.people, key, 1)
+        _less(bodies.bytes, key, self._size)
+
+
+def _less(counts: dict[str, int], key: str, by: int) -> None:
+    """``by`` fewer of ``key``, dropped at zero (state stays what is active)."""
+    left = counts[key] - by
+    if left > 0:
+        counts[key] = left
+    else:
+        del counts[key]
 
 
 def key_of(user: str) -> str:
     """The configured user whose key ``user``'s requests came with: the front end of a
-    person it names (``owui`` for ``owui/alice``), else the user."""
+    person it names (``owui`` for ``owui/alice``), else the user itself (the same object)."""
+    if PERSON_SEPARATOR not in user:
+        return user
     return user.partition(PERSON_SEPARATOR)[0]

@@ -34,10 +34,10 @@ class UserQueues:
         self.background_running: Counter[str] = Counter()
         # Requests past the quick refusal that are still reading their bodies, by user.
         self.arriving = ArrivingBodies()
-        # A person's running and waiting requests again, by front end (``owui`` for
-        # ``owui/alice``; a user of its own key is its own): what ``on_behalf.total`` bounds.
-        self.together_running: Counter[str] = Counter()
-        self.together_waiting: Counter[str] = Counter()
+        # The running and waiting requests of the people a front end names, again, by front
+        # end (``owui`` for ``owui/alice``); with its own, what ``on_behalf.total`` bounds.
+        self.people_running: Counter[str] = Counter()
+        self.people_waiting: Counter[str] = Counter()
 
     def queues(self, lane: Lane) -> dict[str, deque[Waiter]]:
         """The waiting requests of ``lane``, by user."""
@@ -67,10 +67,12 @@ class UserQueues:
             limits = self.policy.limits_of(user)
         if self.running.get(user, 0) >= limits.max_concurrent:
             return True
+        if not self.policy.bounds_people_together:  # nearly every house
+            return False
         together = self.policy.together_of(user)
         if together is None or together[1].max_concurrent is None:
             return False
-        return self.together_running.get(key_of(user), 0) >= together[1].max_concurrent
+        return self.together_running(key_of(user)) >= together[1].max_concurrent
 
     def over_bound(self, user: str, lane: Lane, extra: int) -> Reason | None:
         """Which bound the lines pass with ``extra`` more requests of ``user`` waiting."""
@@ -93,13 +95,15 @@ class UserQueues:
     def together_holds_all(self, user: str) -> bool:
         """Whether the people of ``user``'s front end, running, waiting and with bodies on
         their way, already take every place its total gives them together."""
+        if not self.policy.bounds_people_together:
+            return False
         together = self.policy.together_of(user)
         if together is None or together[1].max_concurrent is None:
             return False
         places = together[1].max_concurrent + (together[1].max_queued or 0)
         key = key_of(user)
-        held = self.together_running.get(key, 0) + self.together_waiting.get(key, 0)
-        return held + self.arriving.together.get(key, 0) >= places
+        held = self.together_running(key) + self.together_waiting(key)
+        return held + self.arriving.together(key) >= places
 
     def together_full(self, user: str, extra: int) -> bool:
         """Whether ``extra`` more requests of ``user`` waiting would pass its front end's
@@ -107,7 +111,15 @@ class UserQueues:
         together = self.policy.together_of(user)
         if together is None or together[1].max_queued is None:
             return False
-        return self.together_waiting.get(key_of(user), 0) + extra > together[1].max_queued
+        return self.together_waiting(key_of(user)) + extra > together[1].max_queued
+
+    def together_running(self, front_end: str) -> int:
+        """The interactive requests running with ``front_end``'s key: its people's, its own."""
+        return self.people_running.get(front_end, 0) + self.running.get(front_end, 0)
+
+    def together_waiting(self, front_end: str) -> int:
+        """The interactive requests waiting with ``front_end``'s key: its people's, its own."""
+        return self.people_waiting.get(front_end, 0) + len(self.waiting.get(front_end, ()))
 
     def waiters(self) -> Iterator[Waiter]:
         """Every waiting request, interactive first; with the ones whose turn is done (a
@@ -120,8 +132,8 @@ class UserQueues:
         user, lane = waiter.ticket.user, waiter.ticket.lane
         self.queues(lane).setdefault(user, deque()).append(waiter)
         self.depth += 1
-        if lane is not BACKGROUND:
-            increment(self.together_waiting, key_of(user))
+        if lane is not BACKGROUND and (key := key_of(user)) is not user:
+            increment(self.people_waiting, key)
 
     def remove(self, waiter: Waiter) -> bool:
         """Take ``waiter`` out of its queue; False if it was not in it (already gone)."""
@@ -131,8 +143,8 @@ class UserQueues:
             return False
         queue.remove(waiter)
         self.depth -= 1
-        if waiter.ticket.lane is not BACKGROUND:
-            decrement(self.together_waiting, key_of(user))
+        if waiter.ticket.lane is not BACKGROUND and (key := key_of(user)) is not user:
+            decrement(self.people_waiting, key)
         if not queue:
             del queues[user]  # users without waiting requests are not looked at by dispatch
         return True
@@ -144,14 +156,15 @@ class UserQueues:
             runs = self.background_running
         else:
             runs = self.running
-            increment(self.together_running, key_of(ticket.user))
+            if (key := key_of(ticket.user)) is not ticket.user:
+                increment(self.people_running, key)
         runs[ticket.user] = runs.get(ticket.user, 0) + 1
 
     def ended(self, ticket: Ticket) -> None:
         """``ticket``'s request ended: its user's place in its lane is free again."""
         decrement(self.runs(ticket.lane), ticket.user)
-        if ticket.lane is not BACKGROUND:
-            decrement(self.together_running, key_of(ticket.user))
+        if ticket.lane is not BACKGROUND and (key := key_of(ticket.user)) is not ticket.user:
+            decrement(self.people_running, key)
 
     def idle(self, user: str) -> bool:
         """Whether ``user`` has nothing waiting and nothing running, in either lane."""

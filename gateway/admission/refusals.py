@@ -99,9 +99,9 @@ def _queue_full(room: RoomState, user: str, lane: Lane) -> str:
         front_end = together[0].partition(PERSON_SEPARATOR)[0]
         return (
             f"the people of {front_end} already have "
-            f"{lines.together_running.get(front_end, 0)} running, "
-            f"{lines.together_waiting.get(front_end, 0)} waiting and "
-            f"{lines.arriving.together.get(front_end, 0)} on their way together "
+            f"{lines.together_running(front_end)} running, "
+            f"{lines.together_waiting(front_end)} waiting and "
+            f"{lines.arriving.together(front_end)} on their way together "
             f"(on_behalf.total: max_concurrent {together[1].max_concurrent}, "
             f"max_queued {together[1].max_queued})"
         )

@@ -163,6 +163,12 @@ class Policy(Strict):
         return None if total is None else (together_account(front_end), total)
 
     @cached_property
+    def bounds_people_together(self) -> bool:
+        """Whether some front end sets ``on_behalf.total``: asked first on every request's
+        path, where a household without one has nothing more to look up."""
+        return bool(self._totals)
+
+    @cached_property
     def _totals(self) -> dict[str, Together]:
         return {
             name: user.on_behalf.total
