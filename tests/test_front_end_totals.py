@@ -139,11 +139,11 @@ class TestWhateverNamesItSends:
 
 
 class TestBodiesOnTheirWay:
-    async def test_new_names_get_no_more_bodies_read_than_the_totals_places_and_one_bodys_bytes(
+    async def test_new_names_get_no_more_bodies_read_than_the_totals_places_in_count_and_bytes(
         self, start_sim: StartSim, start_gateway: StartGateway
     ) -> None:
         """Slow bodies from a new person each time: two are read (the total's places),
-        the third is refused from its head; and of big ones, one at a time for the key.
+        the third is refused from its head; and of big ones, two at once for the key.
         (With lanes on, a body that may be a task is read too, within a task's size and
         the key's bytes.)"""
         _, sim_url = await start_sim(parallel=4)
@@ -160,12 +160,17 @@ class TestBodiesOnTheirWay:
         assert (await head_of(reader)).startswith(b"HTTP/1.1 503")
         for writer in (*slow, third):
             writer.close()
-        _, big = await invited(gateway, "owui-key", 20 << 20, f"{HEADER}: big0\r\n")
+        # Bytes: two bodies of the largest size for the key (the total's two places), so
+        # two people's 30 MiB uploads go side by side and a third is refused.
+        big = [
+            await invited(gateway, "owui-key", 30 << 20, f"{HEADER}: big{n}\r\n") for n in (0, 1)
+        ]
         reader, writer = await open_raw(gateway)
-        writer.write(request_head("/api/generate", 20 << 20, "owui-key", f"{HEADER}: big1\r\n"))
+        writer.write(request_head("/api/generate", 30 << 20, "owui-key", f"{HEADER}: big2\r\n"))
         assert (await head_of(reader)).startswith(b"HTTP/1.1 503")
         writer.close()
-        big.close()
+        for _, uploading in big:
+            uploading.close()
 
 
 class TestNamesAPersonCannotHave:

@@ -298,7 +298,7 @@ class TestSlowBodies:
         head = await head_of(reader)
         assert head.startswith(b"HTTP/1.1 503")
         body = await reader.readexactly(length_of(head))
-        assert b"MiB of other requests with this key are still arriving" in body
+        assert b"MiB of other requests with this key (for a front end, its people's)" in body
         writer.close()
         _, bob = await invited(gateway, "bob-key", size)
         bob.close()

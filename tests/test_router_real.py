@@ -164,10 +164,10 @@ async def test_a_model_the_router_cannot_load_unloads_no_other_again(
         await until(admission, lambda _: router.state.models is not None, within=30)
         async with aiohttp.ClientSession() as session:
 
-            async def chat(model: str) -> tuple[int, str]:
+            async def chat(model: str, **fields: int) -> tuple[int, str]:
                 body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
                 url = gateway.url + "/v1/chat/completions"
-                async with session.post(url, json=body | {"max_tokens": 2}) as reply:
+                async with session.post(url, json=body | {"max_tokens": 2} | fields) as reply:
                     return reply.status, await reply.text()
 
             assert (await chat("broken"))[0] == 500  # the router's own answer, the first time
@@ -178,3 +178,9 @@ async def test_a_model_the_router_cannot_load_unloads_no_other_again(
             assert (await _router_models(llama_router.url))[FAMILY] == "loaded"
             held = (await status_of(gateway))["backends"]["router"]
             assert list(held["failed_loads"]) == [model_key("broken")]
+            # A minute on, a retry is due: a request refused on its way (n: 2) is not it,
+            # the next one is (the router fails it again), and then the minute starts over.
+            router.state.failed_loads[model_key("broken")].retry_at = 0.0
+            assert (await chat("broken", n=2))[0] == 400
+            assert (await chat("broken"))[0] == 500
+            assert (await chat("broken"))[0] == 503

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 
 from gateway.admission import house_view
-from gateway.admission.arriving import Arriving
+from gateway.admission.arriving import Arriving, key_of
 from gateway.admission.holds.base import HoldStore
 from gateway.admission.local import LocalTurns
 from gateway.admission.parallelism import Parallelism
@@ -130,9 +130,11 @@ class Admission:
     def arriving(self, user: str, size: int, bound: int) -> Arriving:
         """While a request of ``user`` reads a body of up to ``size`` bytes (``with``):
         counted by ``refuses_unseen``, so that a burst cannot have more bodies read at once
-        than the user could hold; GatewayError (503) at once when the user's bodies on
-        their way would pass ``bound`` bytes."""
-        return Arriving(self.room.lines.arriving, user, size, bound)
+        than the user could hold; GatewayError (503) at once when the bodies on their way
+        with its key would pass ``bound`` bytes (times a front end's places: its people's
+        uploads at once)."""
+        at_once = self.room.policy.bodies_at_once(key_of(user))
+        return Arriving(self.room.lines.arriving, user, size, bound * at_once)
 
     def release(self, permit: Permit) -> None:
         """Give back the permit's place, slot and hold, and let the next request in."""

@@ -52,9 +52,9 @@ class Arriving:
             raise GatewayError(
                 503,
                 Reason.USER_QUEUE_FULL,
-                f"{already / _MIB:.1f} MiB of other requests with this key are still "
-                f"arriving, and {size / _MIB:.1f} MiB more would pass {bound / _MIB:.0f} MiB; "
-                "send it once they have",
+                f"{already / _MIB:.1f} MiB of other requests with this key (for a front end, "
+                f"its people's) are still arriving, and {size / _MIB:.1f} MiB more would pass "
+                f"{bound / _MIB:.0f} MiB; send it once they have",
                 retry_after=1.0,
             )
 

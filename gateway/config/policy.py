@@ -162,6 +162,25 @@ class Policy(Strict):
         total = totals.get(front_end)
         return None if total is None else (together_account(front_end), total)
 
+    def bodies_at_once(self, key: str) -> int:
+        """How many bodies of the largest size may be on their way at once with ``key``
+        (a user's own, or a front end's with its people's): one, or for a front end as many
+        as its people's places together (``on_behalf.total``), else ``FRONT_END_BODIES``."""
+        return self._bodies_at_once.get(key, 1)
+
+    @cached_property
+    def _bodies_at_once(self) -> dict[str, int]:
+        at_once = {}
+        for name, user in self.users.items():
+            if user.on_behalf is None:
+                continue
+            total = user.on_behalf.total
+            if total is None or total.max_concurrent is None:
+                at_once[name] = FRONT_END_BODIES
+            else:
+                at_once[name] = total.max_concurrent + (total.max_queued or 0)
+        return at_once
+
     @cached_property
     def bounds_people_together(self) -> bool:
         """Whether some front end sets ``on_behalf.total``: asked first on every request's
@@ -275,6 +294,10 @@ class Policy(Strict):
     def _unique_names(cls, backends: list[BackendConfig]) -> list[BackendConfig]:
         return check_backends(backends)
 
+
+# Bodies of the largest size a front end's people may have on their way at once, when no
+# total says: a household's few uploading pictures at the same moment.
+FRONT_END_BODIES = 4
 
 # A household's policy is a few KB; thousands of users with digests stay far below this.
 MAX_POLICY_BYTES = 4 * 2**20

@@ -33,6 +33,7 @@ __all__ = [
     "check_model_served",
     "in_flight",
     "resolved",
+    "retrying_load",
 ]
 
 
@@ -71,8 +72,7 @@ def _check_loads(serving: Sequence[Backend], model: str) -> None:
         return  # another backend can load it
     due, now = min(known, key=lambda load: load.retry_at), time.monotonic()
     if due.retry_at <= now:
-        due.retry_at = now + FAILED_LOAD_SECONDS  # this one tries; the others wait for it
-        return
+        return  # a retry is due: requests go until one is sent (``retrying_load``)
     code = "" if due.exit_code is None else f" (its process exited with code {due.exit_code})"
     raise GatewayError(
         503,
@@ -81,6 +81,16 @@ def _check_loads(serving: Sequence[Backend], model: str) -> None:
         f"{retry_after_header(due.retry_at - now)} s",
         retry_after=due.retry_at - now,
     )
+
+
+def retrying_load(backend: Backend, model: str) -> None:
+    """A request for ``model`` is sent to ``backend`` now: if its load failed there, this
+    is the retry, and the next minute's requests wait for what becomes of it. Marked when
+    sent, not when admitted: a request refused on its way (a bad field, a budget, a full
+    queue) must not use up the retry and keep a mended model locked."""
+    load = backend.state.failed_loads.get(model_key(model))
+    if load is not None:
+        load.retry_at = time.monotonic() + FAILED_LOAD_SECONDS
 
 
 def in_flight(

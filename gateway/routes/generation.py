@@ -36,6 +36,7 @@ from gateway.routes.checks import (
     check_model_served,
     in_flight,
     resolved,
+    retrying_load,
 )
 from gateway.services import Services
 from gateway.wire import SLOT_PATHS, token_events, with_slot
@@ -242,6 +243,8 @@ class Generation:
             body = await self._to_slot(permit, body, target.timeouts.connect)
         if permit.placement.unload:  # nearly never: no coroutine made for nothing
             await self._make_room(permit, target.timeouts.connect)
+        if permit.backend.state.failed_loads:  # a router's, rarely: this one retries it
+            retrying_load(permit.backend, permit.ticket.model)
         services = self._services
         begin = permit.begin_reply if permit.preempted is not None else None
         relay = Relay(

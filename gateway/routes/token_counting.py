@@ -7,8 +7,9 @@ Ollama's bare 404 page. A read, like ``/api/show``: no turn, under the per-user 
 Not free for the engine, though: llama-server renders and tokenizes the whole prompt in its
 HTTP threads, on the cores that decode (four clients counting 480 KB prompts in a loop took
 another user's token gap from 15 to 129 ms). So each backend counts one prompt at a time,
-the others waiting for it a few seconds at most (then 503), each user's one at a time (then
-429), and a user whose budget is spent is refused a count as a generation would be.
+the others waiting for it a few seconds at most (then 503), each user with one counting and
+one waiting at most (then 429), and a user whose budget is spent is refused a count as a
+generation would be.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ COUNT_TOKENS = "/v1/messages/count_tokens"
 # A count waits this long for the one under way on its backend: a count of the longest
 # prompt takes well under a second on a CPU, so a longer wait is a queue of them.
 COUNT_WAIT_SECONDS = 5.0
+_PER_USER = 2  # a user's counts under way on one backend: one counting, one waiting
 
 
 class Counting:
@@ -34,28 +36,32 @@ class Counting:
 
     def __init__(self) -> None:
         self._locks: dict[str, asyncio.Lock] = {}  # by backend: bounded by the policy's
-        self._users: set[tuple[str, str]] = set()  # (backend, user) with a count under way
+        self._users: dict[tuple[str, str], int] = {}  # (backend, user) -> counts under way
 
     @asynccontextmanager
     async def turn(self, backend: Backend, user: str) -> AsyncIterator[None]:
         """``backend`` counts for this request alone while in the block; a 503 when the
         count under way there does not end within ``COUNT_WAIT_SECONDS``, a 429 when the
-        user has one waiting or running there already (so that one user's counts cannot
-        hold the others' past their wait)."""
-        mine = (backend.key, user)
-        if mine in self._users:
+        user has one counting and one waiting there already (so that one user's counts
+        cannot hold the others' past their wait)."""
+        mine, users = (backend.key, user), self._users
+        if users.get(mine, 0) >= _PER_USER:
             raise GatewayError(
                 429,
                 Reason.TOO_MANY_READS,
-                "one token count at a time: this one's is still under way",
+                "this user's token counts are already under way here, one counting and one "
+                "waiting; send the next when one ends",
                 retry_after=1.0,
             )
-        self._users.add(mine)
+        users[mine] = users.get(mine, 0) + 1
         try:
             async with self._one_at_a_time(backend):
                 yield
         finally:
-            self._users.discard(mine)
+            if users[mine] > 1:
+                users[mine] -= 1
+            else:
+                del users[mine]
 
     @asynccontextmanager
     async def _one_at_a_time(self, backend: Backend) -> AsyncIterator[None]:

@@ -137,7 +137,8 @@ async def _llamacpp_router(get: Getter) -> Observation:
             loaded[model_key(name)] = LoadedModel()
         elif status.get("failed") is True:
             code = status.get("exit_code")
-            failed[model_key(name)] = code if isinstance(code, int) else None
+            for called in [name, *(aliases if isinstance(aliases, list) else [])]:
+                failed[model_key(str(called))] = code if isinstance(code, int) else None
     return Observation(
         models=frozenset(names),
         loaded=loaded,
