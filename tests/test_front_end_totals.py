@@ -120,6 +120,35 @@ class TestWhateverNamesItSends:
         assert statuses == [200] * 3 + [429] * 9
         assert "the people of owui together (on_behalf.total) has used the budget" in said
 
+    async def test_a_429_from_the_total_gives_back_what_the_person_reserved(
+        self,
+        start_sim: StartSim,
+        start_gateway: StartGateway,
+        redis_url: str,  # noqa: F811
+    ) -> None:
+        """Each person has a tokens budget of their own, and the people 2 requests an hour
+        together, counted across two replicas. With two running on A, a request on B passes
+        B's own count, reserves its person's tokens, and is refused by the total's count in
+        Redis: a 429, and the person's reservation given back, not left to count."""
+        _, sim_url = await start_sim(parallel=4)
+        text = house(sim_url, "{budget: {requests_per_hour: 2}}").replace(
+            "    max_queued: 1\n", "    max_queued: 1\n    budget: {tokens_per_day: 100k}\n"
+        )
+        a = await start_gateway(text, redis_url=redis_url)
+        b = await start_gateway(text, redis_url=redis_url)
+        async with aiohttp.ClientSession() as session:
+            held = [
+                asyncio.create_task(as_person(session, a, f"a{n}", sim_stall_after=1))
+                for n in range(2)
+            ]
+            await until(a.services.admission, lambda s: len(s.users) == 2)
+            status, said = await as_person(session, b, "on-b")
+            assert status == 429 and "the people of owui together" in said
+            assert not b.services.usage.reserved
+            for task in held:
+                task.cancel()
+            await asyncio.gather(*held, return_exceptions=True)
+
     async def test_people_sent_at_once_count_together_before_any_ends(
         self, start_sim: StartSim, start_gateway: StartGateway
     ) -> None:

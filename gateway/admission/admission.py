@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 
 from gateway.admission import house_view
-from gateway.admission.arriving import Arriving, key_of
+from gateway.admission.arriving import Arriving
 from gateway.admission.holds.base import HoldStore
 from gateway.admission.local import LocalTurns
 from gateway.admission.parallelism import Parallelism
@@ -35,11 +35,11 @@ from gateway.admission.turns import refuses_unseen
 from gateway.admission.wakeups import Changes, WakeTimer
 from gateway.backends import Backend, BackendPool
 from gateway.config import (
-    PERSON_SEPARATOR,
     Policy,
     background_account,
     is_background_account,
     is_together_account,
+    key_of,
 )
 from gateway.core import Api, Lane, Reason
 from gateway.swaps import SwapWait
@@ -113,7 +113,7 @@ class Admission:
         for a front end's background account (``Ticket.payer``) its background work."""
         room = self.room
         if is_together_account(account):
-            return _together_in_flight(room, account.partition(PERSON_SEPARATOR)[0])
+            return _together_in_flight(room, key_of(account))
         if not is_background_account(account):
             return room.running[account] + len(room.waiting.get(account, ()))
         running = room.background_running.items()
@@ -229,6 +229,4 @@ def _together_in_flight(room: WaitingRoom, front_end: str) -> int:
     waiting = (
         (user, len(queue)) for user, queue in (*room.waiting.items(), *room.background.items())
     )
-    return sum(
-        n for user, n in (*running, *waiting) if user.partition(PERSON_SEPARATOR)[0] == front_end
-    )
+    return sum(n for user, n in (*running, *waiting) if key_of(user) == front_end)

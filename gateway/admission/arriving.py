@@ -13,10 +13,11 @@ headers rather than read side by side.
 
 from __future__ import annotations
 
-from gateway.config import PERSON_SEPARATOR
+from gateway.admission.slot_ledger import decrement, increment
+from gateway.config import key_of
 from gateway.core import GatewayError, Reason
 
-__all__ = ["Arriving", "ArrivingBodies", "key_of"]
+__all__ = ["Arriving", "ArrivingBodies"]
 
 _MIB = 1024 * 1024
 
@@ -40,8 +41,7 @@ class Arriving:
     in the block; entering raises a 503 when the bodies on their way with its key would
     pass ``bound`` bytes (one body of any size is always read)."""
 
-    # A class rather than a generator-based context manager, and plain dictionaries written
-    # out rather than Counters and helpers: every request enters one.
+    # A class rather than a generator-based context manager: every request enters one.
     __slots__ = ("_bodies", "_key", "_size", "_user")
 
     def __init__(self, bodies: ArrivingBodies, user: str, size: int, bound: int) -> None:
@@ -60,34 +60,14 @@ class Arriving:
 
     def __enter__(self) -> None:
         bodies, user, key = self._bodies, self._user, self._key
-        count = bodies.count
-        count[user] = count.get(user, 0) + 1
+        increment(bodies.count, user)
         if key is not user:  # a person a front end names
-            people = bodies.people
-            people[key] = people.get(key, 0) + 1
-        held = bodies.bytes
-        held[key] = held.get(key, 0) + self._size
+            increment(bodies.people, key)
+        increment(bodies.bytes, key, self._size)
 
     def __exit__(self, *exc_info: object) -> None:
         bodies, user, key = self._bodies, self._user, self._key
-        _less(bodies.count, user, 1)
+        decrement(bodies.count, user)
         if key is not user:
-            _less(bodies.people, key, 1)
-        _less(bodies.bytes, key, self._size)
-
-
-def _less(counts: dict[str, int], key: str, by: int) -> None:
-    """``by`` fewer of ``key``, dropped at zero (state stays what is active)."""
-    left = counts[key] - by
-    if left > 0:
-        counts[key] = left
-    else:
-        del counts[key]
-
-
-def key_of(user: str) -> str:
-    """The configured user whose key ``user``'s requests came with: the front end of a
-    person it names (``owui`` for ``owui/alice``), else the user itself (the same object)."""
-    if PERSON_SEPARATOR not in user:
-        return user
-    return user.partition(PERSON_SEPARATOR)[0]
+            decrement(bodies.people, key)
+        decrement(bodies.bytes, key, self._size)

@@ -13,10 +13,10 @@ import itertools
 from collections import Counter, deque
 from collections.abc import Iterator
 
-from gateway.admission.arriving import ArrivingBodies, key_of
+from gateway.admission.arriving import ArrivingBodies
 from gateway.admission.slot_ledger import decrement, increment
 from gateway.admission.tickets import Ticket, Waiter
-from gateway.config import Limits, Policy
+from gateway.config import Limits, Policy, key_of
 from gateway.core import BACKGROUND, Lane, Reason
 
 __all__ = ["UserQueues"]

@@ -17,7 +17,7 @@ from gateway.admission.room import WaitingRoom
 from gateway.admission.room_state import RoomState
 from gateway.admission.tickets import Ticket
 from gateway.admission.wait_estimates import WaitEstimates
-from gateway.config import PERSON_SEPARATOR
+from gateway.config import key_of
 from gateway.core import GatewayError, Lane, Reason, retry_after_header
 from gateway.swaps import SwapWait
 
@@ -96,7 +96,7 @@ def _queue_full(room: RoomState, user: str, lane: Lane) -> str:
     together = room.policy.together_of(user) if lane is Lane.INTERACTIVE else None
     own_full = waiting >= queued or lines.holds_all_it_may(user, lane, arriving)
     if not own_full and together is not None:
-        front_end = together[0].partition(PERSON_SEPARATOR)[0]
+        front_end = key_of(user)
         return (
             f"the people of {front_end} already have "
             f"{lines.together_running(front_end)} running, "

@@ -111,17 +111,18 @@ class SlotLedger:
             self.in_engine.pop(id(ticket), None)
 
 
-def increment(counter: Counter[str], key: str) -> None:
-    """Count one more of ``key``."""
+def increment(counter: dict[str, int], key: str, by: int = 1) -> None:
+    """Count ``by`` more of ``key``."""
     # Not ``counter[key] += 1``: the key is new at every first request (``decrement``
     # drops it at zero), and a Counter answers a missing key with a call in Python.
-    counter[key] = counter.get(key, 0) + 1
+    counter[key] = counter.get(key, 0) + by
 
 
-def decrement(counter: Counter[str], key: str) -> None:
-    """Count one less of ``key``, dropping it at zero."""
+def decrement(counter: dict[str, int], key: str, by: int = 1) -> None:
+    """Count ``by`` fewer of ``key``, dropping it at zero."""
     # Keys at zero are dropped so that state stays proportional to what is active.
-    if counter[key] <= 1:
-        counter.pop(key, None)
+    left = counter.get(key, 0) - by
+    if left > 0:
+        counter[key] = left
     else:
-        counter[key] -= 1
+        counter.pop(key, None)

@@ -37,6 +37,7 @@ from gateway.config.users import (
     hashed_key,
     is_background_account,
     is_together_account,
+    key_of,
     together_account,
 )
 from gateway.config.yaml_reader import PolicyError
@@ -76,6 +77,7 @@ __all__ = [
     "is_background_account",
     "is_host_name",
     "is_together_account",
+    "key_of",
     "load_policy",
     "model_key",
     "read_environment_file",

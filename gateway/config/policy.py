@@ -37,6 +37,7 @@ from gateway.config.users import (
     check_users,
     is_background_account,
     is_together_account,
+    key_of,
     together_account,
 )
 from gateway.config.yaml_reader import PolicyError, read_yaml
@@ -158,7 +159,7 @@ class Policy(Strict):
         totals = self._totals
         if not totals:  # no front end bounds its people: every request asks
             return None
-        front_end = user.partition(PERSON_SEPARATOR)[0]
+        front_end = key_of(user)
         total = totals.get(front_end)
         return None if total is None else (together_account(front_end), total)
 

@@ -39,6 +39,7 @@ __all__ = [
     "hashed_key",
     "is_background_account",
     "is_together_account",
+    "key_of",
     "together_account",
 ]
 
@@ -203,10 +204,19 @@ def check_users(users: dict[str, UserConfig]) -> dict[str, UserConfig]:
     return users
 
 
+def key_of(user: str) -> str:
+    """The configured user whose key ``user``'s requests came with: the front end of a
+    person it names (``owui`` for ``owui/alice``), else the user itself (the same object:
+    ``key_of(user) is user`` says a user is nobody's person, without comparing)."""
+    if PERSON_SEPARATOR not in user:
+        return user
+    return user.partition(PERSON_SEPARATOR)[0]
+
+
 def background_account(user: str) -> str:
     """Whom ``user``'s background work is charged to: the front end's background account
     (``alice`` for her own key, ``owui`` for the people an Open WebUI names)."""
-    return user.partition(PERSON_SEPARATOR)[0] + PERSON_SEPARATOR + BACKGROUND_ACCOUNT
+    return key_of(user) + PERSON_SEPARATOR + BACKGROUND_ACCOUNT
 
 
 def is_background_account(user: str) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 
 from gateway.backends import FAILED_LOAD_SECONDS, Backend, BackendPool
@@ -53,8 +53,10 @@ def resolved(fields: Fields, policy: Policy) -> str:
 def check_model_served(pool: BackendPool, api: Api, model: str) -> None:
     serving = pool.serving(api, model)
     if serving:
-        if any(backend.state.failed_loads for backend in serving):  # a router's, rarely
-            _check_loads(serving, model)
+        for backend in serving:  # a loop, not any(): on every request's path
+            if backend.state.failed_loads:  # a router's, rarely
+                _check_loads(serving, model)
+                break
         return
     if pool.known_nowhere(api, model):
         raise model_not_found(model)
@@ -113,28 +115,20 @@ def in_flight(
         counts.append(InFlight(services.usage, services.admission, budget, account, tokens))
     if not counts:
         return _UNCOUNTED
-    return counts[0] if len(counts) == 1 else _Both(*counts)
+    return counts[0] if len(counts) == 1 else _all_of(counts)
 
 
 _UNCOUNTED = contextlib.nullcontext()
 
 
-class _Both:
+@contextlib.asynccontextmanager
+async def _all_of(counts: list[InFlight]) -> AsyncIterator[None]:
     """A person's count and their front end's people's together: the second entered only
     once the first is (its 429 gives the first back)."""
-
-    def __init__(self, own: InFlight, together: InFlight) -> None:
-        self._stack = contextlib.AsyncExitStack()
-        self._counts = (own, together)
-
-    async def __aenter__(self) -> None:
-        async with contextlib.AsyncExitStack() as stack:
-            for count in self._counts:
-                await stack.enter_async_context(count)
-            self._stack = stack.pop_all()
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self._stack.aclose()
+    async with contextlib.AsyncExitStack() as stack:
+        for count in counts:
+            await stack.enter_async_context(count)
+        yield
 
 
 def check_budget(services: Services, policy: Policy, user: str) -> None:

@@ -29,6 +29,7 @@ from gateway.config import (
     Budget,
     background_account,
     is_together_account,
+    key_of,
     model_key,
 )
 from gateway.core import API_PREFIXES, REFUSALS, Background, Calendar, Lane, Windows, repeat
@@ -152,10 +153,10 @@ class Ledger:
         # What a write carries counts until the store's totals include it: a store that is
         # slow to answer or away (a stalled Redis, a locked file) must not hide it from budgets.
         if is_together_account(user):  # a front end's people together: the sum of theirs
-            front_end = user.partition(PERSON_SEPARATOR)[0]
+            front_end = key_of(user)
             for part in self._parts():
                 for name, theirs in part.items():
-                    if name.partition(PERSON_SEPARATOR)[0] == front_end:
+                    if key_of(name) == front_end:
                         figures.absorb(theirs)
             return figures
         for part in self._parts():
