@@ -32,9 +32,10 @@ from tests.test_status_cli import fairgate_status
 FAMILY, CODER = "family", "coder"
 
 
-def _policy(url: str, kind: str = "llamacpp-router") -> str:
+def _policy(url: str, kind: str = "llamacpp-router", second: str | None = None) -> str:
+    also = f"  - {{name: second, url: {second}, kind: {kind}}}\n" if second else ""
     return (
-        f"backends:\n  - {{name: router, url: {url}, kind: {kind}}}\n"
+        f"backends:\n  - {{name: router, url: {url}, kind: {kind}}}\n{also}"
         "monitoring: {interval: 300ms}\n"
         "defaults: {max_concurrent: 2, max_queued: 4}\n"
         "timeouts: {first_byte: 120s}\n"
@@ -179,8 +180,50 @@ async def test_a_model_the_router_cannot_load_unloads_no_other_again(
             held = (await status_of(gateway))["backends"]["router"]
             assert list(held["failed_loads"]) == [model_key("broken")]
             # A minute on, a retry is due: a request refused on its way (n: 2) is not it,
-            # the next one is (the router fails it again), and then the minute starts over.
-            router.state.failed_loads[model_key("broken")].retry_at = 0.0
+            # the next one is (the router fails it again), and then the wait is twice as
+            # long: a file broken for good unloads the others' model ever more rarely.
+            failed = router.state.failed_loads[model_key("broken")]
+            failed.retry_at = 0.0
             assert (await chat("broken", n=2))[0] == 400
             assert (await chat("broken"))[0] == 500
-            assert (await chat("broken"))[0] == 503
+            await until(admission, lambda _: failed.failures == 2, within=30)
+            status, said = await chat("broken")
+            assert status == 503 and "tried again in 1" in said  # 120 s less the moments
+            assert router.state.failed_loads[model_key("broken")] is failed
+
+
+async def test_a_model_one_router_cannot_load_goes_to_another_that_can(
+    tmp_path: Path, start_gateway: StartGateway
+) -> None:
+    """Two routers list ``coder``; on the first its file is broken. Once its load has
+    failed there, requests for it go to the second, where they would otherwise be tried
+    first on the first (the first of two alike) to fail there and over."""
+    (tmp_path / "a" / "models").mkdir(parents=True)
+    (tmp_path / "a" / "models" / "coder.gguf").write_bytes(b"GGUF" + bytes(100))
+    async with (
+        running_llama_router(tmp_path / "a", names=(FAMILY,), models_max=2) as first,
+        running_llama_router(tmp_path / "b", names=(CODER,)) as second,
+    ):
+        gateway = await start_gateway(_policy(first.url, second=second.url))
+        admission = gateway.services.admission
+        broken, good = gateway.services.policy.current.pool.backends
+        await until(admission, lambda _: None not in (broken.state.models, good.state.models))
+        async with aiohttp.ClientSession() as session:
+
+            async def chat(url: str, model: str) -> int:
+                body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+                async with session.post(
+                    url + "/v1/chat/completions", json=body | {"max_tokens": 2}
+                ) as reply:
+                    await reply.read()
+                    return reply.status
+
+            assert await chat(gateway.url, FAMILY) == 200
+            assert await chat(first.url, CODER) == 500  # straight to it: its child exits
+            await until(admission, lambda _: bool(broken.state.failed_loads), within=30)
+            assert [await chat(gateway.url, CODER) for _ in range(3)] == [200] * 3
+            held = await _router_models(first.url)
+            assert held[FAMILY] == "loaded" and held[CODER] == "unloaded"
+        # Sent to the first, each would have been tried there (and failed over): never was.
+        log = (tmp_path / "a" / "router.log").read_text(errors="replace")
+        assert log.count("spawning server instance with name=coder") == 1

@@ -15,6 +15,7 @@ held). The room acts on the answers: it plans the swap, or starts the chosen req
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -128,8 +129,7 @@ def free_backends(
     # one who cannot take this slot (the heavy lane is full): the slot is theirs when the
     # lane frees, and background work would slow their stream meanwhile.
     model, slots = ticket.model, room.slots
-    if serving is None:
-        serving = room.pool.serving(ticket.api, model)
+    serving = _loadable(room.pool.serving(ticket.api, model) if serving is None else serving, model)
     wanted = _kept_for_people(room) if background else _NOBODY
     return [
         backend
@@ -140,6 +140,18 @@ def free_backends(
         # Last, as the dearest: what memory holds (Ollama backends only).
         and (not memory or room.swaps.admits(backend, model, ticket.num_ctx, slots.busy))
     ]
+
+
+def _loadable(serving: Sequence[Backend], model: str) -> Sequence[Backend]:
+    """``serving`` without the backends that failed to load ``model`` lately (a router
+    whose child exited), while another serves it: sent there, a request would unload the
+    models others use there for a load that fails again."""
+    for backend in serving:  # a loop, not any(): on every dispatch's path
+        if backend.state.failed_loads:  # a router's, rarely
+            now = time.monotonic()  # the monitor's clock for failed loads
+            able = [b for b in serving if not b.load_failed(model, now)]
+            return able or serving
+    return serving
 
 
 def _share_full(room: RoomState, ticket: Ticket, backend: Backend, group: str) -> bool:
@@ -174,7 +186,7 @@ def _swap_for(room: RoomState, waiter: Waiter) -> Backend | None:
     """A backend where a swap would make room for ``waiter``'s model and is due, if one
     would (``swap_due``)."""
     ticket = waiter.ticket
-    backends = room.pool.serving(ticket.api, ticket.model)
+    backends = _loadable(room.pool.serving(ticket.api, ticket.model), ticket.model)
     # Only a backend that loads models has swaps: asked first, as the common case is none
     # (a llama-server under load, its waiters each asked at every dispatch).
     if not any(b.per_model for b in backends) or not room.swaps.may_plan_for(ticket.user):

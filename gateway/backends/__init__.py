@@ -6,6 +6,7 @@ May import: ``config``, ``wire``, ``core``.
 """
 
 from gateway.backends.pool import (
+    FAILED_LOAD_MOST_SECONDS,
     FAILED_LOAD_SECONDS,
     OLLAMA_AUTOMATIC_MAX_LOADED,
     Backend,
@@ -19,6 +20,7 @@ from gateway.backends.pool import (
 )
 
 __all__ = [
+    "FAILED_LOAD_MOST_SECONDS",
     "FAILED_LOAD_SECONDS",
     "OLLAMA_AUTOMATIC_MAX_LOADED",
     "Backend",

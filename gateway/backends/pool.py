@@ -10,6 +10,7 @@ from gateway.config import MANY_MODEL_KINDS, BackendConfig, model_key
 from gateway.core import Api
 
 __all__ = [
+    "FAILED_LOAD_MOST_SECONDS",
     "FAILED_LOAD_SECONDS",
     "OLLAMA_AUTOMATIC_MAX_LOADED",
     "Backend",
@@ -39,17 +40,29 @@ class LoadedModel:
 
 
 FAILED_LOAD_SECONDS = 60.0
-"""How long requests for a model whose load failed are refused before one tries again."""
+"""How long requests for a model whose load failed are refused before one tries again;
+twice as long after each retry that fails too, up to ``FAILED_LOAD_MOST_SECONDS``."""
+FAILED_LOAD_MOST_SECONDS = 960.0
 
 
 @dataclass(slots=True)
 class FailedLoad:
     """A model the router could not load (its child exited: a broken file, too little
     memory), as ``/models`` says; requests for it are refused until ``retry_at`` (the
-    monotonic clock), when one may try again."""
+    monotonic clock), when one may try again. ``failures``: in a row, each retry included;
+    ``retried_at``: when a retry was sent whose outcome is not seen yet."""
 
     exit_code: int | None
     retry_at: float
+    failures: int = 1
+    retried_at: float | None = None
+
+    def next_retry(self, now: float) -> float:
+        """When the next retry is due, from ``now``: a minute after the first failure, then
+        twice as long after each, so that a file broken for good unloads the models others
+        use a few times an hour at most, rather than once a minute."""
+        wait = FAILED_LOAD_SECONDS * (1 << min(self.failures - 1, 10))
+        return now + min(wait, FAILED_LOAD_MOST_SECONDS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +167,12 @@ class Backend:
         object.__setattr__(self, "key", self.url.rstrip("/"))
         object.__setattr__(self, "per_model", self.kind in MANY_MODEL_KINDS)
         object.__setattr__(self, "llama_server", self.kind.startswith("llamacpp"))
+
+    def load_failed(self, model: str, now: float) -> bool:
+        """Whether it failed to load ``model`` lately (the router's child exited), its
+        retry not due by ``now``."""
+        failed = self.state.failed_loads.get(model_key(model))
+        return failed is not None and failed.retry_at > now
 
     def group(self, model: str) -> str:
         """What a request's slot is counted under: the server and, on Ollama, the model."""

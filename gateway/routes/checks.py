@@ -87,12 +87,14 @@ def _check_loads(serving: Sequence[Backend], model: str) -> None:
 
 def retrying_load(backend: Backend, model: str) -> None:
     """A request for ``model`` is sent to ``backend`` now: if its load failed there, this
-    is the retry, and the next minute's requests wait for what becomes of it. Marked when
-    sent, not when admitted: a request refused on its way (a bad field, a budget, a full
-    queue) must not use up the retry and keep a mended model locked."""
+    is the retry, and the next minute's requests wait for what becomes of it (the monitor
+    sees it load, or fail again). Marked when sent, not when admitted: a request refused
+    on its way (a bad field, a budget, a full queue) must not use up the retry and keep a
+    mended model locked."""
     load = backend.state.failed_loads.get(model_key(model))
     if load is not None:
-        load.retry_at = time.monotonic() + FAILED_LOAD_SECONDS
+        now = time.monotonic()
+        load.retry_at, load.retried_at = now + FAILED_LOAD_SECONDS, now
 
 
 def in_flight(

@@ -13,7 +13,6 @@ from collections.abc import Callable
 import structlog
 
 from gateway.backends.pool import (
-    FAILED_LOAD_SECONDS,
     BackendState,
     BackendStates,
     FailedLoad,
@@ -130,7 +129,7 @@ class BackendMonitor:
         # What the gateway sent after the probe started is newer than what it read.
         state.sizes, state.observed_at = seen.sizes, started
         state.sleeping = seen.sleeping
-        changed |= _note_failed_loads(config, state, seen.failed, started)
+        changed |= _note_failed_loads(config, state, seen, started)
         if not state.healthy and state.successes >= self._settings.healthy_after:
             state.healthy = True
             state.runs_at_most = None  # back from a restart, maybe with another setting
@@ -141,20 +140,37 @@ class BackendMonitor:
 
 
 def _note_failed_loads(
-    config: BackendConfig, state: BackendState, failed: dict[str, int | None], now: float
+    config: BackendConfig, state: BackendState, seen: Observation, now: float
 ) -> bool:
     """Models whose load failed, as the router says, are refused for a while
-    (``FAILED_LOAD_SECONDS``): each request for one would otherwise unload what the others
-    use, for a load that fails again. One that loaded since is forgotten. Whether a new
-    one was noted (requests waiting for it are told at once)."""
-    for model in state.failed_loads.keys() - failed.keys():
-        del state.failed_loads[model]
-    new = failed.keys() - state.failed_loads.keys()
-    for model in new:
-        code = failed[model]
-        state.failed_loads[model] = FailedLoad(code, now + FAILED_LOAD_SECONDS)
-        log.warning("model_failed_to_load", backend=config.name, model=model, exit_code=code)
-    return bool(new)
+    (``FailedLoad.next_retry``): each request for one would otherwise unload what the
+    others use, for a load that fails again. A retry that failed too doubles the while; one
+    that loaded is forgotten (one being tried is not: its child is starting). Whether a
+    failure was noted (requests waiting for the model are told at once)."""
+    failures = state.failed_loads
+    for model in failures.keys() - seen.failed.keys() - seen.loading:
+        del failures[model]
+    noted = False
+    for model, code in seen.failed.items():
+        known = failures.get(model)
+        if known is None:
+            known = failures[model] = FailedLoad(code, 0.0)
+        elif known.retried_at is not None and known.retried_at < now:
+            known.failures += 1  # what this probe read came after the retry was sent
+        else:
+            continue
+        known.exit_code, known.retried_at = code, None
+        known.retry_at = known.next_retry(now)
+        noted = True
+        log.warning(
+            "model_failed_to_load",
+            backend=config.name,
+            model=model,
+            exit_code=code,
+            failures=known.failures,
+            retry_in_s=round(known.retry_at - now),
+        )
+    return noted
 
 
 def _held(loaded: dict[str, LoadedModel]) -> dict[str, tuple[int, int | None]]:

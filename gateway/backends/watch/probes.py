@@ -42,6 +42,8 @@ class Observation:
     names: dict[str, str] = field(default_factory=dict)  # model key -> the router's own name
     # Models whose last load failed (the router's), with the exit code of their child.
     failed: dict[str, int | None] = field(default_factory=dict)
+    # Models whose child is starting (the router's): a failed one being tried again.
+    loading: frozenset[str] = frozenset()
 
 
 Getter = Callable[[str], Awaitable[Any]]
@@ -116,6 +118,12 @@ async def _llamacpp(get: Getter) -> Observation:
 _HELD = frozenset({"loaded", "loading", "sleeping"})
 
 
+def _called(entry: dict[str, Any]) -> list[object]:
+    """What a router's model answers to: its name and its aliases."""
+    aliases = entry.get("aliases")
+    return [entry.get("id"), *(aliases if isinstance(aliases, list) else [])]
+
+
 async def _llamacpp_router(get: Getter) -> Observation:
     await get("/health")
     props = await get("/props")
@@ -125,24 +133,27 @@ async def _llamacpp_router(get: Getter) -> Observation:
     names: dict[str, str] = {}
     loaded: dict[str, LoadedModel] = {}
     failed: dict[str, int | None] = {}
+    loading: set[str] = set()
     for entry in _entries(await get("/models"), "data"):
         name = str(entry.get("id"))
-        aliases = entry.get("aliases")
-        for called in [name, *(aliases if isinstance(aliases, list) else [])]:
+        for called in _called(entry):
             names[model_key(str(called))] = name
         status = entry.get("status")
         if not isinstance(status, dict):
             continue
         if status.get("value") in _HELD:
             loaded[model_key(name)] = LoadedModel()
+            if status.get("value") == "loading":
+                loading.update(model_key(str(called)) for called in _called(entry))
         elif status.get("failed") is True:
             code = status.get("exit_code")
-            for called in [name, *(aliases if isinstance(aliases, list) else [])]:
+            for called in _called(entry):
                 failed[model_key(str(called))] = code if isinstance(code, int) else None
     return Observation(
         models=frozenset(names),
         loaded=loaded,
         failed=failed,
+        loading=frozenset(loading),
         slots=await _child_slots(get, [names[m] for m in loaded]),
         model_limit=_count(limit),
         names=names,
