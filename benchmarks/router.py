@@ -10,9 +10,11 @@ house (the two loads), and whatever gathered for either model meanwhile goes in 
 
 Prints, per run: requests, the family's light TTFT p50/p95, the coder's TTFT p95 and
 replies, 5xx reaching a client, and the router's loads (its log's "spawning server
-instance" lines); then the ratios. SmolLM2-135M on the CPU, 2 slots per child.
+instance" lines); then the ratios. SmolLM2-135M on the CPU, 2 slots per child. With
+SWAP_AFTER (``20s``), a third run through a gateway whose backend holds a switch that
+long (``swap_after``) while the family's model is in use: what a longer hold buys.
 
-    .venv/bin/python -m benchmarks.router [SECONDS]
+    .venv/bin/python -m benchmarks.router [SECONDS [SWAP_AFTER]]
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ class Run:
         return sum(1 for s in self.seen for status in s.failed if status >= 500)
 
 
-def _policy(url: str) -> str:
+def _policy(url: str, swap_after: str | None) -> str:
     users = "".join(f"  {p.name}: {{keys: [{p.name}-key]}}\n" for p in PEOPLE)
     return (
         "monitoring: {interval: 500ms}\n"
@@ -84,7 +86,8 @@ def _policy(url: str) -> str:
         "queue: {max_depth: 16, max_wait: 60s}\n"
         "timeouts: {first_byte: 60s}\n"
         f"users:\n{users}"
-        f"backends:\n  - {{name: router, url: {url}, kind: llamacpp-router}}\n"
+        f"backends:\n  - {{name: router, url: {url}, kind: llamacpp-router"
+        + (f", swap_after: {swap_after}}}\n" if swap_after else "}\n")
     )
 
 
@@ -117,14 +120,19 @@ async def _person(
         await asyncio.sleep(rng.uniform(*person.think))
 
 
-async def run(seconds: float, through_gateway: bool, workdir: Path) -> Run:
-    """One run on a fresh router: ``seconds`` of the household, direct or through a gateway."""
+async def run(
+    seconds: float, through_gateway: bool, workdir: Path, swap_after: str | None = None
+) -> Run:
+    """One run on a fresh router: ``seconds`` of the household, direct or through a gateway
+    (with the backend's ``swap_after``, if given)."""
     name = "through the gateway" if through_gateway else "direct to the router"
-    directory = workdir / ("gateway" if through_gateway else "direct")
+    if swap_after:
+        name = f"swap_after: {swap_after}"
+    directory = workdir / (f"gateway{swap_after or ''}" if through_gateway else "direct")
     async with running_llama_router(directory) as router:
         url, runner = router.url, None
         if through_gateway:
-            app = create_app(Settings(log_level="ERROR"), parse_policy(_policy(url)))
+            app = create_app(Settings(log_level="ERROR"), parse_policy(_policy(url, swap_after)))
             runner = await start_server(app, "127.0.0.1", 0)
             url = bound_url(runner)
         seen = [Seen(p) for p in PEOPLE]
@@ -171,29 +179,34 @@ def report(runs: list[Run]) -> str:
             f"{_ms(coder, 'p95')} ms ({len(coder)} replies, {len(coder_seen.failed)} not "
             f"served); 5xx {r.server_errors()}; the router's loads {r.loads}"
         )
-    direct, gate = runs
-    lines.append(
-        f"  => the family's light p95 {p95(direct.of(FAMILY)) / p95(gate.of(FAMILY)):.1f}x lower "
-        f"through the gateway; loads {gate.loads / max(1, direct.loads):.2f}x direct's"
-    )
+    direct = runs[0]
+    for gate in runs[1:]:
+        lines.append(
+            f"  => {gate.name}: the family's light p95 "
+            f"{p95(direct.of(FAMILY)) / p95(gate.of(FAMILY)):.1f}x lower than direct; "
+            f"loads {gate.loads / max(1, direct.loads):.2f}x direct's"
+        )
     return "\n".join(lines)
 
 
-async def compare(seconds: float) -> str:
+async def compare(seconds: float, swap_after: str | None) -> str:
     with tempfile.TemporaryDirectory(prefix="fairgate-router-") as workdir:
         runs = [
             await run(seconds, through_gateway=False, workdir=Path(workdir)),
             await run(seconds, through_gateway=True, workdir=Path(workdir)),
         ]
+        if swap_after:
+            runs.append(await run(seconds, True, Path(workdir), swap_after))
     return report(runs)
 
 
 def main() -> None:
     configure_logging("json", "ERROR")
     seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 60.0
+    swap_after = sys.argv[2] if len(sys.argv) > 2 else None
     print(__doc__.split("\n\n")[0])
     print(f"{seconds:g} s per run", flush=True)
-    print(asyncio.run(compare(seconds)))
+    print(asyncio.run(compare(seconds, swap_after)))
 
 
 if __name__ == "__main__":

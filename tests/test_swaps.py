@@ -392,10 +392,15 @@ class TestPlanner:
 
     def test_a_swap_is_due_after_its_cost_unless_the_models_it_unloads_are_idle(self) -> None:
         """While its victim is in use (running, waited for, or used within the cost), a
-        request for another model waits the loads the swap brings (its model's and the
-        victim's, to come back), at most its patience; with the victim idle, not at all;
-        ``swap_after`` in place of the cost when given."""
+        request for another model waits what the swap keeps the victim away: the loads it
+        brings (its model's and the victim's, to come back) and the request's own time
+        (``away``), at most its patience; with the victim idle, not at all; ``swap_after``
+        in place of the cost when given."""
         planner, backend = self.planner, self.backend
+
+        def away(_: Backend) -> float:
+            return 0.5  # phi's request holds its slot half a second
+
         self.hold(LLAMA, QWEN)
         plans = planner.plans_of(backend)
         plans.load_seconds.update({LLAMA: 1.5, QWEN: 3.0, PHI: 2.0})
@@ -403,26 +408,31 @@ class TestPlanner:
         busy, wanted = self.busy(llama=1, qwen=2), {(backend.key, LLAMA): 1, (backend.key, QWEN): 2}
         for runs, demand, waited, patience, due in (
             ({}, {}, 0.0, 10.0, True),  # nobody runs or waits for either: at once
-            (busy, {}, 3.4, 10.0, False),  # phi 2.0 + llama 1.5 = 3.5
-            (busy, {}, 3.5, 10.0, True),
-            ({}, wanted, 3.4, 10.0, False),  # waited for counts as in use
+            (busy, {}, 3.9, 10.0, False),  # phi 2.0 + its 0.5 s + llama 1.5 = 4.0
+            (busy, {}, 4.0, 10.0, True),
+            ({}, wanted, 3.9, 10.0, False),  # waited for counts as in use
             (busy, {}, 1.0, 1.0, True),  # at most its patience
         ):
-            found = planner.room_for([backend], PHI, None, runs, demand, waited, patience, CAL)
+            found = planner.room_for(
+                [backend], PHI, None, runs, demand, waited, patience, CAL, away
+            )
             assert (found is backend) is due, (runs, demand, waited)
-            assert planner.due_in == (None if due else pytest.approx(3.5 - waited))
+            assert planner.due_in == (None if due else pytest.approx(4.0 - waited))
             planner.due_in = None
         # Used a moment ago, their users are between two questions: in use still; unless
         # more people wait for phi than use llama, who are then the ones to wait.
         plans.last_used.update({LLAMA: self.now - 1.0, QWEN: self.now - 0.5})
         plans.users.update({LLAMA: {"ann": self.now - 1.0}, QWEN: {"bea": self.now - 0.5}})
-        assert planner.room_for([backend], PHI, None, {}, {}, 3.4, 10.0, CAL) is None
-        assert planner.room_for([backend], PHI, None, {}, {}, 3.5, 10.0, CAL) is backend
-        assert planner.room_for([backend], PHI, None, {}, {}, 0.0, 10.0, CAL | {"dan"}) is backend
+        assert planner.room_for([backend], PHI, None, {}, {}, 3.9, 10.0, CAL, away) is None
+        assert planner.room_for([backend], PHI, None, {}, {}, 4.0, 10.0, CAL, away) is backend
+        assert (
+            planner.room_for([backend], PHI, None, {}, {}, 0.0, 10.0, CAL | {"dan"}, away)
+            is backend
+        )
         # Background work waits its patience while they are in use.
-        assert planner.room_for([backend], PHI, None, {}, {}, 9.9, 10.0, frozenset()) is None
+        assert planner.room_for([backend], PHI, None, {}, {}, 9.9, 10.0, frozenset(), away) is None
         fixed = replace(backend, swap_after=0.5)
-        assert planner.room_for([fixed], PHI, None, busy, {}, 0.5, 10.0, CAL)
+        assert planner.room_for([fixed], PHI, None, busy, {}, 0.5, 10.0, CAL, away)
 
     def test_a_model_being_loaded_stays_held_after_its_request_went(self) -> None:
         """Ollama goes on loading a model whose request was cancelled; a probe during the

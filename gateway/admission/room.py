@@ -293,6 +293,10 @@ class WaitingRoom:
         free = self.prompts.holding_most(free, ticket.prefix) if len(free) > 1 else free
         return self.pool.prefer(free, ticket.model, self.slots.busy)
 
+    def service(self, backend: Backend, ticket: Ticket) -> float:
+        """How long ``ticket``'s request would likely hold a slot on ``backend``."""
+        return self.waits.service(backend.name, ticket)
+
     def take(self, ticket: Ticket, backend: Backend) -> Placement:
         """Count ``ticket``'s request as running on ``backend``; how it finds its model."""
         # Asked before the slot is counted: what memory holds is judged by the requests

@@ -72,3 +72,7 @@ class RoomState(Protocol):
     def prefer(self, free: list[Backend], ticket: Ticket) -> Backend:
         """Which of the ``free`` backends ``ticket`` goes to."""
         ...
+
+    def service(self, backend: Backend, ticket: Ticket) -> float:
+        """How long ``ticket``'s request would likely hold a slot on ``backend``."""
+        ...

@@ -196,7 +196,15 @@ def _swap_for(room: RoomState, waiter: Waiter) -> Backend | None:
     wanting = frozenset() if ticket.lane is BACKGROUND else _people_wanting(room, ticket.model)
     busy, demand = room.slots.busy, waits(room)
     return room.swaps.room_for(
-        backends, ticket.model, ticket.num_ctx, busy, demand, waited, patience, wanting
+        backends,
+        ticket.model,
+        ticket.num_ctx,
+        busy,
+        demand,
+        waited,
+        patience,
+        wanting,
+        lambda backend: room.service(backend, ticket),
     )
 
 

@@ -286,12 +286,14 @@ class SwapPlanner:
         waited: float,
         patience: float,
         wanting: frozenset[str],
+        service: Callable[[Backend], float],
     ) -> Backend | None:
         """The first of ``backends`` where a swap would make room for ``model`` and is due
         for a request that has ``waited`` (``swap_due``; ``wanting``: the people waiting for
         ``model``, none for background work; with those who used it lately, who are
-        between two questions); when one would make room but is not due yet, ``due_in``
-        says how soon it will be."""
+        between two questions; ``service``: how long the request would hold a slot on
+        each); when one would make room but is not due yet, ``due_in`` says how soon it
+        will be."""
         for backend in backends:
             chosen = self._victims(backend, model, asked, busy, demand)
             if chosen is None:
@@ -301,7 +303,8 @@ class SwapPlanner:
             now = self._clock()
             lately = plans.users.get(key, {}).items()
             people = len(wanting | {u for u, at in lately if at > now - patience}) if wanting else 0
-            left = swap_due(backend, plans, key, chosen, busy, demand, patience, now, people)
+            away = service(backend)
+            left = swap_due(backend, plans, key, chosen, busy, demand, patience, now, people, away)
             if waited >= left:
                 return backend
             if self.due_in is None or left - waited < self.due_in:

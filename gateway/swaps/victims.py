@@ -112,12 +112,15 @@ def swap_due(
     patience: float,
     now: float,
     wanting: int = 1,
+    away: float = 0.0,
 ) -> float:
     """How long a request for ``model`` waits before the swap that unloads ``chosen`` is
-    planned for it; ``wanting``: the people waiting for ``model`` (0: background work).
+    planned for it; ``wanting``: the people waiting for ``model`` (0: background work);
+    ``away``: how long the request would hold its slot.
 
-    The swap's cost is the seconds of loading it brings (``model`` now, each victim again
-    when its users come back), or the backend's ``swap_after``, at most ``patience``. The
+    The swap's cost is how long it keeps the victims away from their users: the loads it
+    brings (``model`` now, each victim again when its users come back) and the request's
+    own time between them; or the backend's ``swap_after``; at most ``patience``. The
     victims' users are those running or waiting for them, or whose last request for them
     ended within that cost (between two questions). A person's request goes at once when
     the victims have no users, or fewer than the people waiting for ``model``; else once
@@ -135,7 +138,7 @@ def swap_due(
         cost = backend.swap_after
     else:
         loads = [load_seconds(plans, v) for v in chosen if v != model]
-        cost = load_seconds(plans, model) + sum(loads)
+        cost = load_seconds(plans, model) + away + sum(loads)
     cost = min(cost, patience)
     users = max((_users_of(backend, plans, v, busy, demand, now - cost) for v in chosen), default=0)
     if not wanting:
