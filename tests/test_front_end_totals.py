@@ -149,6 +149,39 @@ class TestWhateverNamesItSends:
                 task.cancel()
             await asyncio.gather(*held, return_exceptions=True)
 
+    async def test_the_total_bounds_the_people_across_replicas(
+        self,
+        start_sim: StartSim,
+        start_gateway: StartGateway,
+        redis_url: str,  # noqa: F811
+    ) -> None:
+        """total 1 running, 1 waiting, two replicas behind one Redis: ann running on A, bea
+        on B waits for her (not beside her, as B's own count would let her), cleo on
+        either replica is refused at once, and bea runs once ann's ends."""
+        _, sim_url = await start_sim(parallel=4)
+        text = house(sim_url, "{max_concurrent: 1, max_queued: 1}")
+        a = await start_gateway(text, redis_url=redis_url)
+        b = await start_gateway(text, redis_url=redis_url)
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+        ann = {"Authorization": "Bearer owui-key", HEADER: "ann"}
+        async with aiohttp.ClientSession() as session:
+            async with session.post(
+                a.url + "/api/chat", json=body | {"options": {"sim_stall_after": 1}}, headers=ann
+            ) as running:
+                await running.content.readline()  # running on A: its hold is in Redis
+                bea = asyncio.create_task(as_person(session, b, "bea"))
+                holds = a.services.admission.holds
+                assert holds is not None
+                async with asyncio.timeout(10):
+                    while [p.user for p in holds.house.waiting] != ["owui/bea"]:
+                        await holds.released(within=0.1)
+                assert not bea.done()
+                for replica in (a, b):
+                    status, said = await as_person(session, replica, "cleo")
+                    assert status == 503, said
+            async with asyncio.timeout(10):
+                assert (await bea)[0] == 200
+
     async def test_people_sent_at_once_count_together_before_any_ends(
         self, start_sim: StartSim, start_gateway: StartGateway
     ) -> None:

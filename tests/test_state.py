@@ -52,6 +52,22 @@ class TestContract:
         assert not await state.take(hold(9, user="d"))
         assert await state.take(hold(10, user="d", backend="other"))
 
+    async def test_a_front_ends_people_together_are_held_to_its_total(
+        self, state: HoldStore
+    ) -> None:
+        """Two people of owui, each under their own cap, with a total of one: the second is
+        refused while the first runs, takes it once the first is given back; someone else
+        is not held to it."""
+        ann = hold(1, user="owui/ann", together="owui/(all)", together_cap=1)
+        bea = hold(2, user="owui/bea", together="owui/(all)", together_cap=1)
+        assert await state.take(ann)
+        assert not await state.take(bea)
+        assert await state.take(hold(3, user="bob"))
+        state.give_back(ann)
+        async with asyncio.timeout(5):  # Redis's release runs in the background
+            while not await state.take(bea):
+                await state.released(within=0.1)
+
     async def test_heavy_holds_are_limited_to_their_share(self, state: HoldStore) -> None:
         """With heavy_slots 1, a second heavy hold is refused while a light one is not."""
         assert await state.take(hold(1, user="a", heavy=True))
@@ -261,6 +277,25 @@ class TestTheHousesWaitingRoom:
         async with asyncio.timeout(5):  # Redis's leave runs in the background
             while await state.join(place(3, 3.0), 2, 3) == "user":
                 await state.released(within=0.1)
+
+    async def test_a_front_ends_people_wait_together_up_to_its_total(
+        self, state: HoldStore
+    ) -> None:
+        """A total of one waiting: a second person of owui may not wait beside the first,
+        wherever they came in; and one ahead who could not start for the total (its people
+        run all it allows) holds nobody else back."""
+        assert await state.take(hold(0, user="owui/ann", together="owui/(all)", together_cap=1))
+        together = {"together": "owui/(all)", "together_cap": 1}
+        bea, cleo = (
+            place(1, 1.0, user="owui/bea", **together),
+            place(2, 2.0, user="owui/cleo", **together),
+        )
+        assert isinstance(await state.join(bea, 2, 8, "", 1), Place)
+        assert await state.join(cleo, 2, 8, "", 1) == "user"
+        assert not await state.take(placed(1, bea, together="owui/(all)", together_cap=1))
+        bob = place(3, 3.0, user="bob")
+        assert isinstance(await state.join(bob, 2, 8), Place)
+        assert await state.take(placed(3, bob))  # bea asks, but her people hold their one
 
 
 async def _running_on_gpu(state: HoldStore, count: int) -> None:

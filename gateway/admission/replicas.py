@@ -159,8 +159,9 @@ class ReplicaHolds:
         (or Redis is away and the policy fails closed; open, it waits here alone)."""
         room = self._room
         max_queued, max_depth = room.caps(ticket.user, ticket.lane)[1], room.policy.queue.max_depth
+        together = _together(room, ticket)[2]
         try:
-            joined = await self.store.join(place, max_queued, max_depth, asking)
+            joined = await self.store.join(place, max_queued, max_depth, asking, together)
         except StoreUnavailable:
             without = self._without_redis()
             return without if isinstance(without, Refusal) else place
@@ -172,6 +173,7 @@ class ReplicaHolds:
         weight = room.policy.limits_of(ticket.user).weight * ticket.class_weight
         holder, cap = _holder(ticket), room.caps(ticket.user, ticket.lane)[0]
         groups = tuple(b.group(ticket.model) for b in room.pool.serving(ticket.api, ticket.model))
+        together, together_cap, _ = _together(room, ticket)
         return Place(
             uuid.uuid4().hex,
             holder,
@@ -184,6 +186,8 @@ class ReplicaHolds:
             groups,
             ticket.user,
             ticket.model,
+            together=together,
+            together_cap=together_cap,
         )
 
     def _hold_for(self, permit: Permit, place: Place | None, waited: float | None) -> Hold:
@@ -192,6 +196,7 @@ class ReplicaHolds:
         # The prefill gate, house-wide: a long prompt that has not waited ``wait_for_light``
         # does not start beside a person's light request on any replica.
         gate_open = waited is None or waited >= heavy.wait_for_light
+        together, together_cap, _ = _together(room, ticket)
         return Hold(
             id=uuid.uuid4().hex,
             user=_holder(ticket),
@@ -205,6 +210,8 @@ class ReplicaHolds:
             model=ticket.model,
             light=not ticket.heavy and ticket.lane is not BACKGROUND,
             prefill_may_start=gate_open,
+            together=together,
+            together_cap=together_cap,
         )
 
     def give_back(self, permit: Permit) -> None:
@@ -237,3 +244,18 @@ def _holder(ticket: Ticket) -> str:
     """Whose running places a request takes across replicas: background work has its own
     cap per user, so its own holder name."""
     return ticket.user + BACKGROUND_HOLDER if ticket.lane is BACKGROUND else ticket.user
+
+
+_NOT_TOGETHER = ("", -1, -1)
+
+
+def _together(room: WaitingRoom, ticket: Ticket) -> tuple[str, int, int]:
+    """Where ``ticket``'s request counts with the other people of its front end across the
+    house (``owui/(all)``), and its total's ``max_concurrent`` and ``max_queued`` (-1:
+    none); nowhere for background work (its lane's own caps bound it) or anyone else."""
+    found = None if ticket.lane is BACKGROUND else room.policy.together_of(ticket.user)
+    if found is None:
+        return _NOT_TOGETHER
+    account, total = found
+    running, waiting = total.max_concurrent, total.max_queued
+    return account, -1 if running is None else running, -1 if waiting is None else waiting

@@ -39,7 +39,8 @@ class Place:
     compares the same numbers. ``cost``: its prompt's charge (``Ordering.cost``), 0 under
     FIFO, where arrival decides; ``arrived``: wall-clock seconds, the tie-break;
     ``groups``: the slot groups that could serve it; ``holder`` and ``cap``: whose running
-    places it needs (``Hold.user``)."""
+    places it needs (``Hold.user``); ``together`` and ``together_cap``: a front end's
+    people's account and its total's ``max_concurrent`` (-1: none), which it needs too."""
 
     id: str
     holder: str
@@ -54,6 +55,8 @@ class Place:
     model: str
     rank: float = 0.0  # its finish tag, once joined
     replica: str = ""  # the replica it waits on: set by the store
+    together: str = ""
+    together_cap: int = -1
 
     def key(self) -> tuple[int, float, float, str]:
         """The house's order: the smaller goes first."""
@@ -64,7 +67,9 @@ class Place:
 class Hold:
     """One running request's claim: a place under its user's cap and a backend slot.
     ``place``: the request's place in the house (None: a hold outside its order);
-    ``backend_name``: for the house's view of what runs where."""
+    ``backend_name``: for the house's view of what runs where; ``together``: the account a
+    front end's people hold together (``owui/(all)``), at most ``together_cap`` (-1: no
+    bound) across the house, as the user's own at most ``user_cap``."""
 
     id: str
     user: str
@@ -78,6 +83,8 @@ class Hold:
     model: str = ""
     light: bool = False  # a person's light request: a heavy prefill waits for it to end
     prefill_may_start: bool = True  # heavy: it waited ``wait_for_light``, or need not
+    together: str = ""
+    together_cap: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +139,8 @@ class HoldStore(Protocol):
         """Call ``on_change`` whenever the house as read changes (the views redraw)."""
 
     async def take(self, hold: Hold) -> bool:
-        """Atomically take the hold if the user and the backend have room, no request
+        """Atomically take the hold if the user (and its ``together``) and the backend
+        have room, no request
         ahead of ``hold.place`` in the house is asking for that backend now, and (heavy,
         unless ``prefill_may_start``) no person's light request runs there: the prefill
         gate, across replicas; False if not. Taken, the hold's place leaves the room."""
@@ -141,10 +149,16 @@ class HoldStore(Protocol):
         """Release the hold (never blocks; a remote store releases in the background)."""
 
     async def join(
-        self, place: Place, max_queued: int, max_depth: int, asking: str = ""
+        self,
+        place: Place,
+        max_queued: int,
+        max_depth: int,
+        asking: str = "",
+        together_queued: int = -1,
     ) -> Place | str:
         """``place`` waits in the house: the place, ranked; or why not: ``"user"`` (its
-        holder has ``max_queued`` waiting already) or ``"house"`` (``max_depth`` wait).
+        holder has ``max_queued`` waiting already, or its front end's people, its
+        ``together``, ``together_queued``) or ``"house"`` (``max_depth`` wait).
         ``asking``: the slot group its request was just refused, which it asks for from
         now on ("": none yet, so every group serving it, until it tries one)."""
 

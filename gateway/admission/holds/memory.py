@@ -67,6 +67,8 @@ class MemoryHolds:
             self._tags[mine.payer] = max(self._tags.get(mine.payer, 0.0), mine.rank)
         self._holds[hold.id] = hold
         self._users[hold.user] += 1
+        if hold.together:  # a front end's people together: an account of its own
+            self._users[hold.together] += 1
         self._backends[hold.backend] += 1
         if hold.heavy:
             self._heavy[hold.backend] += 1
@@ -77,9 +79,15 @@ class MemoryHolds:
     def _has_room(self, hold: Hold) -> bool:
         if self._users[hold.user] >= hold.user_cap or self._backends[hold.backend] >= hold.slots:
             return False
+        if self._full(hold.together, hold.together_cap):
+            return False
         if hold.heavy and not hold.prefill_may_start and self._light[hold.backend]:
             return False  # the prefill gate, across replicas
         return not (hold.heavy and self._heavy[hold.backend] >= hold.heavy_slots)
+
+    def _full(self, together: str, cap: int) -> bool:
+        """Whether a front end's people hold all its total lets them together."""
+        return bool(together) and cap >= 0 and self._users[together] >= cap
 
     def _tag(self, place: Place) -> float:
         return max(self._clock, self._tags.get(place.payer, 0.0)) + place.cost
@@ -92,6 +100,7 @@ class MemoryHolds:
             place.key() < mine.key()
             and self._asks_for(place, hold.backend)
             and self._users[place.holder] < place.cap
+            and not self._full(place.together, place.together_cap)
             and not (place.heavy and self._heavy[hold.backend] >= hold.heavy_slots)
             and not (place.heavy and self._light[hold.backend])  # held by the prefill gate
             for place in self._places.values()
@@ -106,13 +115,22 @@ class MemoryHolds:
         return asked == group or (asked == "*" and group in place.groups)
 
     async def join(
-        self, place: Place, max_queued: int, max_depth: int, asking: str = ""
+        self,
+        place: Place,
+        max_queued: int,
+        max_depth: int,
+        asking: str = "",
+        together_queued: int = -1,
     ) -> Place | str:
         joined = self._places.get(place.id)
         if joined is not None:
             return joined
         if sum(p.holder == place.holder for p in self._places.values()) >= max_queued:
             return "user"
+        if place.together and together_queued >= 0:
+            waiting = sum(p.together == place.together for p in self._places.values())
+            if waiting >= together_queued:
+                return "user"
         if len(self._places) >= max_depth:
             return "house"
         place = replace(place, rank=self._tag(place))
@@ -140,7 +158,10 @@ class MemoryHolds:
     def give_back(self, hold: Hold) -> None:
         if self._holds.pop(hold.id, None) is None:
             return
-        for counter, key in ((self._users, hold.user), (self._backends, hold.backend)):
+        counts = [(self._users, hold.user), (self._backends, hold.backend)]
+        if hold.together:
+            counts.append((self._users, hold.together))
+        for counter, key in counts:
             counter[key] -= 1
             if counter[key] <= 0:
                 del counter[key]

@@ -6,7 +6,6 @@ heavy set), scored by its expiry on Redis's own clock. Taking a hold is one Lua 
 both take the last slot. The house's waiting room is kept beside the holds
 (``redis_house.py``). A replica renews its leases every third of their lifetime; one killed
 with SIGKILL stops renewing and its holds and places expire within ``lease_seconds``.
-Scripts use EVALSHA, which Redis 6 has too.
 A user's requests in flight, for budgets (``usage/in_flight.py``), are leases of the
 same kind in one sorted set per user (with a hash of the tokens each reserves), counted and
 added by one script.
@@ -37,6 +36,7 @@ from gateway.admission.holds.redis_house import (
     TAGS,
     RedisHouse,
     running_member,
+    together_keys,
 )
 from gateway.core import Background, connect, repeat
 
@@ -49,13 +49,9 @@ SERVICE = f"{PREFIX}:service"  # the fair scheduler's counters, summed over repl
 DEPTH = f"{PREFIX}:waiting"  # one key per replica: its waiting requests
 
 
-def _in_flight_key(user: str) -> str:
-    return f"{PREFIX}:in_flight:{user}"
-
-
 def _in_flight_keys(user: str) -> list[str]:
     """The user's requests in flight, and the tokens each reserves."""
-    return [_in_flight_key(user), f"{PREFIX}:in_flight_tokens:{user}"]
+    return [f"{PREFIX}:in_flight:{user}", f"{PREFIX}:in_flight_tokens:{user}"]
 
 
 def _keys(hold: Hold) -> list[str]:
@@ -69,6 +65,11 @@ def _keys(hold: Hold) -> list[str]:
 def _light_key(hold: Hold) -> str:
     """The people's light requests running on the hold's slot group."""
     return f"{PREFIX}:light:{hold.backend}"
+
+
+def _held_keys(hold: Hold) -> list[str]:
+    """RENEW's and RELEASE's keys; with a front end's total, its people's holds last."""
+    return [*_keys(hold), RUNNING, _light_key(hold), *together_keys(hold)[:1]]
 
 
 # How often the house is read back for the views (``/status``, the house page).
@@ -128,8 +129,9 @@ class RedisHolds:
         # script may have taken, rather than leaving a hold renewed for ever.
         self._mine[hold.id] = (hold, member)
         try:
-            keys = [*_keys(hold), *house_keys, _light_key(hold)]
+            keys = [*_keys(hold), *house_keys, _light_key(hold), *together_keys(hold)]
             gate: list[str | int | float] = [int(hold.light), int(hold.prefill_may_start)]
+            gate.append(hold.together_cap)
             taken = await self._take(keys=keys, args=args + house_args + gate)
         except (RedisError, OSError) as exc:
             self._mine.pop(hold.id, None)
@@ -151,13 +153,18 @@ class RedisHolds:
         self._background(self._give_back(*mine))
 
     async def join(
-        self, place: Place, max_queued: int, max_depth: int, asking: str = ""
+        self,
+        place: Place,
+        max_queued: int,
+        max_depth: int,
+        asking: str = "",
+        together_queued: int = -1,
     ) -> Place | str:
         if not self.shared:
             raise StoreUnavailable("Redis is unreachable")
         try:
             mine = replace(place, replica=self._replica)
-            return await self._house.join(mine, max_queued, max_depth, asking)
+            return await self._house.join(mine, max_queued, max_depth, asking, together_queued)
         except (RedisError, OSError) as exc:
             self._lost(exc)
             raise StoreUnavailable(str(exc)) from exc
@@ -194,7 +201,7 @@ class RedisHolds:
 
     async def _give_back(self, hold: Hold, member: str) -> None:
         try:
-            keys = [*_keys(hold), RUNNING, _light_key(hold)]
+            keys = _held_keys(hold)
             await self._release(keys=keys, args=[hold.id, CHANNEL, member])
         except (RedisError, OSError) as exc:
             # The lease expires by itself within lease_seconds.
@@ -320,7 +327,7 @@ class RedisHolds:
                 self._wake()
             for hold, member in list(self._mine.values()):
                 args: list[str | int] = [hold.id, self._lease_ms, int(hold.heavy), member]
-                keys = [*_keys(hold), RUNNING, _light_key(hold)]
+                keys = _held_keys(hold)
                 await self._renew(keys=keys, args=[*args, int(hold.light)])
             await self._house.renew()
             for request, user in list(self._in_flight.items()):

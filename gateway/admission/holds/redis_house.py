@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from redis.asyncio import Redis
 
-from gateway.admission.holds import scripts
+from gateway.admission.holds import house_scripts as scripts
 from gateway.admission.holds.base import (
     BACKGROUND_HOLDER,
     LANE_ORDER,
@@ -28,7 +28,7 @@ from gateway.admission.holds.base import (
 )
 from gateway.core import Lane
 
-__all__ = ["PREFIX", "RUNNING", "TAGS", "RedisHouse", "running_member"]
+__all__ = ["PREFIX", "RUNNING", "TAGS", "RedisHouse", "running_member", "together_keys"]
 
 PREFIX = "fairgate"
 WAITING = f"{PREFIX}:house:waiting"
@@ -45,6 +45,14 @@ _REFUSED = {-1: "user", -2: "house"}
 
 def queued_key(holder: str) -> str:
     return f"{PREFIX}:queued:{holder}"
+
+
+def together_keys(hold: Hold | Place) -> list[str]:
+    """A front end's people's holds and queued places, where its total bounds them (its
+    account, ``owui/(all)``, counts as a holder's would); none else."""
+    if not hold.together:
+        return []
+    return [f"{PREFIX}:user:{hold.together}", queued_key(hold.together)]
 
 
 def place_json(place: Place) -> str:
@@ -64,6 +72,8 @@ def place_json(place: Place) -> str:
             place.id,
             place.payer,
             place.cost,
+            place.together,  # 14 and 15, as ``TAKE`` reads them of a place ahead
+            place.together_cap,
         ]
     )
 
@@ -71,7 +81,8 @@ def place_json(place: Place) -> str:
 def _place(text: bytes) -> Place:
     fields = json.loads(text)
     holder, cap, lane, rank, arrived, heavy, groups, user, model, replica, id_ = fields[:11]
-    payer, cost = fields[11:]
+    payer, cost = fields[11:13]
+    together, together_cap = fields[13:15] or ("", -1)  # as a replica before them wrote
     return Place(
         id_,
         holder,
@@ -86,6 +97,8 @@ def _place(text: bytes) -> Place:
         model,
         rank,
         replica,
+        together,
+        together_cap,
     )
 
 
@@ -122,11 +135,14 @@ class RedisHouse:
         self.house = House(replica=replica)
         self.on_change: Callable[[], None] = lambda: None
 
-    async def join(self, place: Place, max_queued: int, max_depth: int, asking: str) -> Place | str:
+    async def join(
+        self, place: Place, max_queued: int, max_depth: int, asking: str, together_queued: int
+    ) -> Place | str:
         """JOIN (raises Redis's errors: the store maps them)."""
         keys = [WAITING, PLACES, ASKED, queued_key(place.holder), CLOCK, TAGS]
+        keys += together_keys(place)[1:]
         args: list[str | int | float] = [place.id, place_json(place), max_queued, max_depth]
-        args += [self._lease_ms, place.payer, place.cost, asking]
+        args += [self._lease_ms, place.payer, place.cost, asking, together_queued]
         # Noted before the script runs: a request cancelled meanwhile leaves (``leave``)
         # what the script may have added, rather than a place nobody takes back.
         self.mine[place.id] = place
@@ -150,13 +166,13 @@ class RedisHouse:
         """LEAVE, if the place is this replica's in Redis; whether it was."""
         if self.mine.pop(place.id, None) is None:
             return False
-        keys = [WAITING, PLACES, ASKED, queued_key(place.holder)]
+        keys = [WAITING, PLACES, ASKED, queued_key(place.holder), *together_keys(place)[1:]]
         await self._leave(keys=keys, args=[place.id, channel])
         return True
 
     async def renew(self) -> None:
         for place in list(self.mine.values()):
-            keys = [WAITING, queued_key(place.holder), PLACES]
+            keys = [WAITING, queued_key(place.holder), PLACES, *together_keys(place)[1:]]
             await self._renew(keys=keys, args=[place.id, self._lease_ms, place_json(place)])
 
     async def read(self) -> House:

@@ -5,7 +5,9 @@ the group's heavy set), scored by its expiry on Redis's own clock, and of ``RUNN
 runs where, for every replica's views). The house's waiting room: a waiting request is a
 member of ``WAITING`` (scored by expiry) and of its holder's ``queued`` set, its place
 (``base.Place``, as JSON) in ``PLACES``, and when it last asked for a slot in ``ASKED``;
-the house's clock in ``CLOCK``, each payer's last finish tag in ``TAGS``.
+the house's clock in ``CLOCK``, each payer's last finish tag in ``TAGS`` (its scripts:
+``house_scripts.py``). Where a front end's total bounds its people together, their holds
+and places are also members of its account's sets (``owui/(all)``), as a holder's are.
 
 ``TAKE`` checks every limit and the house's order at once, so two replicas cannot both take
 the last slot and no request asking for a slot is passed over by one behind it. The order
@@ -16,7 +18,8 @@ replica adds its payers' output to their tags as it pools its counters. A place 
 the taker counts only while it asks (it asked within ``ASKING_MS``; a request
 waiting on a replica looks again at least every half second), and only if it could take
 this slot (it asked for this slot group, or just joined and is served by it, its holder
-is under their cap, and a heavy one finds the heavy share free). A place that stopped
+is under their cap, its front end's people under their total, and a heavy one finds the
+heavy share free). A place that stopped
 asking (its replica holds it back, for a prefill gate or a swap) holds nobody up.
 """
 
@@ -25,26 +28,25 @@ from __future__ import annotations
 __all__ = [
     "ASKING_MS",
     "COUNT_IN",
-    "HOUSE",
-    "JOIN",
-    "LEAVE",
+    "FORGET_EXPIRED",
+    "NOW_MS",
     "RELEASE",
     "RENEW",
     "RENEW_IN_FLIGHT",
-    "RENEW_PLACE",
+    "TAG",
     "TAKE",
 ]
 
 # A place asks for a slot while it tried to take one within this many milliseconds.
 ASKING_MS = 1500
 
-_NOW_MS = """
+NOW_MS = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local function live(key) return redis.call('ZCOUNT', key, '(' .. now, '+inf') end
 """
 # KEYS: the waiting set, the places, when each asked.
-_FORGET_EXPIRED = """
+FORGET_EXPIRED = """
 local function forget_expired(waiting, places, asked)
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', waiting, '-inf', now)) do
     redis.call('HDEL', places, id)
@@ -55,7 +57,7 @@ end
 """
 
 # A payer's next finish tag: after the house's clock and after its own last tag, by cost.
-_TAG = """
+TAG = """
 local function tag(clock_key, last_key, payer, cost)
   local clock = tonumber(redis.call('GET', clock_key) or '0')
   local last = tonumber(redis.call('HGET', last_key, payer) or '0')
@@ -68,11 +70,13 @@ end
 # 1 hold, 2 holder's cap, 3 slots, 4 heavy, 5 heavy slots, 6 lease, 7 place ('' none),
 # 8 lane, 9 cost, 10 arrived, 11 group, 12 the hold as RUNNING shows it, 13 key prefix,
 # 14 payer, 15 a person's light request ('1'), 16 a heavy one whose prefill may start
-# beside people's light requests ('1': it has waited ``wait_for_light``).
+# beside people's light requests ('1': it has waited ``wait_for_light``), 17 the cap of
+# its front end's people together (-1: none). KEYS[12] and [13], only with one: their
+# holds and their queued.
 TAKE = (
-    _NOW_MS
-    + _FORGET_EXPIRED
-    + _TAG
+    NOW_MS
+    + FORGET_EXPIRED
+    + TAG
     + """
 local function asked()
   if ARGV[7] ~= '' and redis.call('ZSCORE', KEYS[4], ARGV[7]) then
@@ -108,6 +112,10 @@ local function asking(id, place)
   local group = string.sub(asked_at, space + 1)
   return group == ARGV[11] or (group == '*' and serves(place))
 end
+local function together_full(together, cap)
+  if not together or together == '' or tonumber(cap) < 0 then return false end
+  return live(ARGV[13] .. ':user:' .. together) >= tonumber(cap)
+end
 local function ahead(rank, arrived)
   local lane = tonumber(ARGV[8])
   for _, id in ipairs(redis.call('ZRANGE', KEYS[4], 0, -1)) do
@@ -117,6 +125,7 @@ local function ahead(rank, arrived)
       -- A heavy place is held (the prefill gate) while people's light requests run.
       if before(place, lane, rank, arrived, id)
         and live(ARGV[13] .. ':user:' .. place[1]) < tonumber(place[2])
+        and not together_full(place[14], place[15])
         and not (place[6] and (live(KEYS[3]) >= tonumber(ARGV[5]) or live(KEYS[11]) > 0)) then
         return true
       end
@@ -129,6 +138,11 @@ if redis.call('ZSCORE', KEYS[2], ARGV[1]) then return 1 end
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return asked() end
 if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[3]) then return asked() end
 if ARGV[4] == '1' and redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[5]) then return asked() end
+if KEYS[12] then
+  redis.call('ZREMRANGEBYSCORE', KEYS[12], '-inf', now)
+  local cap = tonumber(ARGV[17])
+  if cap >= 0 and redis.call('ZCARD', KEYS[12]) >= cap then return asked() end
+end
 -- The prefill gate, house-wide: a long prompt waits for people's light requests to end.
 redis.call('ZREMRANGEBYSCORE', KEYS[11], '-inf', now)
 if ARGV[4] == '1' and ARGV[16] ~= '1' and redis.call('ZCARD', KEYS[11]) > 0 then
@@ -155,6 +169,10 @@ redis.call('ZADD', KEYS[1], expiry, ARGV[1])
 redis.call('ZADD', KEYS[2], expiry, ARGV[1])
 if ARGV[4] == '1' then redis.call('ZADD', KEYS[3], expiry, ARGV[1]) end
 for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], 2 * tonumber(ARGV[6])) end
+if KEYS[12] then
+  redis.call('ZADD', KEYS[12], expiry, ARGV[1])
+  redis.call('PEXPIRE', KEYS[12], 2 * tonumber(ARGV[6]))
+end
 if ARGV[15] == '1' then
   redis.call('ZADD', KEYS[11], expiry, ARGV[1])
   redis.call('PEXPIRE', KEYS[11], 2 * tonumber(ARGV[6]))
@@ -171,14 +189,16 @@ if rank then
   redis.call('HDEL', KEYS[5], ARGV[7])
   redis.call('HDEL', KEYS[6], ARGV[7])
   redis.call('ZREM', KEYS[8], ARGV[7])
+  if KEYS[13] then redis.call('ZREM', KEYS[13], ARGV[7]) end
 end
 return 1
 """
 )
-# KEYS: holder, group, group's heavy, running, group's people's light. ARGV: hold, lease,
-# heavy, as RUNNING shows it, a person's light request.
+# KEYS: holder, group, group's heavy, running, group's people's light, and with a front
+# end's total its people's holds. ARGV: hold, lease, heavy, as RUNNING shows it, a
+# person's light request.
 RENEW = (
-    _NOW_MS
+    NOW_MS
     + """
 local expiry = now + tonumber(ARGV[2])
 local sets = ARGV[3] == '1' and 3 or 2
@@ -191,94 +211,23 @@ if ARGV[5] == '1' then
   redis.call('ZADD', KEYS[5], expiry, ARGV[1])
   redis.call('PEXPIRE', KEYS[5], 2 * tonumber(ARGV[2]))
 end
+if KEYS[6] then
+  redis.call('ZADD', KEYS[6], expiry, ARGV[1])
+  redis.call('PEXPIRE', KEYS[6], 2 * tonumber(ARGV[2]))
+end
 return 1
 """
 )
-# KEYS: holder, group, group's heavy, running, group's people's light. ARGV: hold, channel,
-# as RUNNING shows it.
+# KEYS: holder, group, group's heavy, running, group's people's light, and with a front
+# end's total its people's holds. ARGV: hold, channel, as RUNNING shows it.
 RELEASE = """
 for i = 1, 3 do redis.call('ZREM', KEYS[i], ARGV[1]) end
 redis.call('ZREM', KEYS[5], ARGV[1])
+if KEYS[6] then redis.call('ZREM', KEYS[6], ARGV[1]) end
 redis.call('ZREM', KEYS[4], ARGV[3])
 redis.call('PUBLISH', ARGV[2], ARGV[1])
 return 1
 """
-
-# KEYS: waiting, places, asked, holder's queued, the house's clock, the payers' last tags.
-# ARGV: place, its JSON, max_queued, max_depth, lease, payer, cost, the slot group its
-# request was just refused ('' none: it asks for every group serving it until it tries
-# one). Its finish tag (as a
-# string: Redis would cut a number to an integer); -1: its holder has max_queued waiting;
-# -2: the house is full.
-JOIN = (
-    _NOW_MS
-    + _FORGET_EXPIRED
-    + _TAG
-    + """
-forget_expired(KEYS[1], KEYS[2], KEYS[3])
-redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
-local joined = redis.call('HGET', KEYS[2], ARGV[1])
-if joined then return tostring(cjson.decode(joined)[4]) end
-if redis.call('ZCARD', KEYS[4]) >= tonumber(ARGV[3]) then return -1 end
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then return -2 end
-local finish = tag(KEYS[5], KEYS[6], ARGV[6], ARGV[7])
-redis.call('HSET', KEYS[6], ARGV[6], tostring(finish))
-local place = cjson.decode(ARGV[2])
-place[4] = finish
-local expiry = now + tonumber(ARGV[5])
-redis.call('ZADD', KEYS[1], expiry, ARGV[1])
-redis.call('HSET', KEYS[2], ARGV[1], cjson.encode(place))
-redis.call('HSET', KEYS[3], ARGV[1], now .. ' ' .. (ARGV[8] ~= '' and ARGV[8] or '*'))
-redis.call('ZADD', KEYS[4], expiry, ARGV[1])
-redis.call('PEXPIRE', KEYS[4], 2 * tonumber(ARGV[5]))
-return tostring(finish)
-"""
-)
-# KEYS: waiting, places, asked, holder's queued. ARGV: place, channel. A place that leaves
-# may have held others back: they look again.
-LEAVE = """
-local was = redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('HDEL', KEYS[2], ARGV[1])
-redis.call('HDEL', KEYS[3], ARGV[1])
-redis.call('ZREM', KEYS[4], ARGV[1])
-if was == 1 then redis.call('PUBLISH', ARGV[2], ARGV[1]) end
-return was
-"""
-# KEYS: waiting, holder's queued, places. ARGV: place, lease, its JSON. As RENEW does for
-# holds, a place that a restarted Redis lost is written again.
-RENEW_PLACE = (
-    _NOW_MS
-    + """
-local expiry = now + tonumber(ARGV[2])
-redis.call('ZADD', KEYS[1], expiry, ARGV[1])
-redis.call('ZADD', KEYS[2], expiry, ARGV[1])
-redis.call('HSETNX', KEYS[3], ARGV[1], ARGV[3])
-redis.call('PEXPIRE', KEYS[2], 2 * tonumber(ARGV[2]))
-return 1
-"""
-)
-# KEYS: waiting, places, asked, running, the house's clock, the payers' last tags. The
-# house: Redis's time, every place (its JSON), every running hold. A payer's tag at or
-# below the clock counts as the clock: it is dropped, so the hash holds only payers ahead.
-HOUSE = (
-    _NOW_MS
-    + _FORGET_EXPIRED
-    + """
-forget_expired(KEYS[1], KEYS[2], KEYS[3])
-redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
-local clock = tonumber(redis.call('GET', KEYS[5]) or '0')
-local tags = redis.call('HGETALL', KEYS[6])
-for i = 1, #tags, 2 do
-  if tonumber(tags[i + 1]) <= clock then redis.call('HDEL', KEYS[6], tags[i]) end
-end
-local places = {}
-for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
-  local json = redis.call('HGET', KEYS[2], id)
-  if json then table.insert(places, json) end
-end
-return {now, places, redis.call('ZRANGE', KEYS[4], 0, -1)}
-"""
-)
 
 # A user's requests in flight for budgets: one sorted set per user, scored by expiry, and
 # beside it a hash of the tokens each reserves. ARGV: the request, the room in requests, the
@@ -286,7 +235,7 @@ return {now, places, redis.call('ZRANGE', KEYS[4], 0, -1)}
 # that ended here and whose removal may not have reached Redis yet: an ended request counts
 # in the ledger's figures at once, and must not count in flight as well.
 COUNT_IN = (
-    _NOW_MS
+    NOW_MS
     + """
 for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
   redis.call('HDEL', KEYS[2], gone)
@@ -315,7 +264,7 @@ return 1
 """
 )
 RENEW_IN_FLIGHT = (
-    _NOW_MS
+    NOW_MS
     + """
 redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
 redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
