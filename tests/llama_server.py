@@ -20,6 +20,7 @@ from tests.processes import free_port, stop, until_answers
 __all__ = [
     "MODEL_ALIAS",
     "LlamaServer",
+    "running_llama_preset_router",
     "running_llama_router",
     "running_llama_server",
     "server_files",
@@ -89,6 +90,23 @@ async def running_llama_router(
         "--models-dir", str(models), "--models-max", str(models_max), "-np", str(slots),
         "-c", str(context), "-t", str(threads),
     )  # fmt: skip
+    async with _serving(binary, args, directory / "router.log", "/models") as server:
+        yield server
+
+
+@asynccontextmanager
+async def running_llama_preset_router(
+    directory: Path, presets: dict[str, str], models_max: int = 1
+) -> AsyncIterator[LlamaServer]:
+    """llama-server's router from a preset file (``--models-preset``): each of ``presets``
+    a model on the shipped file, with the preset's own lines beside it (``parallel = 1``,
+    ``alias = fam,household``)."""
+    binary, model = server_files()
+    directory.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (a test's own directory)
+    common = f"model = {model}\nctx-size = 2048\nthreads = 1\n"
+    ini = directory / "presets.ini"
+    ini.write_text("".join(f"[{name}]\n{common}{lines}\n" for name, lines in presets.items()))
+    args = ("--models-preset", str(ini), "--models-max", str(models_max))
     async with _serving(binary, args, directory / "router.log", "/models") as server:
         yield server
 

@@ -23,7 +23,7 @@ import yaml
 
 from gateway.config import model_key
 from tests.conftest import StartGateway
-from tests.llama_server import LlamaServer, running_llama_router
+from tests.llama_server import LlamaServer, running_llama_preset_router, running_llama_router
 from tests.test_admission import until
 from tests.test_hostile_clients import status_of
 from tests.test_init import init
@@ -227,3 +227,75 @@ async def test_a_model_one_router_cannot_load_goes_to_another_that_can(
         # Sent to the first, each would have been tried there (and failed over): never was.
         log = (tmp_path / "a" / "router.log").read_text(errors="replace")
         assert log.count("spawning server instance with name=coder") == 1
+
+
+def _spawned(log: Path, name: str) -> int:
+    """How many children the router started for ``name``: its loads."""
+    return log.read_text(errors="replace").count(f"spawning server instance with name={name} ")
+
+
+async def _chat_status(session: aiohttp.ClientSession, url: str, model: str) -> int:
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    async with session.post(url + "/v1/chat/completions", json=body) as reply:
+        await reply.read()
+        return reply.status
+
+
+async def test_a_name_spelled_otherwise_goes_as_the_router_names_it(
+    llama_router: LlamaServer, start_gateway: StartGateway, tmp_path: Path
+) -> None:
+    """The gateway tells ``Coder`` and ``coder:latest`` from ``coder`` as Ollama would (not
+    at all); the router matches its names exactly. Sent as written, each would unload the
+    family's model for the router's 400; sent as the router names the model, they are
+    ``coder``: one swap for the first, none for the second."""
+    gateway = await start_gateway(_policy(llama_router.url))
+    admission = gateway.services.admission
+    router = gateway.services.policy.current.pool.backends[0]
+    await until(admission, lambda _: router.state.models is not None, within=30)
+    async with aiohttp.ClientSession() as session:
+        assert await _chat_status(session, gateway.url, FAMILY) == 200
+        assert await _chat_status(session, gateway.url, "Coder") == 200
+        assert await _chat_status(session, gateway.url, "coder:latest") == 200
+    assert (await _router_models(llama_router.url))[CODER] == "loaded"
+
+
+async def test_an_alias_of_the_routers_is_the_model_it_names(
+    tmp_path: Path, start_gateway: StartGateway
+) -> None:
+    """A preset's aliases name its model: asked by name and by alias in turn, the family's
+    model loads once, and /status holds one model with its slots, not one per name."""
+    presets = {FAMILY: "parallel = 2\nalias = fam,household\n", CODER: "parallel = 2\n"}
+    async with running_llama_preset_router(tmp_path, presets) as llama_router:
+        gateway = await start_gateway(_policy(llama_router.url))
+        admission = gateway.services.admission
+        router = gateway.services.policy.current.pool.backends[0]
+        await until(admission, lambda _: router.state.models is not None, within=30)
+        async with aiohttp.ClientSession() as session:
+            for name in (FAMILY, "fam", FAMILY, "household", "Fam"):
+                assert await _chat_status(session, gateway.url, name) == 200, name
+        held = (await status_of(gateway))["backends"]["router"]["models"]
+        assert list(held) == [model_key(FAMILY)]
+    assert _spawned(tmp_path / "router.log", FAMILY) == 1
+
+
+async def test_children_of_different_parallel_are_sent_no_more_than_the_fewest(
+    tmp_path: Path, start_gateway: StartGateway
+) -> None:
+    """A preset giving one model 4 slots and another 1: one figure counts for every child
+    of the router, the fewest (more, and requests would wait inside the 1-slot child),
+    and it stays while that child is unloaded."""
+    presets = {"big": "parallel = 4\n", "small": "parallel = 1\n"}  # listed in this order
+    async with running_llama_preset_router(tmp_path, presets, models_max=2) as llama_router:
+        gateway = await start_gateway(_policy(llama_router.url))
+        admission = gateway.services.admission
+        router = gateway.services.policy.current.pool.backends[0]
+        await until(admission, lambda _: router.state.models is not None, within=30)
+        async with aiohttp.ClientSession() as session:
+            assert await _chat_status(session, gateway.url, "small") == 200
+            assert await _chat_status(session, gateway.url, "big") == 200
+            await until(admission, lambda _: len(router.state.child_slots) == 2, within=30)
+            assert router.slots == 1
+            async with session.post(llama_router.url + "/models/unload", json={"model": "small"}):
+                pass
+            await until(admission, lambda _: model_key("small") not in router.state.loaded)
+            assert router.slots == 1

@@ -83,6 +83,7 @@ class BackendState:
     failures: int = 0  # consecutive failed probes
     successes: int = 0  # consecutive good probes
     slots: int | None = None  # as the backend reports them (llama.cpp /props)
+    child_slots: dict[str, int] = field(default_factory=dict)  # a router's, by model key
     model_limit: int | None = None  # models loaded at once, as it reports it (the router's)
     # The router's own name for each model key: it matches names exactly, where the keys
     # are Ollama's spelling-blind ones.

@@ -109,7 +109,7 @@ class Generation:
                     raise person_refused.error() from None
                 raise
             fields = await parsed(body, services.parsing, STRUCTS.get(path))
-        record.model = model = resolved(fields, view.policy)
+        record.model = model = resolved(fields, view.policy, view.pool)
         check_model_allowed(view.policy, user, model)
         check_model_served(view.pool, api, model)
         if api is not Api.OLLAMA and (refused := REFUSED[api](fields.values)) is not None:

@@ -100,6 +100,7 @@ class BackendMonitor:
         state.last_error = reason
         if state.healthy and state.failures >= self._settings.unhealthy_after:
             state.healthy = False
+            state.child_slots.clear()  # restarted, its presets may say otherwise
             log.warning(
                 "backend_down",
                 backend=config.name,
@@ -114,9 +115,16 @@ class BackendMonitor:
         state.successes += 1
         state.failures = 0
         state.last_error = None
-        # A router with no model loaded cannot say its children's slots: the last seen stand.
-        keep = seen.slots is None and config.kind == "llamacpp-router"
-        slots = state.slots if keep else seen.slots
+        slots, children = seen.slots, state.child_slots
+        before = dict(children)
+        if config.kind == "llamacpp-router":
+            # One figure for every child: the fewest any has run here (a preset may give
+            # each its own ``parallel``), remembered while it is unloaded, so that the
+            # first requests after a swap to it are not more than it runs.
+            children.update(seen.child_slots)
+            for gone in children.keys() - seen.models:  # no longer among its models
+                del children[gone]
+            slots = min(children.values(), default=None)
         # What Ollama holds decides what can be dispatched without a swap: a change wakes
         # the waiting room as a change of slots or models does.
         changed = (state.slots, state.models, _held(state.loaded)) != (
@@ -124,6 +132,7 @@ class BackendMonitor:
             seen.models,
             _held(seen.loaded),
         )
+        changed |= children != before
         state.slots, state.models, state.loaded = slots, seen.models, seen.loaded
         state.model_limit, state.names = seen.model_limit, seen.names
         # What the gateway sent after the probe started is newer than what it read.

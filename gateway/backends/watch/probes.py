@@ -44,6 +44,7 @@ class Observation:
     failed: dict[str, int | None] = field(default_factory=dict)
     # Models whose child is starting (the router's): a failed one being tried again.
     loading: frozenset[str] = frozenset()
+    child_slots: dict[str, int] = field(default_factory=dict)  # the router's, by model key
 
 
 Getter = Callable[[str], Awaitable[Any]]
@@ -141,28 +142,29 @@ async def _llamacpp_router(get: Getter) -> Observation:
         status = entry.get("status")
         if not isinstance(status, dict):
             continue
+        # Under its own name only: requests name it so (``routes/checks.py``: resolved).
         if status.get("value") in _HELD:
             loaded[model_key(name)] = LoadedModel()
             if status.get("value") == "loading":
-                loading.update(model_key(str(called)) for called in _called(entry))
+                loading.add(model_key(name))
         elif status.get("failed") is True:
             code = status.get("exit_code")
-            for called in _called(entry):
-                failed[model_key(str(called))] = code if isinstance(code, int) else None
+            failed[model_key(name)] = code if isinstance(code, int) else None
     return Observation(
         models=frozenset(names),
         loaded=loaded,
         failed=failed,
         loading=frozenset(loading),
-        slots=await _child_slots(get, [names[m] for m in loaded]),
+        child_slots=await _child_slots(get, [names[m] for m in loaded]),
         model_limit=_count(limit),
         names=names,
     )
 
 
-async def _child_slots(get: Getter, loaded: list[str]) -> int | None:
-    """Slots of a loaded child, from its own /props (the router passes its -np on to every
-    child); None while none is loaded, or when the child went in the meantime."""
+async def _child_slots(get: Getter, loaded: list[str]) -> dict[str, int]:
+    """Slots of each loaded child, by model key, from its own /props (a preset may give
+    each model its own ``parallel``); none of one that went in the meantime."""
+    found: dict[str, int] = {}
     for name in loaded:
         try:
             child = await get(f"/props?model={quote(name, safe='')}&autoload=false")
@@ -170,8 +172,8 @@ async def _child_slots(get: Getter, loaded: list[str]) -> int | None:
             continue  # unloaded since /models said it was: another may answer
         slots = child.get("total_slots") if isinstance(child, dict) else None
         if isinstance(slots, int) and slots > 0:
-            return slots
-    return None
+            found[model_key(name)] = slots
+    return found
 
 
 def _is_router(props: Any) -> bool:
