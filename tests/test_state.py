@@ -285,13 +285,13 @@ class TestTheHousesWaitingRoom:
         wherever they came in; and one ahead who could not start for the total (its people
         run all it allows) holds nobody else back."""
         assert await state.take(hold(0, user="owui/ann", together="owui/(all)", together_cap=1))
-        together = {"together": "owui/(all)", "together_cap": 1}
+        together = {"together": "owui/(all)", "together_cap": 1, "together_queued": 1}
         bea, cleo = (
             place(1, 1.0, user="owui/bea", **together),
             place(2, 2.0, user="owui/cleo", **together),
         )
-        assert isinstance(await state.join(bea, 2, 8, "", 1), Place)
-        assert await state.join(cleo, 2, 8, "", 1) == "user"
+        assert isinstance(await state.join(bea, 2, 8), Place)
+        assert await state.join(cleo, 2, 8) == "user"
         assert not await state.take(placed(1, bea, together="owui/(all)", together_cap=1))
         bob = place(3, 3.0, user="bob")
         assert isinstance(await state.join(bob, 2, 8), Place)

@@ -159,9 +159,8 @@ class ReplicaHolds:
         (or Redis is away and the policy fails closed; open, it waits here alone)."""
         room = self._room
         max_queued, max_depth = room.caps(ticket.user, ticket.lane)[1], room.policy.queue.max_depth
-        together = _together(room, ticket)[2]
         try:
-            joined = await self.store.join(place, max_queued, max_depth, asking, together)
+            joined = await self.store.join(place, max_queued, max_depth, asking)
         except StoreUnavailable:
             without = self._without_redis()
             return without if isinstance(without, Refusal) else place
@@ -173,7 +172,7 @@ class ReplicaHolds:
         weight = room.policy.limits_of(ticket.user).weight * ticket.class_weight
         holder, cap = _holder(ticket), room.caps(ticket.user, ticket.lane)[0]
         groups = tuple(b.group(ticket.model) for b in room.pool.serving(ticket.api, ticket.model))
-        together, together_cap, _ = _together(room, ticket)
+        together, together_cap, together_queued = _together(room, ticket)
         return Place(
             uuid.uuid4().hex,
             holder,
@@ -188,6 +187,7 @@ class ReplicaHolds:
             ticket.model,
             together=together,
             together_cap=together_cap,
+            together_queued=together_queued,
         )
 
     def _hold_for(self, permit: Permit, place: Place | None, waited: float | None) -> Hold:

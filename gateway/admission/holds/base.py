@@ -39,8 +39,9 @@ class Place:
     compares the same numbers. ``cost``: its prompt's charge (``Ordering.cost``), 0 under
     FIFO, where arrival decides; ``arrived``: wall-clock seconds, the tie-break;
     ``groups``: the slot groups that could serve it; ``holder`` and ``cap``: whose running
-    places it needs (``Hold.user``); ``together`` and ``together_cap``: a front end's
-    people's account and its total's ``max_concurrent`` (-1: none), which it needs too."""
+    places it needs (``Hold.user``); ``together``, ``together_cap`` and
+    ``together_queued``: a front end's people's account and its total's ``max_concurrent``
+    and ``max_queued`` (-1: none), which bound it too."""
 
     id: str
     holder: str
@@ -57,6 +58,7 @@ class Place:
     replica: str = ""  # the replica it waits on: set by the store
     together: str = ""
     together_cap: int = -1
+    together_queued: int = -1
 
     def key(self) -> tuple[int, float, float, str]:
         """The house's order: the smaller goes first."""
@@ -149,16 +151,11 @@ class HoldStore(Protocol):
         """Release the hold (never blocks; a remote store releases in the background)."""
 
     async def join(
-        self,
-        place: Place,
-        max_queued: int,
-        max_depth: int,
-        asking: str = "",
-        together_queued: int = -1,
+        self, place: Place, max_queued: int, max_depth: int, asking: str = ""
     ) -> Place | str:
         """``place`` waits in the house: the place, ranked; or why not: ``"user"`` (its
-        holder has ``max_queued`` waiting already, or its front end's people, its
-        ``together``, ``together_queued``) or ``"house"`` (``max_depth`` wait).
+        holder has ``max_queued`` waiting already, or its front end's people
+        ``together_queued``) or ``"house"`` (``max_depth`` wait).
         ``asking``: the slot group its request was just refused, which it asks for from
         now on ("": none yet, so every group serving it, until it tries one)."""
 

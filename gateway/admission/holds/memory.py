@@ -115,21 +115,16 @@ class MemoryHolds:
         return asked == group or (asked == "*" and group in place.groups)
 
     async def join(
-        self,
-        place: Place,
-        max_queued: int,
-        max_depth: int,
-        asking: str = "",
-        together_queued: int = -1,
+        self, place: Place, max_queued: int, max_depth: int, asking: str = ""
     ) -> Place | str:
         joined = self._places.get(place.id)
         if joined is not None:
             return joined
         if sum(p.holder == place.holder for p in self._places.values()) >= max_queued:
             return "user"
-        if place.together and together_queued >= 0:
+        if place.together and place.together_queued >= 0:
             waiting = sum(p.together == place.together for p in self._places.values())
-            if waiting >= together_queued:
+            if waiting >= place.together_queued:
                 return "user"
         if len(self._places) >= max_depth:
             return "house"

@@ -153,18 +153,13 @@ class RedisHolds:
         self._background(self._give_back(*mine))
 
     async def join(
-        self,
-        place: Place,
-        max_queued: int,
-        max_depth: int,
-        asking: str = "",
-        together_queued: int = -1,
+        self, place: Place, max_queued: int, max_depth: int, asking: str = ""
     ) -> Place | str:
         if not self.shared:
             raise StoreUnavailable("Redis is unreachable")
         try:
             mine = replace(place, replica=self._replica)
-            return await self._house.join(mine, max_queued, max_depth, asking, together_queued)
+            return await self._house.join(mine, max_queued, max_depth, asking)
         except (RedisError, OSError) as exc:
             self._lost(exc)
             raise StoreUnavailable(str(exc)) from exc

@@ -135,14 +135,12 @@ class RedisHouse:
         self.house = House(replica=replica)
         self.on_change: Callable[[], None] = lambda: None
 
-    async def join(
-        self, place: Place, max_queued: int, max_depth: int, asking: str, together_queued: int
-    ) -> Place | str:
+    async def join(self, place: Place, max_queued: int, max_depth: int, asking: str) -> Place | str:
         """JOIN (raises Redis's errors: the store maps them)."""
         keys = [WAITING, PLACES, ASKED, queued_key(place.holder), CLOCK, TAGS]
         keys += together_keys(place)[1:]
         args: list[str | int | float] = [place.id, place_json(place), max_queued, max_depth]
-        args += [self._lease_ms, place.payer, place.cost, asking, together_queued]
+        args += [self._lease_ms, place.payer, place.cost, asking, place.together_queued]
         # Noted before the script runs: a request cancelled meanwhile leaves (``leave``)
         # what the script may have added, rather than a place nobody takes back.
         self.mine[place.id] = place
