@@ -6,9 +6,8 @@ heavy set), scored by its expiry on Redis's own clock. Taking a hold is one Lua 
 both take the last slot. The house's waiting room is kept beside the holds
 (``redis_house.py``). A replica renews its leases every third of their lifetime; one killed
 with SIGKILL stops renewing and its holds and places expire within ``lease_seconds``.
-A user's requests in flight, for budgets (``usage/in_flight.py``), are leases of the
-same kind in one sorted set per user (with a hash of the tokens each reserves), counted and
-added by one script.
+A user's requests in flight, for budgets, are leases of the same kind
+(``redis_in_flight.py``).
 
 When Redis cannot be reached the state says so (``StoreUnavailable``) and admission applies
 the policy's ``redis.on_failure``; a background check restores sharing when Redis returns.
@@ -38,6 +37,7 @@ from gateway.admission.holds.redis_house import (
     running_member,
     together_keys,
 )
+from gateway.admission.holds.redis_in_flight import RedisInFlight
 from gateway.core import Background, connect, repeat
 
 __all__ = ["RedisHolds"]
@@ -47,11 +47,6 @@ log = structlog.get_logger("fairgate.state")
 CHANNEL = f"{PREFIX}:released"
 SERVICE = f"{PREFIX}:service"  # the fair scheduler's counters, summed over replicas
 DEPTH = f"{PREFIX}:waiting"  # one key per replica: its waiting requests
-
-
-def _in_flight_keys(user: str) -> list[str]:
-    """The user's requests in flight, and the tokens each reserves."""
-    return [f"{PREFIX}:in_flight:{user}", f"{PREFIX}:in_flight_tokens:{user}"]
 
 
 def _keys(hold: Hold) -> list[str]:
@@ -86,12 +81,9 @@ class RedisHolds:
         self._take = self._redis.register_script(scripts.TAKE)
         self._renew = self._redis.register_script(scripts.RENEW)
         self._release = self._redis.register_script(scripts.RELEASE)
-        self._count_in = self._redis.register_script(scripts.COUNT_IN)
-        self._renew_in_flight = self._redis.register_script(scripts.RENEW_IN_FLIGHT)
         # Holds this replica has in Redis, each with its member of the running set.
         self._mine: dict[str, tuple[Hold, str]] = {}
-        self._in_flight: dict[str, str] = {}  # requests this replica counts there: their users
-        self._ended: dict[str, set[str]] = {}  # by user: requests ended, their removal under way
+        self._in_flight = RedisInFlight(self._redis, self._lease_ms)
         self._released = asyncio.Event()
         self._releases: set[asyncio.Task[Any]] = set()
         self._closed = False
@@ -207,38 +199,15 @@ class RedisHolds:
     ) -> bool:
         if not self.shared:
             raise StoreUnavailable("Redis is unreachable")
-        ended = self._ended.get(user, ())
-        limits = [room, self._lease_ms, tokens, -1 if token_room is None else token_room]
         try:
-            counted = await self._count_in(
-                keys=_in_flight_keys(user), args=[request, *limits, *ended]
-            )
+            return await self._in_flight.count(user, request, room, tokens, token_room)
         except (RedisError, OSError) as exc:
             self._lost(exc)
             raise StoreUnavailable(str(exc)) from exc
-        if counted:
-            self._in_flight[request] = user
-        return bool(counted)
 
     def uncount_in_flight(self, user: str, request: str) -> None:
-        if self._in_flight.pop(request, None) is None:
-            return  # never counted in Redis (it was away): nothing to undo there
-        self._ended.setdefault(user, set()).add(request)
-        self._background(self._uncount(user, request))
-
-    async def _uncount(self, user: str, request: str) -> None:
-        try:
-            in_flight, tokens = _in_flight_keys(user)
-            await self._redis.zrem(in_flight, request)
-            await self._redis.hdel(tokens, request)
-        except (RedisError, OSError) as exc:
-            log.warning("state_release_failed", request=request, error=repr(exc))
-        finally:  # removed, or left to its lease
-            ended = self._ended.get(user)
-            if ended is not None:
-                ended.discard(request)
-                if not ended:
-                    del self._ended[user]
+        if self._in_flight.ended(user, request):
+            self._background(self._in_flight.remove(user, request))
 
     async def usage(self) -> tuple[dict[str, int], dict[str, int]]:
         try:
@@ -325,10 +294,7 @@ class RedisHolds:
                 keys = _held_keys(hold)
                 await self._renew(keys=keys, args=[*args, int(hold.light)])
             await self._house.renew()
-            for request, user in list(self._in_flight.items()):
-                await self._renew_in_flight(
-                    keys=_in_flight_keys(user), args=[request, self._lease_ms]
-                )
+            await self._in_flight.renew()
         except (RedisError, OSError) as exc:
             self._lost(exc)
 
