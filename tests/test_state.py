@@ -68,6 +68,16 @@ class TestContract:
             while not await state.take(bea):
                 await state.released(within=0.1)
 
+    async def test_a_hold_given_back_now_is_not_counted_by_the_next_take(
+        self, state: HoldStore
+    ) -> None:
+        """A request moving to another backend (its first failed): its hold given back,
+        the new one is taken next, at its user's cap and its front end's total alike."""
+        old = hold(1, user="owui/ann", user_cap=1, together="owui/(all)", together_cap=1)
+        assert await state.take(old)
+        await state.give_back_now(old)
+        assert await state.take(replace(old, id="h2", backend="gpu2"))
+
     async def test_heavy_holds_are_limited_to_their_share(self, state: HoldStore) -> None:
         """With heavy_slots 1, a second heavy hold is refused while a light one is not."""
         assert await state.take(hold(1, user="a", heavy=True))
@@ -184,6 +194,19 @@ class TestTheHousesWaitingRoom:
         assert not await state.take(replace(placed(2, dan), backend="elsewhere", slots=1))
         assert not await state.take(placed(3, eve, slots=3, heavy=True))
         assert await state.take(placed(4, bob, slots=3))
+
+    async def test_a_place_ahead_is_judged_by_its_caps_as_they_are_now(
+        self, state: HoldStore
+    ) -> None:
+        """A reload lowered alice's cap from two, as her place joined, to one: once she asks
+        under it (her one running, refused), she holds back nobody behind her for a slot
+        she could not take."""
+        assert await state.take(hold(0, user="alice"))
+        alice, bob = place(1, rank=1.0), place(2, rank=2.0, user="bob")
+        for each in (alice, bob):
+            assert isinstance(await state.join(each, 4, 8), Place)
+        assert not await state.take(placed(1, alice, user_cap=1, slots=3))
+        assert await state.take(placed(2, bob, slots=3))
 
     async def test_under_fifo_the_earlier_of_two_arrivals_a_hair_apart_goes_first(
         self, state: HoldStore

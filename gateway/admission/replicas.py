@@ -222,8 +222,8 @@ class ReplicaHolds:
     async def moved(self, permit: Permit, old_hold: Hold | None) -> bool:
         """``permit`` moved to another backend (``Admission.reroute``): the old backend's
         hold is given back and the new one confirmed; False if the store refuses it."""
-        if old_hold is not None:
-            self.store.give_back(old_hold)
+        if old_hold is not None:  # given back first: the new hold is counted without it
+            await self.store.give_back_now(old_hold)
         return await self.confirm(permit, None, None) is True
 
     async def share(self) -> None:

@@ -150,6 +150,10 @@ class HoldStore(Protocol):
     def give_back(self, hold: Hold) -> None:
         """Release the hold (never blocks; a remote store releases in the background)."""
 
+    async def give_back_now(self, hold: Hold) -> None:
+        """Release the hold, returning once the store has: a request moving to another
+        backend takes its new hold next, which must not find the old one counted."""
+
     async def join(
         self, place: Place, max_queued: int, max_depth: int, asking: str = ""
     ) -> Place | str:

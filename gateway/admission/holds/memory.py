@@ -60,6 +60,9 @@ class MemoryHolds:
         if not self._has_room(hold) or self._ahead(hold, mine):
             if mine is not None and mine.id in self._places:
                 self._asked[mine.id] = (time.monotonic(), hold.backend)
+                # Its caps as now (a reload may have lowered them since it joined).
+                now = replace(self._places[mine.id], cap=hold.user_cap)
+                self._places[mine.id] = replace(now, together_cap=hold.together_cap)
             return False
         if mine is not None:
             self._forget(mine)
@@ -166,6 +169,9 @@ class MemoryHolds:
                 if counter[hold.backend] <= 0:
                     del counter[hold.backend]
         self._wake()
+
+    async def give_back_now(self, hold: Hold) -> None:
+        self.give_back(hold)
 
     async def count_in_flight(
         self, user: str, request: str, room: int, tokens: int = 0, token_room: int | None = None

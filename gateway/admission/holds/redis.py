@@ -83,6 +83,7 @@ class RedisHolds:
         self._release = self._redis.register_script(scripts.RELEASE)
         # Holds this replica has in Redis, each with its member of the running set.
         self._mine: dict[str, tuple[Hold, str]] = {}
+        self._taking: set[str] = set()  # of those, the ones whose TAKE is under way
         self._in_flight = RedisInFlight(self._redis, self._lease_ms)
         self._released = asyncio.Event()
         self._releases: set[asyncio.Task[Any]] = set()
@@ -118,8 +119,10 @@ class RedisHolds:
         args += [hold.heavy_slots, self._lease_ms]
         house_keys, house_args = self._house.take_args(hold, member)
         # Noted before the script runs: a request cancelled meanwhile gives back what the
-        # script may have taken, rather than leaving a hold renewed for ever.
+        # script may have taken, rather than leaving a hold renewed for ever. Not renewed
+        # until it is taken: a renewal would add it, past every limit, or after a refusal.
         self._mine[hold.id] = (hold, member)
+        self._taking.add(hold.id)
         try:
             keys = [*_keys(hold), *house_keys, _light_key(hold), *together_keys(hold)]
             gate: list[str | int | float] = [int(hold.light), int(hold.prefill_may_start)]
@@ -132,6 +135,8 @@ class RedisHolds:
         except BaseException:
             self.give_back(hold)
             raise
+        finally:
+            self._taking.discard(hold.id)
         if not taken:
             self._mine.pop(hold.id, None)
         elif hold.place is not None:
@@ -185,6 +190,11 @@ class RedisHolds:
         task = asyncio.create_task(release)
         self._releases.add(task)
         task.add_done_callback(self._releases.discard)
+
+    async def give_back_now(self, hold: Hold) -> None:
+        mine = self._mine.pop(hold.id, None)
+        if mine is not None:
+            await self._give_back(*mine)
 
     async def _give_back(self, hold: Hold, member: str) -> None:
         try:
@@ -290,6 +300,8 @@ class RedisHolds:
                 self.shared = True
                 self._wake()
             for hold, member in list(self._mine.values()):
+                if hold.id in self._taking or hold.id not in self._mine:  # not, or no more
+                    continue
                 args: list[str | int] = [hold.id, self._lease_ms, int(hold.heavy), member]
                 keys = _held_keys(hold)
                 await self._renew(keys=keys, args=[*args, int(hold.light)])

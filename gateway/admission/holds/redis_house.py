@@ -132,6 +132,7 @@ class RedisHouse:
         self._renew = redis.register_script(scripts.RENEW_PLACE)
         self._read = redis.register_script(scripts.HOUSE)
         self.mine: dict[str, Place] = {}  # places this replica has in Redis
+        self._joining: set[str] = set()  # of those, the ones whose JOIN is under way
         self.house = House(replica=replica)
         self.on_change: Callable[[], None] = lambda: None
 
@@ -144,7 +145,11 @@ class RedisHouse:
         # Noted before the script runs: a request cancelled meanwhile leaves (``leave``)
         # what the script may have added, rather than a place nobody takes back.
         self.mine[place.id] = place
-        joined = await self._join(keys=keys, args=args)
+        self._joining.add(place.id)  # not renewed before it joins: a refused one would be
+        try:
+            joined = await self._join(keys=keys, args=args)
+        finally:
+            self._joining.discard(place.id)
         if isinstance(joined, int):
             del self.mine[place.id]
             return _REFUSED[joined]
@@ -170,6 +175,8 @@ class RedisHouse:
 
     async def renew(self) -> None:
         for place in list(self.mine.values()):
+            if place.id in self._joining or place.id not in self.mine:  # not, or no more
+                continue
             keys = [WAITING, queued_key(place.holder), PLACES, *together_keys(place)[1:]]
             await self._renew(keys=keys, args=[place.id, self._lease_ms, place_json(place)])
 

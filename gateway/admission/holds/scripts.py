@@ -81,6 +81,15 @@ TAKE = (
 local function asked()
   if ARGV[7] ~= '' and redis.call('ZSCORE', KEYS[4], ARGV[7]) then
     redis.call('HSET', KEYS[6], ARGV[7], now .. ' ' .. ARGV[11])
+    -- Its caps as its replica reads them now (a reload may have lowered them since it
+    -- joined): ahead of another's take, it counts only if it could start under them.
+    local json = redis.call('HGET', KEYS[5], ARGV[7])
+    if json then
+      local place = cjson.decode(json)
+      place[2] = tonumber(ARGV[2])
+      if place[14] then place[15] = tonumber(ARGV[17]) end  -- written by a replica as old
+      redis.call('HSET', KEYS[5], ARGV[7], cjson.encode(place))
+    end
   end
   return 0
 end
