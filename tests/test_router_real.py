@@ -20,12 +20,14 @@ import aiohttp
 import openai
 import pytest
 import yaml
+from playwright.async_api import Browser, expect
 
 from gateway.config import model_key
 from tests.conftest import StartGateway
 from tests.llama_server import LlamaServer, running_llama_preset_router, running_llama_router
 from tests.test_admission import until
 from tests.test_hostile_clients import status_of
+from tests.test_house import opened
 from tests.test_init import init
 from tests.test_status_cli import fairgate_status
 
@@ -150,12 +152,12 @@ async def test_each_user_lists_and_runs_only_the_router_models_they_may_use(
 
 
 async def test_a_model_the_router_cannot_load_unloads_no_other_again(
-    tmp_path: Path, start_gateway: StartGateway
+    tmp_path: Path, start_gateway: StartGateway, browser: Browser
 ) -> None:
     """A broken file among the router's models: its first request fails as the router
     says (500, its child exited), and from then on, for a while, a request for it is a 503
     that says why, at once, without unloading the family's model for a load that fails
-    again. /status names it."""
+    again. /status, `fairgate status` and the house page name it."""
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "broken.gguf").write_bytes(b"GGUF" + bytes(100))
     async with running_llama_router(tmp_path) as llama_router:
@@ -179,6 +181,12 @@ async def test_a_model_the_router_cannot_load_unloads_no_other_again(
             assert (await _router_models(llama_router.url))[FAMILY] == "loaded"
             held = (await status_of(gateway))["backends"]["router"]
             assert list(held["failed_loads"]) == [model_key("broken")]
+            said = "failed to load broken:latest (its process exited with code"
+            code, out, _ = await fairgate_status("--url", gateway.url)
+            assert code == 0 and said in out
+            async with opened(browser, tmp_path, "failed-load") as watched:
+                await watched.page.goto(gateway.url + "/ui")
+                await expect(watched.page.locator(".backend .error")).to_contain_text(said)
             # A minute on, a retry is due: a request refused on its way (n: 2) is not it,
             # the next one is (the router fails it again), and then the wait is twice as
             # long: a file broken for good unloads the others' model ever more rarely.

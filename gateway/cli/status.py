@@ -101,6 +101,7 @@ def render_text(status: dict[str, Any]) -> str:
     running, waiting = _running(status["running"], where), _waiting(queue["waiting"], where)
     parts = [head, _backends(backends), running, waiting]
     fewer = [f"{name}: {b['runs_fewer']}" for name, b in backends.items() if b.get("runs_fewer")]
+    fewer += [f"{name}: {_failed_loads(b)}" for name, b in backends.items() if b.get("failed_loads")]
     if fewer:
         parts.insert(2, "\n".join(fewer))
     parts.append(_users(status["users"]))
@@ -109,6 +110,15 @@ def render_text(status: dict[str, Any]) -> str:
     if status.get("strangers"):  # a wrong key's refusals, apart from the household's
         parts.append(_refusals(status["strangers"][:5], "NOT RECOGNISED"))
     return "\n\n".join(parts)
+
+
+def _failed_loads(backend: dict[str, Any]) -> str:
+    """A router's models that failed to load, as /status lists them, in words."""
+    failed = [
+        model if code is None else f"{model} (its process exited with code {code})"
+        for model, code in backend["failed_loads"].items()
+    ]
+    return f"failed to load {', '.join(failed)}: the backend's log says why"
 
 
 def _backends(backends: dict[str, Any]) -> str:

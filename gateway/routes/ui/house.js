@@ -64,9 +64,17 @@ function backend(name, b, running) {
       models.length ? ` · in memory: ${models.join(", ")}` : " · nothing in memory"),
     b.last_error ? el("p", "error", b.last_error) : null,
     b.runs_fewer ? el("p", "error", b.runs_fewer) : null,
+    failedLoads(b.failed_loads ?? {}),
     b.swap ? el("p", "meta", `swapping in ${b.swap.model}: draining ${b.swap.draining.join(", ")}`) : null,
     el("div", "slots", ...cells),
   );
+}
+
+// A router's models whose child exited as it loaded, as `fairgate status` says them.
+function failedLoads(failed) {
+  const said = Object.entries(failed).map(
+    ([model, code]) => (code === null ? model : `${model} (its process exited with code ${code})`));
+  return said.length ? el("p", "error", `failed to load ${said.join(", ")}: the backend's log says why`) : null;
 }
 
 function busySlot(run) {
