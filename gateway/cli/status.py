@@ -101,7 +101,9 @@ def render_text(status: dict[str, Any]) -> str:
     running, waiting = _running(status["running"], where), _waiting(queue["waiting"], where)
     parts = [head, _backends(backends), running, waiting]
     fewer = [f"{name}: {b['runs_fewer']}" for name, b in backends.items() if b.get("runs_fewer")]
-    fewer += [f"{name}: {_failed_loads(b)}" for name, b in backends.items() if b.get("failed_loads")]
+    fewer += [
+        f"{name}: {_failed_loads(b)}" for name, b in backends.items() if b.get("failed_loads")
+    ]
     if fewer:
         parts.insert(2, "\n".join(fewer))
     parts.append(_users(status["users"]))

@@ -27,6 +27,7 @@ from gateway.wire import openai_refusal, server_tools
 __all__ = [
     "REFUSED",
     "STRUCTS",
+    "as_routers_name_it",
     "check_budget",
     "check_field_types",
     "check_model_allowed",
@@ -37,31 +38,37 @@ __all__ = [
 ]
 
 
-def resolved(fields: Fields, policy: Policy, pool: BackendPool) -> str:
-    """The model the request names, an alias resolved, and as a router names it (``Coder``,
-    ``coder:latest`` or an alias of its preset: ``coder``), written back into the body: from
+def resolved(fields: Fields, policy: Policy) -> str:
+    """The model the request names, an alias resolved, and written back into the body: from
     here on, the policy, the routing and the backend all see the same model."""
     model = fields.values.get("model")
     if not isinstance(model, str) or not model:
         raise GatewayError(400, Reason.BAD_REQUEST, "model is required")
-    resolved = _as_routers_name_it(pool, policy.resolve(checked_name(model)))
-    if resolved != model:
-        fields.values["model"] = resolved
-        fields.changed()
-    return resolved
+    return _written(fields, model, policy.resolve(checked_name(model)))
 
 
-def _as_routers_name_it(pool: BackendPool, model: str) -> str:
-    """``model`` as a router lists it, if one does. The gateway's rules tell models apart
-    as Ollama does, blind to case and tag; llama-server's router matches its own names
-    exactly, so a request it would refuse, or send to the same child under another name,
-    would be planned as a swap of its own: the family's model unloaded for a 400."""
+def as_routers_name_it(fields: Fields, pool: BackendPool, model: str) -> str:
+    """``model`` as a router lists it (``coder`` for ``Coder``, ``coder:latest`` or an alias
+    of its preset), if one does, written back into the body. The gateway's rules tell
+    models apart as Ollama does, blind to case and tag (the policy allowed the model by
+    the name asked: the router's alias names the same model); llama-server's router matches
+    its own names exactly, so a request it would refuse, or send to the same child under
+    another name, would be planned as a swap of its own: the family's model unloaded for a
+    400."""
     for backend in pool.backends:  # a loop, not a lookup: a few backends, every request
         if backend.kind == "llamacpp-router":
             named = backend.state.names.get(model_key(model))
             if named is not None:
-                return named
+                return _written(fields, model, named)
     return model
+
+
+def _written(fields: Fields, model: str, named: str) -> str:
+    """``named``, written into the body in place of ``model`` if they differ."""
+    if named != model:
+        fields.values["model"] = named
+        fields.changed()
+    return named
 
 
 def check_model_served(pool: BackendPool, api: Api, model: str) -> None:

@@ -30,6 +30,7 @@ from gateway.relay import Preempted, Relay, Target
 from gateway.routes.checks import (
     REFUSED,
     STRUCTS,
+    as_routers_name_it,
     check_budget,
     check_field_types,
     check_model_allowed,
@@ -109,8 +110,9 @@ class Generation:
                     raise person_refused.error() from None
                 raise
             fields = await parsed(body, services.parsing, STRUCTS.get(path))
-        record.model = model = resolved(fields, view.policy, view.pool)
+        record.model = model = resolved(fields, view.policy)
         check_model_allowed(view.policy, user, model)
+        record.model = model = as_routers_name_it(fields, view.pool, model)
         check_model_served(view.pool, api, model)
         if api is not Api.OLLAMA and (refused := REFUSED[api](fields.values)) is not None:
             raise GatewayError(400, Reason.BAD_REQUEST, refused)
