@@ -117,7 +117,8 @@ class TestCapsAndQueues:
                 await client.chat.completions.create(
                     model=MODEL, messages=[{"role": "user", "content": "one too many"}]
                 )
-            assert time.monotonic() - started < 1.0
+            # At once, not after the 30 s max_wait (a margin no busy machine eats up).
+            assert time.monotonic() - started < 10
             assert refused.value.status_code == 503
             error = refused.value.response.json()["error"]
             assert error["code"] == "user_queue_full"
