@@ -222,7 +222,7 @@ class TestRefusals:
             started = time.monotonic()
             with pytest.raises(anthropic.APIStatusError) as refused:
                 await sdk.messages.create(model=MODEL, max_tokens=3, messages=HI)
-            assert time.monotonic() - started < 1.0
+            assert time.monotonic() - started < 10  # at once, not after the 30 s max_wait
         for task in tasks:
             task.cancel()
         assert refused.value.status_code == 503
