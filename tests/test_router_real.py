@@ -23,7 +23,7 @@ import yaml
 from playwright.async_api import Browser, expect
 
 from gateway.config import model_key
-from tests.conftest import StartGateway
+from tests.conftest import StartGateway, StartSim
 from tests.llama_server import LlamaServer, running_llama_preset_router, running_llama_router
 from tests.test_admission import until
 from tests.test_hostile_clients import status_of
@@ -307,3 +307,46 @@ async def test_children_of_different_parallel_are_sent_no_more_than_the_fewest(
                 pass
             await until(admission, lambda _: model_key("small") not in router.state.loaded)
             assert router.slots == 1
+
+
+async def test_a_name_goes_as_asked_where_an_ollama_or_another_spelling_serves_it(
+    tmp_path: Path, start_gateway: StartGateway, start_sim: StartSim
+) -> None:
+    """An Ollama lists ``household``, a router's preset names it as an alias of ``family``:
+    Ollama's own API gets the name asked (renamed, Ollama would run its other model or
+    none), and so does OpenAI's, which either may serve."""
+    _, sim_url = await start_sim(parallel=2, models=["household", "family"])
+    presets = {FAMILY: "parallel = 2\nalias = household\n"}
+    async with running_llama_preset_router(tmp_path, presets) as llama_router:
+        ollama = f"  - {{name: ollama, url: {sim_url}, kind: ollama, slots: 2}}\n"
+        text = _policy(llama_router.url).replace("router}\n", "router}\n" + ollama, 1)
+        gateway = await start_gateway(text)
+        admission = gateway.services.admission
+        pool = gateway.services.policy.current.pool
+        await until(admission, lambda _: None not in [b.state.models for b in pool.backends])
+        async with aiohttp.ClientSession() as session:
+            body = {"model": "household", "messages": [{"role": "user", "content": "hi"}]}
+            async with session.post(gateway.url + "/api/chat", json=body | {"stream": False}) as r:
+                assert r.status == 200
+                assert (await r.json())["model"] == "household"
+
+
+async def test_a_resident_model_named_by_its_alias_stays(
+    tmp_path: Path, start_gateway: StartGateway
+) -> None:
+    """``resident: [household]``, an alias of the router's ``family``: a request for the
+    other model waits (and gets its 503) rather than unloading it."""
+    presets = {FAMILY: "parallel = 2\nalias = household\n", CODER: "parallel = 2\n"}
+    async with running_llama_preset_router(tmp_path, presets) as llama_router:
+        text = _policy(llama_router.url).replace(
+            "kind: llamacpp-router}", "kind: llamacpp-router, resident: [household]}"
+        )
+        gateway = await start_gateway(text.replace("max_wait: 120s", "max_wait: 2s"))
+        admission = gateway.services.admission
+        router = gateway.services.policy.current.pool.backends[0]
+        await until(admission, lambda _: router.state.models is not None, within=30)
+        async with aiohttp.ClientSession() as session:
+            assert await _chat_status(session, gateway.url, "household") == 200
+            await until(admission, lambda _: model_key(FAMILY) in router.state.loaded, within=30)
+            assert await _chat_status(session, gateway.url, CODER) == 503
+        assert (await _router_models(llama_router.url))[FAMILY] == "loaded"

@@ -175,6 +175,14 @@ class Backend:
         failed = self.state.failed_loads.get(model_key(model))
         return failed is not None and failed.retry_at > now
 
+    def protects(self, model: str) -> bool:
+        """Whether ``model`` (a key) is never unloaded for another (``resident``,
+        ``keep_warm``): on a router, by whichever of its names the policy wrote."""
+        if model in self.protected:
+            return True
+        names = self.state.names
+        return bool(names) and any(model_key(names.get(k, k)) == model for k in self.protected)
+
     def group(self, model: str) -> str:
         """What a request's slot is counted under: the server and, on Ollama, the model."""
         found = self._groups.get(model)

@@ -47,20 +47,24 @@ def resolved(fields: Fields, policy: Policy) -> str:
     return _written(fields, model, policy.resolve(checked_name(model)))
 
 
-def as_routers_name_it(fields: Fields, pool: BackendPool, model: str) -> str:
-    """``model`` as a router lists it (``coder`` for ``Coder``, ``coder:latest`` or an alias
-    of its preset), if one does, written back into the body. The gateway's rules tell
-    models apart as Ollama does, blind to case and tag (the policy allowed the model by
-    the name asked: the router's alias names the same model); llama-server's router matches
-    its own names exactly, so a request it would refuse, or send to the same child under
-    another name, would be planned as a swap of its own: the family's model unloaded for a
-    400."""
-    for backend in pool.backends:  # a loop, not a lookup: a few backends, every request
-        if backend.kind == "llamacpp-router":
-            named = backend.state.names.get(model_key(model))
-            if named is not None:
-                return _written(fields, model, named)
-    return model
+def as_routers_name_it(fields: Fields, pool: BackendPool, api: Api, model: str) -> str:
+    """``model`` as the routers serving it list it (``coder`` for ``Coder``, ``coder:latest``
+    or an alias of its preset), written back into the body, where only routers serve it
+    and they name it alike. The gateway's rules tell models apart as Ollama does, blind to
+    case and tag, and judge the name asked (the allowlist, the lanes); llama-server's router
+    matches its own names exactly, so a request it would refuse, or send to the same child
+    under another name, would be planned as a swap of its own: the family's model unloaded
+    for a 400. Where an Ollama serves it too, or two routers spell it otherwise, it goes as
+    asked: each would need its own spelling."""
+    named = None
+    for backend in pool.serving(api, model):  # a loop: a few backends, every request
+        if backend.kind != "llamacpp-router":
+            return model
+        own = backend.state.names.get(model_key(model))
+        if own is None or named not in (None, own):
+            return model
+        named = own
+    return model if named is None else _written(fields, model, named)
 
 
 def _written(fields: Fields, model: str, named: str) -> str:

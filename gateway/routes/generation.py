@@ -112,7 +112,6 @@ class Generation:
             fields = await parsed(body, services.parsing, STRUCTS.get(path))
         record.model = model = resolved(fields, view.policy)
         check_model_allowed(view.policy, user, model)
-        record.model = model = as_routers_name_it(fields, view.pool, model)
         check_model_served(view.pool, api, model)
         if api is not Api.OLLAMA and (refused := REFUSED[api](fields.values)) is not None:
             raise GatewayError(400, Reason.BAD_REQUEST, refused)
@@ -127,6 +126,7 @@ class Generation:
         record.request_class, record.input_estimate = estimate.request_class, estimate.prompt_tokens
         record.uncached_estimate = estimate.input_tokens
         record.lane = lane = lane_of(lanes, request.headers, user, model, path, fields.values)
+        record.model = model = as_routers_name_it(fields, view.pool, api, model)
         account = background_account(user) if lane is Lane.BACKGROUND else user
         if possible != PEOPLE_ONLY:
             check_budget(services, view.policy, account)

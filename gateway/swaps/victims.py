@@ -51,7 +51,7 @@ def victims(
     last_used = plans.last_used
     chosen = [model] if model in held else []
     candidates = sorted(
-        (m for m in held if m != model and m not in backend.protected),
+        (m for m in held if m != model and not backend.protects(m)),
         key=lambda m: (
             busy.get(backend.group(m), 0),
             demand.get((backend.key, m), 0),
