@@ -350,3 +350,29 @@ async def test_a_resident_model_named_by_its_alias_stays(
             await until(admission, lambda _: model_key(FAMILY) in router.state.loaded, within=30)
             assert await _chat_status(session, gateway.url, CODER) == 503
         assert (await _router_models(llama_router.url))[FAMILY] == "loaded"
+
+
+async def test_a_lane_rule_naming_a_routers_alias_holds(
+    tmp_path: Path, start_gateway: StartGateway
+) -> None:
+    """A rule puts ``household`` (an alias of the router's ``family``) in the background:
+    a request for it runs there, the rule judged by the name asked, not the one sent."""
+    presets = {FAMILY: "parallel = 2\nalias = household\n"}
+    async with running_llama_preset_router(tmp_path, presets) as llama_router:
+        rules = "lanes:\n  rules:\n    - {lane: background, models: [household]}\n"
+        gateway = await start_gateway(_policy(llama_router.url) + rules)
+        admission = gateway.services.admission
+        router = gateway.services.policy.current.pool.backends[0]
+        await until(admission, lambda _: router.state.models is not None, within=30)
+        body = {
+            "model": "household",
+            "messages": [{"role": "user", "content": "Tell a long story."}],
+            "max_tokens": 400,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        url = gateway.url + "/v1/chat/completions"
+        async with aiohttp.ClientSession() as session, session.post(url, json=body) as reply:
+            assert reply.status == 200
+            await reply.content.readline()  # running
+            assert admission.snapshot().background_users == {"anonymous": (1, 0)}
