@@ -376,3 +376,21 @@ async def test_a_lane_rule_naming_a_routers_alias_holds(
             assert reply.status == 200
             await reply.content.readline()  # running
             assert admission.snapshot().background_users == {"anonymous": (1, 0)}
+
+
+async def test_a_count_of_tokens_asked_of_a_router_is_refused_saying_why(
+    llama_router: LlamaServer, start_gateway: StartGateway
+) -> None:
+    """Counting a prompt would make the router load the model, a swap nobody planned: a
+    404 that names the router, not an Ollama the house does not have."""
+    gateway = await start_gateway(_policy(llama_router.url))
+    admission = gateway.services.admission
+    router = gateway.services.policy.current.pool.backends[0]
+    await until(admission, lambda _: router.state.models is not None, within=30)
+    body = {"model": FAMILY, "messages": [{"role": "user", "content": "hi"}]}
+    async with aiohttp.ClientSession() as session:
+        url = gateway.url + "/v1/messages/count_tokens"
+        async with session.post(url, json=body) as reply:
+            assert reply.status == 404
+            said = (await reply.json())["error"]["message"]
+    assert "llama-server's router, which would load the model" in said and "Ollama" not in said

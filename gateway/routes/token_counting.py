@@ -95,9 +95,18 @@ def counting_backends(pool: BackendPool, model: str) -> tuple[Backend, ...]:
         raise model_not_found(model)
     if any(b.kind == "llamacpp" and b.serves(model) for b in pool.backends):
         raise no_backend(pool, Api.ANTHROPIC, model)
+    kinds = sorted({b.kind for b in pool.serving(Api.ANTHROPIC, model)}) or ["ollama"]
+    served = " and ".join(_NOT_COUNTING.get(kind, kind) for kind in kinds)
     raise GatewayError(
         404,
         Reason.NOT_FOUND,
         f"{COUNT_TOKENS} is answered by llama.cpp servers only, and {model!r} is served by "
-        "Ollama, which has no such route; the usage of a /v1/messages reply gives the count",
+        f"{served}; the usage of a /v1/messages reply gives the count",
     )
+
+
+# Why a backend of each kind does not count a prompt's tokens here, as a 404 says it.
+_NOT_COUNTING = {
+    "ollama": "Ollama, which has no such route",
+    "llamacpp-router": "llama-server's router, which would load the model for a count",
+}
