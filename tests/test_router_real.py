@@ -394,3 +394,31 @@ async def test_a_count_of_tokens_asked_of_a_router_is_refused_saying_why(
             assert reply.status == 404
             said = (await reply.json())["error"]["message"]
     assert "llama-server's router, which would load the model" in said and "Ollama" not in said
+
+
+async def test_a_user_allowed_a_routers_alias_sees_the_model_under_it(
+    tmp_path: Path, start_gateway: StartGateway
+) -> None:
+    """kids may use ``household``, an alias the router's preset gives ``family``: their
+    /v1/models lists it under that name (the router lists its id alone), and the model's
+    own entry by it answers; bob, allowed ``family``, sees it as the router names it."""
+    presets = {FAMILY: "parallel = 2\nalias = household\n", CODER: "parallel = 2\n"}
+    async with running_llama_preset_router(tmp_path, presets) as llama_router:
+        users = (
+            "users:\n  kids: {keys: [kids-key], models: [household]}\n"
+            "  bob: {keys: [bob-key], models: [family]}\n"
+        )
+        gateway = await start_gateway(_policy(llama_router.url) + users)
+        async with aiohttp.ClientSession() as session:
+
+            async def listed(key: str, path: str = "/v1/models") -> tuple[int, Any]:
+                headers = {"Authorization": f"Bearer {key}"}
+                async with session.get(gateway.url + path, headers=headers) as reply:
+                    return reply.status, await reply.json()
+
+            status, body = await listed("kids-key")
+            assert status == 200 and [m["id"] for m in body["data"]] == ["household"]
+            status, body = await listed("kids-key", "/v1/models/household")
+            assert status == 200 and body["id"] == "household"
+            status, body = await listed("bob-key")
+            assert [m["id"] for m in body["data"]] == [FAMILY]

@@ -144,6 +144,12 @@ class Reads:
                 # A user limited to some models sees only those.
                 if policy.may_use(user, name):
                     entries.setdefault(name, entry)
+                    continue
+                # A router's preset names its model by its aliases too: one allowed by an
+                # alias sees the model under it, as the requests it may send name it.
+                for alias in _aliases(entry):
+                    if policy.may_use(user, alias):
+                        entries.setdefault(alias, entry | {field: alias})
         by_model = {model_key(name): entry for name, entry in entries.items()}
         for alias, model in policy.aliases.items():
             named = by_model.get(model_key(model))
@@ -229,3 +235,10 @@ async def _entries(
         log.warning("listing_failed", url=url, status=reply.status)
         return None
     return entries_of(document, key) or []
+
+
+def _aliases(entry: dict[str, Any]) -> list[str]:
+    """The other names a listing's entry gives its model (llama-server's router: a preset's
+    ``alias``)."""
+    aliases = entry.get("aliases")
+    return [str(alias) for alias in aliases] if isinstance(aliases, list) else []
