@@ -269,6 +269,7 @@ class BackendPool:
             )
             for c in configs
         ]
+        self.routers = any(b.kind == "llamacpp-router" for b in self.backends)  # on every request
         self._serving: dict[tuple[str, str], tuple[Backend, ...]] = {}
         self._serving_at = -1  # ``BackendState.serving_changes`` when ``_serving`` was right
 

@@ -56,6 +56,8 @@ def as_routers_name_it(fields: Fields, pool: BackendPool, api: Api, model: str) 
     under another name, would be planned as a swap of its own: the family's model unloaded
     for a 400. Where an Ollama serves it too, or two routers spell it otherwise, it goes as
     asked: each would need its own spelling."""
+    if not pool.routers:  # nearly every house: nothing asked on its requests' path
+        return model
     named = None
     for backend in pool.serving(api, model):  # a loop: a few backends, every request
         if backend.kind != "llamacpp-router":
@@ -92,14 +94,13 @@ def _check_loads(serving: Sequence[Backend], model: str) -> None:
     """A 503 when every backend serving ``model`` failed to load it lately (a router whose
     child exited): sent, the request would unload the models others use for a load that
     fails again. Once a while has passed, one request tries again."""
+    now = time.monotonic()
+    # Another backend can load it, or a retry is due (requests go until one is sent:
+    # ``retrying_load``).
+    if not all(backend.load_failed(model, now) for backend in serving):
+        return
     key = model_key(model)
-    failed = [backend.state.failed_loads.get(key) for backend in serving]
-    known = [load for load in failed if load is not None]
-    if len(known) < len(failed):
-        return  # another backend can load it
-    due, now = min(known, key=lambda load: load.retry_at), time.monotonic()
-    if due.retry_at <= now:
-        return  # a retry is due: requests go until one is sent (``retrying_load``)
+    due = min((b.state.failed_loads[key] for b in serving), key=lambda load: load.retry_at)
     code = "" if due.exit_code is None else f" (its process exited with code {due.exit_code})"
     raise GatewayError(
         503,

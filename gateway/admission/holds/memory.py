@@ -61,8 +61,9 @@ class MemoryHolds:
             if mine is not None and mine.id in self._places:
                 self._asked[mine.id] = (time.monotonic(), hold.backend)
                 # Its caps as now (a reload may have lowered them since it joined).
-                now = replace(self._places[mine.id], cap=hold.user_cap)
-                self._places[mine.id] = replace(now, together_cap=hold.together_cap)
+                self._places[mine.id] = replace(
+                    self._places[mine.id], cap=hold.user_cap, together_cap=hold.together_cap
+                )
             return False
         if mine is not None:
             self._forget(mine)

@@ -34,6 +34,7 @@ from gateway.admission.holds.redis_house import (
     RUNNING,
     TAGS,
     RedisHouse,
+    holder_key,
     running_member,
     together_keys,
 )
@@ -51,7 +52,7 @@ DEPTH = f"{PREFIX}:waiting"  # one key per replica: its waiting requests
 
 def _keys(hold: Hold) -> list[str]:
     return [
-        f"{PREFIX}:user:{hold.user}",
+        holder_key(hold.user),
         f"{PREFIX}:backend:{hold.backend}",
         f"{PREFIX}:heavy:{hold.backend}",
     ]

@@ -28,7 +28,15 @@ from gateway.admission.holds.base import (
 )
 from gateway.core import Lane
 
-__all__ = ["PREFIX", "RUNNING", "TAGS", "RedisHouse", "running_member", "together_keys"]
+__all__ = [
+    "PREFIX",
+    "RUNNING",
+    "TAGS",
+    "RedisHouse",
+    "holder_key",
+    "running_member",
+    "together_keys",
+]
 
 PREFIX = "fairgate"
 WAITING = f"{PREFIX}:house:waiting"
@@ -43,6 +51,11 @@ _LANES = {number: lane for lane, number in LANE_ORDER.items()}
 _REFUSED = {-1: "user", -2: "house"}
 
 
+def holder_key(holder: str) -> str:
+    """A holder's running holds (a front end's people's together are an account's)."""
+    return f"{PREFIX}:user:{holder}"
+
+
 def queued_key(holder: str) -> str:
     return f"{PREFIX}:queued:{holder}"
 
@@ -52,7 +65,7 @@ def together_keys(hold: Hold | Place) -> list[str]:
     account, ``owui/(all)``, counts as a holder's would); none else."""
     if not hold.together:
         return []
-    return [f"{PREFIX}:user:{hold.together}", queued_key(hold.together)]
+    return [holder_key(hold.together), queued_key(hold.together)]
 
 
 def place_json(place: Place) -> str:

@@ -115,16 +115,9 @@ class BackendMonitor:
         state.successes += 1
         state.failures = 0
         state.last_error = None
-        slots, children = seen.slots, state.child_slots
-        before = dict(children)
+        slots, children_changed = seen.slots, False
         if config.kind == "llamacpp-router":
-            # One figure for every child: the fewest any has run here (a preset may give
-            # each its own ``parallel``), remembered while it is unloaded, so that the
-            # first requests after a swap to it are not more than it runs.
-            children.update(seen.child_slots)
-            for gone in children.keys() - seen.models:  # no longer among its models
-                del children[gone]
-            slots = min(children.values(), default=None)
+            slots, children_changed = _child_slots(state, seen)
         # What Ollama holds decides what can be dispatched without a swap: a change wakes
         # the waiting room as a change of slots or models does.
         changed = (state.slots, state.models, _held(state.loaded)) != (
@@ -132,7 +125,7 @@ class BackendMonitor:
             seen.models,
             _held(seen.loaded),
         )
-        changed |= children != before
+        changed |= children_changed
         state.slots, state.models, state.loaded = slots, seen.models, seen.loaded
         state.model_limit, state.names = seen.model_limit, seen.names
         # What the gateway sent after the probe started is newer than what it read.
@@ -146,6 +139,18 @@ class BackendMonitor:
             log.info("backend_up", backend=config.name, url=config.url)
         if changed:
             self._on_change()
+
+
+def _child_slots(state: BackendState, seen: Observation) -> tuple[int | None, bool]:
+    """A router's slots: one figure for every child, the fewest any has run here (a preset
+    may give each its own ``parallel``), remembered while it is unloaded, so that the first
+    requests after a swap to it are not more than it runs; and whether a child's changed."""
+    children = state.child_slots
+    before = dict(children)
+    children.update(seen.child_slots)
+    for gone in children.keys() - seen.models:  # no longer among its models
+        del children[gone]
+    return min(children.values(), default=None), children != before
 
 
 def _note_failed_loads(

@@ -142,7 +142,8 @@ async def _llamacpp_router(get: Getter) -> Observation:
         status = entry.get("status")
         if not isinstance(status, dict):
             continue
-        # Under its own name only: requests name it so (``routes/checks.py``: resolved).
+        # Under its own name only: requests name it so where routers alone serve it
+        # (``routes/checks.py``: as_routers_name_it).
         if status.get("value") in _HELD:
             loaded[model_key(name)] = LoadedModel()
             if status.get("value") == "loading":
