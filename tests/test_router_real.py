@@ -13,6 +13,7 @@ then sends the request for the model coming in.
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -401,7 +402,8 @@ async def test_a_user_allowed_a_routers_alias_sees_the_model_under_it(
 ) -> None:
     """kids may use ``household``, an alias the router's preset gives ``family``: their
     /v1/models lists it under that name (the router lists its id alone), and the model's
-    own entry by it answers; bob, allowed ``family``, sees it as the router names it."""
+    own entry by it answers; bob, allowed ``family``, sees it as the router names it, and not
+    the router's command line for it."""
     presets = {FAMILY: "parallel = 2\nalias = household\n", CODER: "parallel = 2\n"}
     async with running_llama_preset_router(tmp_path, presets) as llama_router:
         users = (
@@ -422,3 +424,7 @@ async def test_a_user_allowed_a_routers_alias_sees_the_model_under_it(
             assert status == 200 and body["id"] == "household"
             status, body = await listed("bob-key")
             assert [m["id"] for m in body["data"]] == [FAMILY]
+            # The router's status holds its child's command line and preset: the model
+            # file's path on the server is not a user's to read.
+            assert set(body["data"][0]["status"]) == {"value"}
+            assert str(tmp_path) not in json.dumps(body)

@@ -139,7 +139,7 @@ class Reads:
             )
         entries: dict[str, dict[str, Any]] = {}
         for listed in answered:
-            for entry in listed:
+            for entry in map(_told_users, listed):
                 name = str(entry.get(field))
                 # A user limited to some models sees only those.
                 if policy.may_use(user, name):
@@ -235,6 +235,19 @@ async def _entries(
         log.warning("listing_failed", url=url, status=reply.status)
         return None
     return entries_of(document, key) or []
+
+
+# What a user is told of a router's model's status: the router adds the child's command line
+# and its preset (the model file's path on the server, the child's port), for its admin.
+_STATUS_TOLD = ("value", "failed", "exit_code")
+
+
+def _told_users(entry: dict[str, Any]) -> dict[str, Any]:
+    """``entry`` as a user may see it: a router's status without its child's command line."""
+    status = entry.get("status")
+    if not isinstance(status, dict):
+        return entry
+    return entry | {"status": {k: v for k, v in status.items() if k in _STATUS_TOLD}}
 
 
 def _aliases(entry: dict[str, Any]) -> list[str]:
