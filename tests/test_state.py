@@ -376,6 +376,31 @@ class TestRedisLeases:
         finally:
             await live.close()
 
+    async def test_a_place_being_taken_is_not_written_back_by_a_renewal(
+        self,
+        redis_url: str,  # noqa: F811
+    ) -> None:
+        """The lease loop may reach a waiting place while its TAKE is in flight: renewed
+        then, the place would come back after the take removed it, a place nobody takes for
+        a lease, first in line, its user's max_queued taken."""
+        holds = RedisHolds(redis_url, lease_seconds=12.0)
+        try:
+            for n in range(10):  # a user each: what one leaves goes in the background
+                user = f"u{n}"
+                joined = await holds.join(place(2 * n, 1.0, user), max_queued=1, max_depth=32)
+                assert isinstance(joined, Place)
+                # The take first: its script is sent before the renewal's.
+                taken = placed(n, joined, slots=10)
+                took, _ = await asyncio.gather(holds.take(taken), holds._renew_all())
+                assert took
+                assert joined.id not in {p.id for p in (await holds._house.read()).waiting}
+                # Her max_queued (1) is free again: her next request may wait (elsewhere,
+                # so as not to stand ahead of the next user's).
+                again = place(2 * n + 1, 1.0, user, groups=("cpu",))
+                assert isinstance(await holds.join(again, 1, 32), Place)
+        finally:
+            await holds.close()
+
     async def test_when_redis_goes_away_take_says_so_and_sharing_resumes(
         self,
         redis_server: RedisServer,  # noqa: F811

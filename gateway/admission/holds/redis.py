@@ -124,6 +124,8 @@ class RedisHolds:
         # until it is taken: a renewal would add it, past every limit, or after a refusal.
         self._mine[hold.id] = (hold, member)
         self._taking.add(hold.id)
+        place = hold.place.id if hold.place is not None else ""
+        self._house.taking.add(place)
         try:
             keys = [*_keys(hold), *house_keys, _light_key(hold), *together_keys(hold)]
             gate: list[str | int | float] = [int(hold.light), int(hold.prefill_may_start)]
@@ -138,6 +140,7 @@ class RedisHolds:
             raise
         finally:
             self._taking.discard(hold.id)
+            self._house.taking.discard(place)
         if not taken:
             self._mine.pop(hold.id, None)
         elif hold.place is not None:

@@ -146,6 +146,7 @@ class RedisHouse:
         self._read = redis.register_script(scripts.HOUSE)
         self.mine: dict[str, Place] = {}  # places this replica has in Redis
         self._joining: set[str] = set()  # of those, the ones whose JOIN is under way
+        self.taking: set[str] = set()  # and those a TAKE may be removing from Redis now
         self.house = House(replica=replica)
         self.on_change: Callable[[], None] = lambda: None
 
@@ -187,8 +188,12 @@ class RedisHouse:
         return True
 
     async def renew(self) -> None:
-        for place in list(self.mine.values()):
-            if place.id in self._joining or place.id not in self.mine:  # not, or no more
+        """RENEW_PLACE for each of this replica's places that is settled in Redis: not one
+        joining (a refused one would be added), nor one being taken (a started one would be
+        written back, a waiting place nobody takes for a lease)."""
+        for place_id in list(self.mine):
+            place = self.mine.get(place_id)  # as it is now: joined since, it has its rank
+            if place is None or place_id in self._joining or place_id in self.taking:
                 continue
             keys = [WAITING, queued_key(place.holder), PLACES, *together_keys(place)[1:]]
             await self._renew(keys=keys, args=[place.id, self._lease_ms, place_json(place)])
