@@ -283,6 +283,7 @@ async def test_fair_share_counters_and_queue_depths_travel_between_replicas(
         await a.share()
         await b.share()
         assert b.room.ordering.counters()["alice"] == pytest.approx(200.0)
+        await _in_the_house(b.holds, 2)  # A's waiting places, as B reads the house
         assert b.holds.others_waiting == 2
         refused = b._refusal(Reason.GATEWAY_BUSY, Ticket("dan", MODEL, Api.OLLAMA))
         assert refused.retry_after >= 2 * 5.0  # three ahead of one slot, 5 s each by default

@@ -282,7 +282,7 @@ class TestTheHousesWaitingRoom:
         assert await tag(3, 5.0, "bob") == 5.0
         assert await state.take(placed(3, bob, slots=3))  # the clock moves to 5
         assert await tag(4, 1.0, "carol") == 6.0
-        await state.exchange({}, 0, {"dan/interactive": 100.0})
+        await state.exchange({}, {"dan/interactive": 100.0})
         assert await tag(5, 1.0, "dan") == 101.0
 
     async def test_a_users_places_and_the_house_are_bounded_everywhere(

@@ -233,7 +233,7 @@ class ReplicaHolds:
             self._unsent[user] += amount
         for payer, amount in ordering.take_output().items():
             self._output[payer] += amount
-        totals = await self.store.exchange(dict(self._unsent), self._room.depth, dict(self._output))
+        totals = await self.store.exchange(dict(self._unsent), dict(self._output))
         if totals is not None:  # else kept, and sent when the shared state is back
             self._unsent.clear()
             self._output.clear()

@@ -184,12 +184,14 @@ class HoldStore(Protocol):
         """Return when some hold is released anywhere, or after ``within`` seconds."""
 
     async def exchange(
-        self, charges: dict[str, float], waiting: int, output: dict[str, float]
+        self, charges: dict[str, float], output: dict[str, float]
     ) -> dict[str, float] | None:
-        """Add this replica's fair-share charges and publish its queue depth, and add its
-        payers' ``output`` to their finish tags; the counters summed over every replica,
-        or None when nothing is shared."""
+        """Add this replica's fair-share charges, and its payers' ``output`` to their
+        finish tags; the counters summed over every replica, or None when nothing is
+        shared."""
 
-    others_waiting: int  # requests waiting on the other replicas, as of the last exchange
+    @property
+    def others_waiting(self) -> int:
+        """Requests waiting on the other replicas, as of the last reading of the house."""
 
     async def close(self) -> None: ...

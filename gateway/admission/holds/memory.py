@@ -202,7 +202,7 @@ class MemoryHolds:
             await asyncio.wait_for(self._release.wait(), within)
 
     async def exchange(
-        self, charges: dict[str, float], waiting: int, output: dict[str, float]
+        self, charges: dict[str, float], output: dict[str, float]
     ) -> dict[str, float] | None:
         for payer, amount in output.items():
             self._tags[payer] = self._tags.get(payer, 0.0) + amount

@@ -47,7 +47,6 @@ log = structlog.get_logger("fairgate.state")
 
 CHANNEL = f"{PREFIX}:released"
 SERVICE = f"{PREFIX}:service"  # the fair scheduler's counters, summed over replicas
-DEPTH = f"{PREFIX}:waiting"  # one key per replica: its waiting requests
 
 
 def _keys(hold: Hold) -> list[str]:
@@ -92,9 +91,7 @@ class RedisHolds:
         self._loops = Background("holds")
         self.shared = True
         self.failures = 0
-        self.others_waiting = 0
         self._replica = uuid.uuid4().hex[:12]
-        self._depth_ttl_ms = max(1000, 3 * self._lease_ms)
         self._house = RedisHouse(self._redis, self._lease_ms, self._replica)
 
     @property
@@ -238,11 +235,16 @@ class RedisHolds:
             raise StoreUnavailable(str(exc)) from exc
         return found[0], found[1]
 
+    @property
+    def others_waiting(self) -> int:
+        """Requests waiting on the other replicas, as the house was last read (each waits
+        in a place of the house's waiting room)."""
+        return sum(1 for place in self._house.house.waiting if place.replica != self._replica)
+
     async def exchange(
-        self, charges: dict[str, float], waiting: int, output: dict[str, float]
+        self, charges: dict[str, float], output: dict[str, float]
     ) -> dict[str, float] | None:
-        """HINCRBYFLOAT the charges into one hash; each replica's depth in a key of its own
-        that expires if the replica dies."""
+        """HINCRBYFLOAT the charges and the finish tags into their hashes, in one trip."""
         if not self.shared:
             return None
         try:
@@ -251,17 +253,11 @@ class RedisHolds:
                     pipe.hincrbyfloat(SERVICE, user, amount)
                 for payer, amount in output.items():
                     pipe.hincrbyfloat(TAGS, payer, amount)
-                pipe.set(f"{DEPTH}:{self._replica}", waiting, px=self._depth_ttl_ms)
                 pipe.hgetall(SERVICE)
                 results = await pipe.execute()
-            others = 0
-            async for key in self._redis.scan_iter(match=f"{DEPTH}:*"):
-                if key.decode() != f"{DEPTH}:{self._replica}":
-                    others += int(await self._redis.get(key) or 0)
         except (RedisError, OSError) as exc:
             self._lost(exc)
             return None
-        self.others_waiting = others
         totals: dict[bytes, bytes] = results[-1]
         return {user.decode(): float(value) for user, value in totals.items()}
 
