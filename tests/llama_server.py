@@ -99,13 +99,17 @@ async def running_llama_preset_router(
     directory: Path, presets: dict[str, str], models_max: int = 1
 ) -> AsyncIterator[LlamaServer]:
     """llama-server's router from a preset file (``--models-preset``): each of ``presets``
-    a model on the shipped file, with the preset's own lines beside it (``parallel = 1``,
-    ``alias = fam,household``)."""
+    a model on the shipped file, unless its own lines name another (``model = PATH``), with
+    the preset's own lines beside it (``parallel = 1``, ``alias = fam,household``)."""
     binary, model = server_files()
     directory.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (a test's own directory)
-    common = f"model = {model}\nctx-size = 2048\nthreads = 1\n"
+
+    def preset(name: str, lines: str) -> str:
+        shipped = "" if "model =" in lines else f"model = {model}\n"
+        return f"[{name}]\n{shipped}ctx-size = 2048\nthreads = 1\n{lines}\n"
+
     ini = directory / "presets.ini"
-    ini.write_text("".join(f"[{name}]\n{common}{lines}\n" for name, lines in presets.items()))
+    ini.write_text("".join(preset(name, lines) for name, lines in presets.items()))
     args = ("--models-preset", str(ini), "--models-max", str(models_max))
     async with _serving(binary, args, directory / "router.log", "/models") as server:
         yield server

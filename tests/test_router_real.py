@@ -201,6 +201,72 @@ async def test_a_model_the_router_cannot_load_unloads_no_other_again(
             assert router.state.failed_loads[model_key("broken")] is failed
 
 
+async def test_a_broken_model_asked_by_its_alias_is_refused_and_bars_nobody(
+    tmp_path: Path, start_gateway: StartGateway
+) -> None:
+    """``brk``, an alias of the broken model, is refused at once as ``broken`` is, rather
+    than unloading the family's model for a load that fails again; and mum, whose request
+    met the broken file first, is not barred from swaps for it (the router failed, not
+    her request): her next request for another model swaps at once."""
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + bytes(100))
+    presets = {
+        FAMILY: "parallel = 2\n",
+        CODER: "parallel = 2\n",
+        "broken": f"model = {broken}\nalias = brk\n",
+    }
+    users = "users:\n  mum: {keys: [mum-key]}\n  dev: {keys: [dev-key]}\n"
+    async with running_llama_preset_router(tmp_path, presets) as llama_router:
+        gateway = await start_gateway(_policy(llama_router.url) + users)
+        admission = gateway.services.admission
+        router = gateway.services.policy.current.pool.backends[0]
+        await until(admission, lambda _: router.state.models is not None, within=30)
+        async with aiohttp.ClientSession() as session:
+
+            async def chat(key: str, model: str) -> tuple[int, str]:
+                body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+                url, headers = gateway.url + "/v1/chat/completions", {"Authorization": key}
+                body |= {"max_tokens": 2}
+                async with session.post(url, json=body, headers=headers) as reply:
+                    return reply.status, await reply.text()
+
+            mum, dev = "Bearer mum-key", "Bearer dev-key"
+            assert (await chat(dev, FAMILY))[0] == 200
+            assert (await chat(mum, "broken"))[0] == 500  # the router's, the first time
+            await until(admission, lambda _: bool(router.state.failed_loads), within=30)
+            assert (await chat(dev, FAMILY))[0] == 200
+            status, said = await chat(dev, "brk")
+            assert status == 503 and "failed to load" in said, said
+            assert (await _router_models(llama_router.url))[FAMILY] == "loaded"
+            async with asyncio.timeout(60):  # not barred: no wait of max_wait (120 s), no 503
+                assert (await chat(mum, CODER))[0] == 200
+        assert (await _router_models(llama_router.url))[CODER] == "loaded"
+
+
+async def test_names_the_router_gives_two_models_alike_are_refused_saying_so(
+    tmp_path: Path, start_gateway: StartGateway
+) -> None:
+    """``Coder`` is an alias of zeta beside a model ``coder``: the policy, blind to case,
+    would allow kid (allowed coder) a name the router runs as zeta. Refused, naming both."""
+    presets = {CODER: "parallel = 2\n", "zeta": "parallel = 2\nalias = Coder\n"}
+    async with running_llama_preset_router(tmp_path, presets) as llama_router:
+        users = "users:\n  kid: {keys: [kid-key], models: [coder]}\n"
+        gateway = await start_gateway(_policy(llama_router.url) + users)
+        admission = gateway.services.admission
+        router = gateway.services.policy.current.pool.backends[0]
+        await until(admission, lambda _: router.state.models is not None, within=30)
+        body = {"model": "Coder", "messages": [{"role": "user", "content": "hi"}]}
+        headers = {"Authorization": "Bearer kid-key"}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(gateway.url + "/v1/chat/completions", json=body, headers=headers) as reply,
+        ):
+            assert reply.status == 503
+            said = (await reply.json())["error"]["message"]
+        assert "could mean any of coder, zeta" in said, said
+        assert (await _router_models(llama_router.url))["zeta"] == "unloaded"
+
+
 async def test_a_model_one_router_cannot_load_goes_to_another_that_can(
     tmp_path: Path, start_gateway: StartGateway
 ) -> None:

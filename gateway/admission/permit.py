@@ -210,11 +210,12 @@ class Permit:
         if prefill is not None and not self._waits_in_engine and not self.placement.loads:
             room.waits.observe_prefill(backend.name, self.evaluated or 0, prefill)
 
-    def refused_by_backend(self) -> None:
-        """The backend answered with an error and loaded nothing (``SwapPlanner.refused``)."""
-        room, ticket = self._admission.room, self.ticket
-        alone = room.slots.busy.get(self.backend.group(ticket.model), 0) <= 1  # this one
-        room.swaps.refused(ticket.user, self.backend, ticket.model, self.placement, alone)
+    def refused_by_backend(self, status: int) -> None:
+        """The backend answered with the error ``status``, saying no load
+        (``SwapPlanner.refused``)."""
+        room, ticket, backend = self._admission.room, self.ticket, self.backend
+        alone = room.slots.busy.get(backend.group(ticket.model), 0) <= 1  # this one
+        room.swaps.refused(ticket.user, backend, ticket.model, self.placement, alone, status)
 
     def answered(self) -> None:
         """The backend took the request (``SwapPlanner.answered``)."""

@@ -5,6 +5,7 @@ backends (HTTP) is ``backends.watch``.
 May import: ``config``, ``wire``, ``core``.
 """
 
+from gateway.backends.advice import runs_fewer, unavailable
 from gateway.backends.pool import (
     FAILED_LOAD_MOST_SECONDS,
     FAILED_LOAD_SECONDS,
@@ -15,8 +16,6 @@ from gateway.backends.pool import (
     BackendStates,
     LoadedModel,
     RunsAtMost,
-    runs_fewer,
-    unavailable,
 )
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -21,8 +21,6 @@ __all__ = [
     "LoadedModel",
     "RunsAtMost",
     "model_key",
-    "runs_fewer",
-    "unavailable",
 ]
 
 OLLAMA_AUTOMATIC_MAX_LOADED = 3
@@ -88,6 +86,7 @@ class BackendState:
     # The router's own name for each model key: it matches names exactly, where the keys
     # are Ollama's spelling-blind ones.
     names: dict[str, str] = field(default_factory=dict)
+    ambiguous: dict[str, tuple[str, ...]] = field(default_factory=dict)  # keys names share
     models: frozenset[str] | None = None  # model keys it serves; None: not known yet
     loaded: dict[str, LoadedModel] = field(default_factory=dict)  # by model key
     sizes: dict[str, int] = field(default_factory=dict)  # model key -> bytes on disk (tags)
@@ -169,10 +168,15 @@ class Backend:
         object.__setattr__(self, "per_model", self.kind in MANY_MODEL_KINDS)
         object.__setattr__(self, "llama_server", self.kind.startswith("llamacpp"))
 
+    def failed_load(self, model: str) -> FailedLoad | None:
+        """Its failure to load ``model`` lately (the router's child exited), by whichever
+        name of it is asked (an alias, another case); None if none."""
+        failed, names = self.state.failed_loads, self.state.names
+        return failed.get(model_key(names.get(model_key(model), model))) if failed else None
+
     def load_failed(self, model: str, now: float) -> bool:
-        """Whether it failed to load ``model`` lately (the router's child exited), its
-        retry not due by ``now``."""
-        failed = self.state.failed_loads.get(model_key(model))
+        """Whether it failed to load ``model`` lately, its retry not due by ``now``."""
+        failed = self.failed_load(model)
         return failed is not None and failed.retry_at > now
 
     def protects(self, model: str) -> bool:
@@ -313,38 +317,3 @@ class BackendPool:
 
     def healthy(self, api: Api) -> list[Backend]:
         return [b for b in self.backends if b.state.healthy and b.speaks(api)]
-
-
-def runs_fewer(backend: Backend) -> str | None:
-    """What was found of ``backend`` running fewer requests at once than its slots, and
-    the fix, in words for the log, /status and the house page; None when nothing was."""
-    found, configured, reported = backend.state.runs_at_most, backend.configured_slots, None
-    if backend.kind == "llamacpp" and configured and backend.state.slots != configured:
-        reported = backend.state.slots
-    if reported:
-        sent = min(configured or reported, reported)
-        return (
-            f"its /props says {reported} slots (-np), its slots in the policy {configured}: "
-            f"it is sent {sent} at a time; write slots: {reported}, or leave it out"
-        )
-    if found is None or found.slots != configured:
-        return None
-    knob = (
-        f"OLLAMA_NUM_PARALLEL={found.slots} on it (and restart it)"
-        if backend.kind == "ollama"
-        else f"-np {found.slots} on it"
-    )
-    return (
-        f"runs {found.runs} request{'s' if found.runs != 1 else ''} at once, not the "
-        f"{found.slots} its slots say (requests waited inside it for one another): set "
-        f"{knob}, or write slots: {found.runs}; until then it is sent {found.runs} at a time"
-    )
-
-
-def unavailable(backends: Iterable[Backend]) -> str:
-    """Each backend out of rotation with its last error, for a 503 that says what to check.
-    By name only: any key holder reads this, and backend addresses stay in the log."""
-    return "; ".join(
-        f"backend {b.name}: {b.state.last_error or 'out of rotation until its probes pass'}"
-        for b in backends
-    )

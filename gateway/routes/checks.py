@@ -81,13 +81,30 @@ def check_model_served(pool: BackendPool, api: Api, model: str) -> None:
     serving = pool.serving(api, model)
     if serving:
         for backend in serving:  # a loop, not any(): on every request's path
-            if backend.state.failed_loads:  # a router's, rarely
+            if backend.state.failed_loads or backend.state.ambiguous:  # a router's, rarely
+                _check_names(serving, model)
                 _check_loads(serving, model)
                 break
         return
     if pool.known_nowhere(api, model):
         raise model_not_found(model)
     raise no_backend(pool, api, model)
+
+
+def _check_names(serving: Sequence[Backend], model: str) -> None:
+    """A 503 when a router serving ``model`` has two models the name could mean (``coder``,
+    and ``Coder`` an alias of another): the policy, blind to case and tag as Ollama is,
+    would judge one and the router run the other. The admin renames one."""
+    for backend in serving:
+        names = backend.state.ambiguous.get(model_key(model))
+        if names:
+            raise GatewayError(
+                503,
+                Reason.NO_BACKEND,
+                f"{model!r} could mean any of {', '.join(names)} on backend {backend.name}, "
+                "whose names differ only in case or tag, which the gateway does not tell "
+                "apart; the admin must rename one in the router's models or presets",
+            )
 
 
 def _check_loads(serving: Sequence[Backend], model: str) -> None:
@@ -99,8 +116,8 @@ def _check_loads(serving: Sequence[Backend], model: str) -> None:
     # ``retrying_load``).
     if not all(backend.load_failed(model, now) for backend in serving):
         return
-    key = model_key(model)
-    due = min((b.state.failed_loads[key] for b in serving), key=lambda load: load.retry_at)
+    failed = (b.failed_load(model) for b in serving)
+    due = min((load for load in failed if load is not None), key=lambda load: load.retry_at)
     code = "" if due.exit_code is None else f" (its process exited with code {due.exit_code})"
     raise GatewayError(
         503,
@@ -117,7 +134,7 @@ def retrying_load(backend: Backend, model: str) -> None:
     sees it load, or fail again). Marked when sent, not when admitted: a request refused
     on its way (a bad field, a budget, a full queue) must not use up the retry and keep a
     mended model locked."""
-    load = backend.state.failed_loads.get(model_key(model))
+    load = backend.failed_load(model)
     if load is not None:
         now = time.monotonic()
         load.retry_at, load.retried_at = now + FAILED_LOAD_SECONDS, now

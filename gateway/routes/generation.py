@@ -199,7 +199,7 @@ class Generation:
                 log.warning("backend_runs_fewer", backend=permit.backend.name, said=said)
             permit.loaded(record.load_seconds, first_byte)
             if failed and record.load_seconds is None:
-                permit.refused_by_backend()
+                permit.refused_by_backend(response.status)
             else:
                 permit.answered()
         services.warmth.note_load(permit.backend.name, ticket.model, record.load_seconds)

@@ -81,17 +81,27 @@ class SwapPlanner:
         self.due_in: float | None = None
 
     def refused(
-        self, user: str, backend: Backend, model: str, placement: Placement, alone: bool
+        self,
+        user: str,
+        backend: Backend,
+        model: str,
+        placement: Placement,
+        alone: bool,
+        status: int,
     ) -> None:
-        """The backend refused ``user``'s request for ``model`` without loading it (a body it
-        cannot decode, a capability the model lacks). Unless other requests for the model
-        run there (``alone``), the gateway's record of having sent it goes: nothing was
-        loaded, and a model counted as held that is not would make the next swap unload a
-        real one instead. If models were unloaded for the request, ``user`` is barred
-        from swaps for a while (``SwapBar``)."""
-        if alone:
+        """The backend answered ``user``'s request for ``model`` with the error ``status``,
+        saying no load. Ollama reads a body before it evicts anything, so its refusal (a
+        body it cannot decode, a capability the model lacks) loaded nothing, and neither
+        did a load that failed; the router loads the model before its child reads the body,
+        so only its 5xx (a child that did not start) did not. Unless other requests for the
+        model run there (``alone``), the record of having sent what is not held goes: the
+        next swap would unload a real model for it. If models were unloaded for it, ``user``
+        is barred from swaps for a while (``SwapBar``); not for a model the router failed
+        to load, nobody's doing, which its own refusals ration (``FailedLoad``)."""
+        router = backend.kind == "llamacpp-router"
+        if alone and not (router and status < 500):
             self.residency.unsent(backend, model)
-        if placement.kind in ("swap", "reload"):
+        if placement.kind in ("swap", "reload") and not (router and status >= 500):
             self.bar.wasted(user)
 
     @property

@@ -128,6 +128,9 @@ class BackendMonitor:
         changed |= children_changed
         state.slots, state.models, state.loaded = slots, seen.models, seen.loaded
         state.model_limit, state.names = seen.model_limit, seen.names
+        if seen.ambiguous != state.ambiguous and seen.ambiguous:
+            log.warning("router_names_alike", backend=config.name, names=seen.ambiguous)
+        state.ambiguous = seen.ambiguous
         # What the gateway sent after the probe started is newer than what it read.
         state.sizes, state.observed_at = seen.sizes, started
         state.sleeping = seen.sleeping

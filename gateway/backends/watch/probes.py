@@ -45,6 +45,9 @@ class Observation:
     # Models whose child is starting (the router's): a failed one being tried again.
     loading: frozenset[str] = frozenset()
     child_slots: dict[str, int] = field(default_factory=dict)  # the router's, by model key
+    # Keys the router's names share (``coder`` and an alias ``Coder`` of another): the
+    # router's names for each, which the gateway's spelling-blind keys cannot tell apart.
+    ambiguous: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 Getter = Callable[[str], Awaitable[Any]]
@@ -135,10 +138,13 @@ async def _llamacpp_router(get: Getter) -> Observation:
     loaded: dict[str, LoadedModel] = {}
     failed: dict[str, int | None] = {}
     loading: set[str] = set()
+    ambiguous: dict[str, tuple[str, ...]] = {}
     for entry in _entries(await get("/models"), "data"):
         name = str(entry.get("id"))
         for called in _called(entry):
-            names[model_key(str(called))] = name
+            key = model_key(str(called))
+            if names.setdefault(key, name) != name and name not in ambiguous.get(key, ()):
+                ambiguous[key] = (*ambiguous.get(key, (names[key],)), name)
         status = entry.get("status")
         if not isinstance(status, dict):
             continue
@@ -159,6 +165,7 @@ async def _llamacpp_router(get: Getter) -> Observation:
         child_slots=await _child_slots(get, [names[m] for m in loaded]),
         model_limit=_count(limit),
         names=names,
+        ambiguous=ambiguous,
     )
 
 
