@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -265,6 +267,48 @@ async def test_names_the_router_gives_two_models_alike_are_refused_saying_so(
             said = (await reply.json())["error"]["message"]
         assert "could mean any of coder, zeta" in said, said
         assert (await _router_models(llama_router.url))["zeta"] == "unloaded"
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (the router's children), from /proc."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+async def test_a_child_that_dies_mid_stream_is_a_failure_the_client_is_told(
+    llama_router: LlamaServer, start_gateway: StartGateway
+) -> None:
+    """The router ends a stream whose child was killed with a line of text, cleanly, as if
+    done: the client is told in the stream (an error event, no [DONE]), and it counts as a
+    backend's failure mid-stream."""
+    gateway = await start_gateway(_policy(llama_router.url))
+    body = {
+        "model": FAMILY,
+        "messages": [{"role": "user", "content": "tell me a long story"}],
+        "max_tokens": 4000,  # the slot's context ends it first, seconds from now
+        "ignore_eos": True,
+        "stream": True,
+    }
+    async with aiohttp.ClientSession() as session:
+        url = gateway.url + "/v1/chat/completions"
+        async with session.post(url, json=body) as reply:
+            assert reply.status == 200
+            streamed = await reply.content.readuntil(b"\n\n")  # a token: the child runs
+            for child in _children(llama_router.pid):
+                os.kill(child, signal.SIGKILL)
+            streamed += await reply.read()
+        async with session.get(gateway.url + "/metrics") as reply:
+            metrics = await reply.text()
+    assert b"data: [DONE]" not in streamed
+    assert b"the backend failed mid-stream" in streamed.rsplit(b"data: ", 1)[-1], streamed[-300:]
+    assert 'fairgate_stream_failures_total{backend="router"} 1.0' in metrics
 
 
 async def test_a_model_one_router_cannot_load_goes_to_another_that_can(

@@ -29,8 +29,9 @@ from aiohttp.http_writer import StreamWriter
 from gateway.config import Timeouts
 from gateway.core import Reason
 from gateway.edge import Progress
+from gateway.relay.upstream_connection import StreamCut
 from gateway.relay.upstream_reply import Reply
-from gateway.wire import TALLY_WINDOW, FinalCounts, TokenEvents, final_counts
+from gateway.wire import TALLY_WINDOW, FinalCounts, TokenEvents, final_counts, stream_cut
 
 __all__ = ["pump"]
 
@@ -91,6 +92,8 @@ async def pump(
                 watch.unread_since = None
                 passing.count(chunk)
         _tallies(progress, passing.tail.counts(), first, request.path, events)
+        if writer.chunked and passing.tail.cut():
+            raise StreamCut("it ended the stream before its end event")
         watch.unread_since = loop.time()
         await response.write_eof()
     finally:
@@ -159,7 +162,7 @@ class _Passing:
         # of the loop before this: they went out from the backend's callback (relay/relay.py).
         first = progress.first_byte_at
         self._last = monotonic() if first is None else first
-        self.tail = _Tail(request.path)
+        self.tail = _Tail(request.path, upstream.headers.get("Content-Type", ""))
         self.meter: _Meter | _EventMeter | None = None
         if charge is not None and events is not None:
             self.meter = _EventMeter(charge, events.token)
@@ -180,7 +183,7 @@ class _Passing:
         self.tail.add(data)
         if self.meter is not None:
             self.meter.add(data)
-        if last:
+        if last and not self.tail.cut():
             # The backend's end came with these bytes: the client gets both in one send
             # (a write less per reply, and the end a write sooner), and aiohttp's writer is
             # told that the end has gone out, so its write_eof writes nothing more. Last
@@ -207,12 +210,13 @@ class _Passing:
 class _Tail:
     """The reply's last TALLY_WINDOW bytes (or a little more), where the tallies are."""
 
-    __slots__ = ("_chunks", "_path", "_size")
+    __slots__ = ("_chunks", "_content_type", "_path", "_size")
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, content_type: str) -> None:
         self._chunks: deque[bytes] = deque()
         self._size = 0
         self._path = path  # whose names the tallies have
+        self._content_type = content_type
 
     def add(self, chunk: bytes) -> None:
         self._chunks.append(chunk)
@@ -222,6 +226,16 @@ class _Tail:
 
     def counts(self) -> FinalCounts:
         return final_counts(b"".join(self._chunks), self._path)
+
+    def cut(self) -> bool:
+        """Whether the stream, if it ends here, ended before its API's end (``stream_cut``)."""
+        last, size = [], 0
+        for chunk in reversed(self._chunks):  # the last few hundred bytes, not the window
+            last.append(chunk)
+            size += len(chunk)
+            if size >= 1024:
+                break
+        return stream_cut(self._path, self._content_type, b"".join(reversed(last)))
 
 
 class _Meter:

@@ -25,7 +25,7 @@ from gateway.edge.http import ReplyHeaders, error_response, forwarded_headers
 from gateway.relay.client_reply import start
 from gateway.relay.pump import pump
 from gateway.relay.upstream_client import BackendClient, ConnectTimeout
-from gateway.relay.upstream_connection import UpstreamError
+from gateway.relay.upstream_connection import StreamCut, UpstreamError
 from gateway.relay.upstream_reply import Reply
 from gateway.wire import TokenEvents
 
@@ -182,7 +182,8 @@ class Relay:
             reason = f"the backend sent nothing for {self._target.timeouts.idle:g}s"
         else:
             log.warning("backend_failed_mid_stream", url=self._target.url, error=repr(exc))
-            reason = f"the backend failed mid-stream ({type(exc).__name__})"
+            said = exc if isinstance(exc, StreamCut) else type(exc).__name__
+            reason = f"the backend failed mid-stream ({said})"
         failure = self.progress.failure
         if not await _fail_inband(request, response, content_type, reason, failure):
             self.progress.client_gone = True

@@ -33,6 +33,10 @@ class BackendClosed(UpstreamError):
     """The backend closed the connection before its reply was complete."""
 
 
+class StreamCut(UpstreamError):
+    """The backend ended a stream cleanly, but before its API's end (``wire/stream_ends.py``)."""
+
+
 class MalformedReply(UpstreamError):
     """The backend sent bytes that are not an HTTP/1.1 reply (or a head over 64 KiB)."""
 

@@ -1,6 +1,7 @@
 """What the backends' wire formats demand of a body: JSON decoded as Go's ``encoding/json``
 decodes it, bodies whose meaning depends on the reader refused, Ollama's field types, the
-tools a server would run itself, and the token tallies at the end of a reply.
+tools a server would run itself, the token tallies at the end of a reply, and whether a
+stream reached its end.
 
 May import: ``core`` (never aiohttp).
 """
@@ -17,6 +18,7 @@ from gateway.wire.json_counts import TooManyValues
 from gateway.wire.json_decode import NestedTooDeeply, Pairs, TooManyObjects, parse_object_pairs
 from gateway.wire.ollama_fields import STRUCTS, field_type_error, go_type_name, option_type_error
 from gateway.wire.server_tools import openai_refusal, server_tools
+from gateway.wire.stream_ends import stream_cut
 from gateway.wire.tallies import TALLY_WINDOW, FinalCounts, TokenEvents, final_counts, token_events
 
 __all__ = [
@@ -41,6 +43,7 @@ __all__ = [
     "option_type_error",
     "parse_object_pairs",
     "server_tools",
+    "stream_cut",
     "token_events",
     "with_slot",
 ]
