@@ -348,6 +348,28 @@ async def test_a_users_max_queued_holds_across_the_house_and_each_status_shows_i
     assert await waiting == 200
 
 
+async def test_each_replicas_status_counts_a_heavy_request_running_on_another(
+    start_sim: StartSim,
+    start_gateway: StartGateway,
+    redis_url: str,  # noqa: F811
+) -> None:
+    """A heavy request running on A: B's /status counts it among its backend's heavy
+    requests, as A's does (one house, whichever replica)."""
+    _, sim_url = await start_sim(parallel=8)
+    heavy = "classes: {heavy: {min_prompt_tokens: 16, wait_for_light: 0}}\n"
+    a = await start_gateway(policy(sim_url, extra=heavy), redis_url=redis_url)
+    b = await start_gateway(policy(sim_url, extra=heavy), redis_url=redis_url)
+    async with held(a, "alice-key", "word " * 400):
+        state = b.services.admission.holds
+        assert state is not None
+        async with asyncio.timeout(10):  # B reads the house once a second
+            while not state.house.running:
+                await state.released(within=0.1)
+        for replica in (a, b):
+            backend = (await _status(replica))["backends"]["sim"]
+            assert backend["busy"] == 1 and backend["heavy_running"] == 1
+
+
 async def test_a_request_entering_another_replica_is_not_passed_over(
     redis_url: str,  # noqa: F811
 ) -> None:

@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from gateway.admission.holds.base import House, Place
 from gateway.admission.room_snapshot import RoomSnapshot, RunningRequest, WaitingRequest
+from gateway.config import model_key
 from gateway.core import BACKGROUND, RequestClass
 
 __all__ = ["whole_house"]
@@ -42,11 +43,17 @@ def whole_house(
         for run in others.running
     )
     elsewhere = Counter(run.backend for run in others.running)
+    heavy = Counter(run.backend for run in others.running if run.heavy)
+    by_model = Counter((run.backend, model_key(run.model)) for run in others.running)
+    by_class = Counter((place.user, _class(place.heavy)) for place in others.waiting)
     return replace(
         room,
         backends={
             name: (busy + elsewhere[name], slots) for name, (busy, slots) in room.backends.items()
         },
+        heavy_running={name: n + heavy[name] for name, n in room.heavy_running.items()},
+        model_busy=dict(Counter(room.model_busy) + by_model),
+        queued_by_class=dict(Counter(room.queued_by_class) + by_class),
         users=_users(room.users, running, places, interactive=True),
         background_users=_users(room.background_users, running, places, interactive=False),
         queue_depth=len(waiting),
