@@ -31,7 +31,14 @@ from gateway.core import Reason
 from gateway.edge import Progress
 from gateway.relay.upstream_connection import StreamCut
 from gateway.relay.upstream_reply import Reply
-from gateway.wire import TALLY_WINDOW, FinalCounts, TokenEvents, final_counts, stream_cut
+from gateway.wire import (
+    STREAM_END_BYTES,
+    TALLY_WINDOW,
+    FinalCounts,
+    TokenEvents,
+    final_counts,
+    stream_end,
+)
 
 __all__ = ["pump"]
 
@@ -210,13 +217,13 @@ class _Passing:
 class _Tail:
     """The reply's last TALLY_WINDOW bytes (or a little more), where the tallies are."""
 
-    __slots__ = ("_chunks", "_content_type", "_path", "_size")
+    __slots__ = ("_chunks", "_end", "_path", "_size")
 
     def __init__(self, path: str, content_type: str) -> None:
         self._chunks: deque[bytes] = deque()
         self._size = 0
         self._path = path  # whose names the tallies have
-        self._content_type = content_type
+        self._end = stream_end(path, content_type)  # its last bytes, if it ends
 
     def add(self, chunk: bytes) -> None:
         self._chunks.append(chunk)
@@ -228,14 +235,10 @@ class _Tail:
         return final_counts(b"".join(self._chunks), self._path)
 
     def cut(self) -> bool:
-        """Whether the stream, if it ends here, ended before its API's end (``stream_cut``)."""
-        last, size = [], 0
-        for chunk in reversed(self._chunks):  # the last few hundred bytes, not the window
-            last.append(chunk)
-            size += len(chunk)
-            if size >= 1024:
-                break
-        return stream_cut(self._path, self._content_type, b"".join(reversed(last)))
+        """Whether the stream, if it ends here, ended before its API's end event."""
+        # Once a reply, at its end: the window joined is a copy of 16 KiB at most.
+        tail = b"".join(self._chunks)[-STREAM_END_BYTES:] if self._end is not None else b""
+        return self._end is not None and self._end not in tail
 
 
 class _Meter:

@@ -18,11 +18,12 @@ from gateway.wire.json_counts import TooManyValues
 from gateway.wire.json_decode import NestedTooDeeply, Pairs, TooManyObjects, parse_object_pairs
 from gateway.wire.ollama_fields import STRUCTS, field_type_error, go_type_name, option_type_error
 from gateway.wire.server_tools import openai_refusal, server_tools
-from gateway.wire.stream_ends import stream_cut
+from gateway.wire.stream_ends import STREAM_END_BYTES, stream_end
 from gateway.wire.tallies import TALLY_WINDOW, FinalCounts, TokenEvents, final_counts, token_events
 
 __all__ = [
     "SLOT_PATHS",
+    "STREAM_END_BYTES",
     "STRUCTS",
     "TALLY_WINDOW",
     "AmbiguousField",
@@ -43,7 +44,7 @@ __all__ = [
     "option_type_error",
     "parse_object_pairs",
     "server_tools",
-    "stream_cut",
+    "stream_end",
     "token_events",
     "with_slot",
 ]

@@ -10,20 +10,21 @@ Responses API's last event is not the same on every server.
 
 from __future__ import annotations
 
-__all__ = ["stream_cut"]
+__all__ = ["STREAM_END_BYTES", "stream_end"]
 
 _ENDS = {
     "/v1/chat/completions": b"data: [DONE]",
     "/v1/completions": b"data: [DONE]",
     "/v1/messages": b'"message_stop"',
 }
-_LAST_BYTES = 256  # the end event and the blank lines after it, with room to spare
+STREAM_END_BYTES = 256
+"""A stream's last bytes that hold its end event, and the blank lines after it, with room
+to spare."""
 
 
-def stream_cut(path: str, content_type: str, tail: bytes) -> bool:
-    """Whether a server-sent-events reply to ``path`` whose last bytes are ``tail`` ended
-    without its API's last event."""
-    end = _ENDS.get(path)
-    if end is None or not content_type.startswith("text/event-stream"):
-        return False
-    return end not in tail[-_LAST_BYTES:]
+def stream_end(path: str, content_type: str) -> bytes | None:
+    """What the last ``STREAM_END_BYTES`` of a reply to ``path`` hold if it ended, when it
+    is a stream whose end can be told (None: it is not judged)."""
+    if not content_type.startswith("text/event-stream"):
+        return None
+    return _ENDS.get(path)
