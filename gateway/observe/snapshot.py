@@ -8,6 +8,7 @@ side, with each user's limits. Several renderers, one reading: the JSON page, th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gateway.admission import HoldStore, RoomSnapshot
@@ -159,7 +160,8 @@ def _backend(backend: Backend, room: RoomSnapshot, heavy_slots: int) -> BackendS
     state = backend.state
     held = room.residents.get(name)
     pending = room.swaps.pending.get(backend.key)
-    models = () if held is None else _models(name, held, room)
+    said = state.names.get  # a router's models as it names them, not by the gateway's keys
+    models = () if held is None else _models(name, held, room, said)
     return BackendSnapshot(
         name=name,
         kind=backend.kind,
@@ -168,7 +170,7 @@ def _backend(backend: Backend, room: RoomSnapshot, heavy_slots: int) -> BackendS
         busy=busy,
         slots=slots * max(1, len(models)) if held is not None else slots,
         heavy_running=room.heavy_running.get(name, 0),
-        loaded={model: seen.expires_at for model, seen in state.loaded.items()},
+        loaded={said(model, model): seen.expires_at for model, seen in state.loaded.items()},
         sleeping=state.sleeping,
         last_error=state.last_error,
         heavy_slots=heavy_slots,
@@ -178,20 +180,28 @@ def _backend(backend: Backend, room: RoomSnapshot, heavy_slots: int) -> BackendS
         memory=None if held is None else held.memory,
         max_loaded_models=None if held is None else held.max_loaded_models,
         model_counts={
-            (model, counter): value
+            (said(model, model), counter): value
             for (key, model, counter), value in room.swaps.counts.items()
             if key == backend.key
         },
         swap=None if pending is None else PendingSwap(*pending),
         runs_fewer=runs_fewer(backend),
-        failed_loads={model: load.exit_code for model, load in state.failed_loads.items()},
+        failed_loads={
+            said(model, model): load.exit_code for model, load in state.failed_loads.items()
+        },
     )
 
 
-def _models(name: str, held: ResidentsSnapshot, room: RoomSnapshot) -> tuple[ModelSnapshot, ...]:
+def _models(
+    name: str, held: ResidentsSnapshot, room: RoomSnapshot, said: Callable[[str, str], str]
+) -> tuple[ModelSnapshot, ...]:
     return tuple(
         ModelSnapshot(
-            r.model, room.model_busy.get((name, r.model), 0), r.num_ctx, r.size, r.expires_at
+            said(r.model, r.model),
+            room.model_busy.get((name, r.model), 0),
+            r.num_ctx,
+            r.size,
+            r.expires_at,
         )
         for r in held.residents
     )
