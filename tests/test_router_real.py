@@ -311,6 +311,25 @@ async def test_a_child_that_dies_mid_stream_is_a_failure_the_client_is_told(
     assert 'fairgate_stream_failures_total{backend="router"} 1.0' in metrics
 
 
+async def test_a_chat_without_a_list_of_messages_unloads_nothing(
+    llama_router: LlamaServer, start_gateway: StartGateway
+) -> None:
+    """The router starts the coder's process before its child reads the body: a chat whose
+    messages are no list of messages is answered by the gateway, the family's model left
+    loaded (sent, it would have been unloaded for the child's 400)."""
+    gateway = await start_gateway(_policy(llama_router.url))
+    async with aiohttp.ClientSession() as session:
+        assert await _chat_status(session, gateway.url, FAMILY) == 200
+        for messages in (5, "hi", [5], ["hi"]):
+            body = {"model": CODER, "messages": messages}
+            async with session.post(gateway.url + "/v1/chat/completions", json=body) as reply:
+                assert reply.status == 400, messages
+                assert "messages" in (await reply.json())["error"]["message"]
+            async with session.post(gateway.url + "/v1/messages", json=body) as reply:
+                assert reply.status == 400, messages
+    assert (await _router_models(llama_router.url))[FAMILY] == "loaded"
+
+
 async def test_a_model_one_router_cannot_load_goes_to_another_that_can(
     tmp_path: Path, start_gateway: StartGateway
 ) -> None:

@@ -22,7 +22,7 @@ from gateway.intake import (
 )
 from gateway.services import Services
 from gateway.usage import InFlight
-from gateway.wire import openai_refusal, server_tools
+from gateway.wire import message_list_error, openai_refusal, server_tools
 
 __all__ = [
     "REFUSED",
@@ -200,8 +200,17 @@ def check_model_allowed(policy: Policy, user: str, model: str) -> None:
         raise model_forbidden(user, model)
 
 
-# What each API's requests may not ask of a shared box, and why (None: nothing).
-REFUSED = {Api.OPENAI: openai_refusal, Api.ANTHROPIC: server_tools}
+def _openai_refused(values: dict[str, object]) -> str | None:
+    return message_list_error(values) or openai_refusal(values)
+
+
+def _anthropic_refused(values: dict[str, object]) -> str | None:
+    return message_list_error(values) or server_tools(values)
+
+
+# What each API's requests may not ask of a shared box, or no server takes, and why (None:
+# nothing).
+REFUSED = {Api.OPENAI: _openai_refused, Api.ANTHROPIC: _anthropic_refused}
 
 # Ollama's structs for its native routes (api/types.go), by path.
 STRUCTS = {

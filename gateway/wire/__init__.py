@@ -1,7 +1,7 @@
 """What the backends' wire formats demand of a body: JSON decoded as Go's ``encoding/json``
 decodes it, bodies whose meaning depends on the reader refused, Ollama's field types, the
-tools a server would run itself, the token tallies at the end of a reply, and whether a
-stream reached its end.
+tools a server would run itself, a chat's list of messages, the token tallies at the end
+of a reply, and whether a stream reached its end.
 
 May import: ``core`` (never aiohttp).
 """
@@ -16,6 +16,7 @@ from gateway.wire.ambiguity import (
 from gateway.wire.engine_slot import SLOT_PATHS, with_slot
 from gateway.wire.json_counts import TooManyValues
 from gateway.wire.json_decode import NestedTooDeeply, Pairs, TooManyObjects, parse_object_pairs
+from gateway.wire.message_lists import message_list_error
 from gateway.wire.ollama_fields import STRUCTS, field_type_error, go_type_name, option_type_error
 from gateway.wire.server_tools import openai_refusal, server_tools
 from gateway.wire.stream_ends import STREAM_END_BYTES, stream_end
@@ -40,6 +41,7 @@ __all__ = [
     "go_fold",
     "go_type_name",
     "load_checked",
+    "message_list_error",
     "openai_refusal",
     "option_type_error",
     "parse_object_pairs",
