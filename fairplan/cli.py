@@ -35,6 +35,7 @@ __all__ = ["DEFAULT_URLS", "add_plan_arguments", "parse_size", "run_plan"]
 DEFAULT_URLS: dict[str, str] = {
     "ollama": "http://127.0.0.1:11434",
     "llamacpp": "http://127.0.0.1:8080",
+    "llamacpp-router": "http://127.0.0.1:8080",
 }
 
 
@@ -64,8 +65,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``fairgate plan``'s flags to ``parser``."""
     add = parser.add_argument
     add("--backend", metavar="URL", help="read the model's shape from this server")
-    add("--kind", choices=["ollama", "llamacpp"], default="ollama", help="its kind (ollama)")
-    add("--model", help="the model to ask about (needed for ollama)")
+    add("--kind", choices=list(DEFAULT_URLS), default="ollama", help="its kind (ollama)")
+    add("--model", help="the model to ask about (needed for ollama and a router)")
     add("--name", help="the backend's name in the YAML (default: its kind)")
     unreported = "(llama-server does not report it)"
     add("--layers", type=_positive, metavar="N", help=f"block_count {unreported}")
@@ -138,7 +139,8 @@ async def _read(args: argparse.Namespace) -> tuple[ModelShape, tuple[RequestTota
                 raise PlanError("--model is needed to ask Ollama about a model")
             shape = await ollama_shape(session, args.backend.rstrip("/"), args.model)
         elif args.backend:
-            shape = await llamacpp_shape(session, args.backend.rstrip("/"), args.model)
+            url, router = args.backend.rstrip("/"), args.kind == "llamacpp-router"
+            shape = await llamacpp_shape(session, url, args.model, router)
         load = (
             await measure_load(session, args.from_metrics, args.window)
             if args.from_metrics

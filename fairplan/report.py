@@ -73,10 +73,12 @@ def reasons(plan: Plan) -> dict[str, str]:
 def server_settings(plan: Plan, kind: str) -> str:
     """The backend's own settings for the plan (each slot gets num_ctx of KV cache)."""
     i, p = plan.inputs, plan
-    if kind == "llamacpp":
-        # -c is the whole cache, split evenly over -np slots (the server logs n_ctx_slot).
+    if kind.startswith("llamacpp"):
+        # -c is the whole cache, split evenly over -np slots (the server logs n_ctx_slot);
+        # a router passes both to each model's process (or its preset says parallel, ctx-size).
         quant = f" -fa on -ctk {i.kv_type} -ctv {i.kv_type}" if i.kv_type != "f16" else ""
-        return f"llama-server -np {p.slots} -c {p.slots * p.num_ctx}{quant}"
+        models = " --models-dir DIR --models-max N" if kind == "llamacpp-router" else ""
+        return f"llama-server{models} -np {p.slots} -c {p.slots * p.num_ctx}{quant}"
     # https://github.com/ollama/ollama/blob/main/docs/faq.md: memory scales with
     # NUM_PARALLEL x CONTEXT_LENGTH; a quantized cache needs flash attention.
     quant = (
@@ -90,7 +92,7 @@ def policy_yaml(
 ) -> str:
     """A complete policy: the backend with its slots (and, for several models, its memory
     and the main model kept), the per-user defaults, the queue."""
-    knob = "-np" if kind == "llamacpp" else "OLLAMA_NUM_PARALLEL"
+    knob = "-np" if kind.startswith("llamacpp") else "OLLAMA_NUM_PARALLEL"
     several = ""
     if models is not None:
         main = next(iter(models.sizes))

@@ -100,13 +100,24 @@ async def ollama_model_cost(
     return ModelCost(model, weights, per_token)
 
 
-async def llamacpp_shape(session: aiohttp.ClientSession, url: str, model: str | None) -> ModelShape:
+async def llamacpp_shape(
+    session: aiohttp.ClientSession, url: str, model: str | None, router: bool = False
+) -> ModelShape:
     """What llama-server tells: its trained context in ``GET /v1/models`` meta, its slots and
-    their context in ``GET /props``; layers, KV heads and head size it does not expose."""
+    their context in ``GET /props`` (a router's: the model's own, while it is loaded);
+    layers, KV heads and head size it does not expose."""
     props = await _json(session.get(f"{url}/props"))
+    if (props.get("role") == "router") != router:
+        kind = "llamacpp-router" if props.get("role") == "router" else "llamacpp"
+        raise PlanError(f"{url} is {_ROLES[kind]}: --kind {kind}")
     listing = await _json(session.get(f"{url}/v1/models"))
     entries = [e for e in listing.get("data", []) if isinstance(e, dict)]
     chosen = [e for e in entries if model in (e.get("id"), *e.get("aliases", []))]
+    if router and not chosen:  # one llama-server serves its model whatever it is called
+        names = ", ".join(str(e.get("id")) for e in entries) or "none"
+        raise PlanError(f"the router at {url} has no model {model!r} (--model); it has {names}")
+    if router:  # its own /props says the router's role; the model's, its slots
+        props = await _model_props(session, url, str(chosen[0].get("id")))
     meta = (chosen or entries or [{}])[0].get("meta") or {}
     slots = props.get("total_slots")
     per_slot = (props.get("default_generation_settings") or {}).get("n_ctx")
@@ -118,6 +129,16 @@ async def llamacpp_shape(session: aiohttp.ClientSession, url: str, model: str | 
         if isinstance(slots, int) and isinstance(per_slot, int)
         else (),
     )
+
+
+_ROLES = {"llamacpp": "one llama-server", "llamacpp-router": "llama-server's router"}
+
+
+async def _model_props(session: aiohttp.ClientSession, url: str, model: str) -> dict[str, Any]:
+    """A router's model's /props, without loading it ({} while it is not loaded)."""
+    async with session.get(f"{url}/props", params={"model": model, "autoload": "false"}) as reply:
+        body = await reply.json(content_type=None) if reply.status == 200 else {}
+    return body if isinstance(body, dict) else {}
 
 
 async def _json(request: Any) -> dict[str, Any]:

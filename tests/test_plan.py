@@ -30,6 +30,7 @@ from fairplan import (
 from gateway.__main__ import main
 from gateway.config.policy import parse_policy
 from tests.conftest import Gateway, StartGateway, StartSim, one_backend
+from tests.llama_server import LlamaServer
 from tests.test_metrics import MODEL
 
 GIB = 1024**3
@@ -194,6 +195,26 @@ class TestShapes:
         assert document["num_ctx"] == 8192
         assert document["server"] == "llama-server -np 1 -c 8192"
         assert parse_policy(document["yaml"]).backends[0].url == llama_server
+
+    async def test_a_routers_model_is_planned_for_a_router(
+        self, llama_router: LlamaServer, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A router is not one llama-server: asked as one, the plan says which kind to
+        write; a model it does not have is named with those it has; its model's own /props
+        gives the slots, and the policy and server line are a router's."""
+        base = ["plan", "--backend", llama_router.url, "--kv-memory", "512MiB", "--users", "3"]
+        base += ["--gen-seconds", "10s", "--think-seconds", "1m", "--json"]
+        base += ["--layers", "30", "--kv-heads", "3", "--head-dim", "64"]
+        assert await asyncio.to_thread(main, [*base, "--kind", "llamacpp"]) == 1
+        assert "is llama-server's router: --kind llamacpp-router" in capsys.readouterr().err
+        router = [*base, "--kind", "llamacpp-router", "--model"]
+        assert await asyncio.to_thread(main, [*router, "nosuch"]) == 1
+        said = capsys.readouterr().err
+        assert "has no model 'nosuch' (--model); it has coder, family" in said, said
+        assert await asyncio.to_thread(main, [*router, "family"]) == 0
+        document = json.loads(capsys.readouterr().out)
+        assert document["server"].startswith("llama-server --models-dir DIR --models-max N -np")
+        assert parse_policy(document["yaml"]).backends[0].kind == "llamacpp-router"
 
 
 class TestMetrics:
