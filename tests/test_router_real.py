@@ -557,3 +557,6 @@ async def test_a_user_allowed_a_routers_alias_sees_the_model_under_it(
             # file's path on the server is not a user's to read.
             assert set(body["data"][0]["status"]) == {"value"}
             assert str(tmp_path) not in json.dumps(body)
+            for spelled in ("Family", "family:latest"):  # as a chat by that name reaches it
+                status, body = await listed("bob-key", f"/v1/models/{spelled}")
+                assert status == 200 and body["id"] == spelled, spelled

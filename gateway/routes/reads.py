@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -79,9 +79,10 @@ class Reads:
             raise model_forbidden(user, wanted)
         with self._read_by(user):
             entries = await self._entries(user, "/v1/models")
-        if wanted not in entries:
+        entry = entries.get(wanted) or _named(entries.values(), wanted)
+        if entry is None:
             raise model_not_found(wanted)
-        return web.json_response(entries[wanted], headers=NO_STORE)
+        return web.json_response(entry, headers=NO_STORE)
 
     async def show(self, request: web.Request) -> web.StreamResponse:
         """Model details from a backend that has the model; or Anthropic's count of a
@@ -248,6 +249,16 @@ def _told_users(entry: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(status, dict):
         return entry
     return entry | {"status": {k: v for k, v in status.items() if k in _STATUS_TOLD}}
+
+
+def _named(entries: Iterable[dict[str, Any]], wanted: str) -> dict[str, Any] | None:
+    """The entry a request for ``wanted`` reaches, spelled otherwise (``Family``,
+    ``family:latest``) or by an alias of a router's, under the name asked; None if none."""
+    key = model_key(wanted)
+    for entry in entries:
+        if key in (model_key(str(name)) for name in (entry.get("id"), *_aliases(entry))):
+            return entry | {"id": wanted}
+    return None
 
 
 def _aliases(entry: dict[str, Any]) -> list[str]:
