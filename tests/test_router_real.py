@@ -82,7 +82,8 @@ async def test_the_router_is_read_and_its_swaps_are_planned(
         assert first.choices[0].message.content
         # The child's slots come from its own /props, once the probe sees it loaded.
         await until(admission, lambda _: router.state.slots == 2, within=30)
-        assert model_key(FAMILY) in router.state.loaded
+        # Its context per slot too (-c 2048 over 2 slots), not Ollama's default num_ctx.
+        assert router.state.loaded[model_key(FAMILY)].context_length == 1024
 
         # A family reply is running when the coder asks: it finishes, then the swap.
         story = asyncio.create_task(chat(FAMILY, 48))

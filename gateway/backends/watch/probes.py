@@ -157,30 +157,37 @@ async def _llamacpp_router(get: Getter) -> Observation:
         elif status.get("failed") is True:
             code = status.get("exit_code")
             failed[model_key(name)] = code if isinstance(code, int) else None
+    children = await _children(get, [names[m] for m in loaded])
+    for key, (_, context) in children.items():  # its context per slot, as Ollama's /api/ps
+        loaded[key] = LoadedModel(context_length=context)
     return Observation(
         models=frozenset(names),
         loaded=loaded,
         failed=failed,
         loading=frozenset(loading),
-        child_slots=await _child_slots(get, [names[m] for m in loaded]),
+        child_slots={key: slots for key, (slots, _) in children.items()},
         model_limit=_count(limit),
         names=names,
         ambiguous=ambiguous,
     )
 
 
-async def _child_slots(get: Getter, loaded: list[str]) -> dict[str, int]:
-    """Slots of each loaded child, by model key, from its own /props (a preset may give
-    each model its own ``parallel``); none of one that went in the meantime."""
-    found: dict[str, int] = {}
+async def _children(get: Getter, loaded: list[str]) -> dict[str, tuple[int, int | None]]:
+    """Slots of each loaded child and its context per slot, by model key, from its own
+    /props (a preset may give each model its own ``parallel`` and ``ctx-size``); none of one
+    that went in the meantime."""
+    found: dict[str, tuple[int, int | None]] = {}
     for name in loaded:
         try:
             child = await get(f"/props?model={quote(name, safe='')}&autoload=false")
         except ProbeFailed:
             continue  # unloaded since /models said it was: another may answer
-        slots = child.get("total_slots") if isinstance(child, dict) else None
+        if not isinstance(child, dict):
+            continue
+        slots, settings = child.get("total_slots"), child.get("default_generation_settings")
+        context = _count(settings.get("n_ctx")) if isinstance(settings, dict) else None
         if isinstance(slots, int) and slots > 0:
-            found[model_key(name)] = slots
+            found[model_key(name)] = (slots, context)
     return found
 
 
