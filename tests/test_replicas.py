@@ -370,6 +370,24 @@ async def test_each_replicas_status_counts_a_heavy_request_running_on_another(
             assert backend["busy"] == 1 and backend["heavy_running"] == 1
 
 
+async def test_idle_replicas_are_counted_in_each_status(
+    start_sim: StartSim,
+    start_gateway: StartGateway,
+    redis_url: str,  # noqa: F811
+) -> None:
+    """Two replicas with nothing running nor waiting: each /status says two, not one (and
+    `fairgate status` keeps its REPLICA column for the house's next requests)."""
+    _, sim_url = await start_sim()
+    a = await start_gateway(policy(sim_url), redis_url=redis_url)
+    await start_gateway(policy(sim_url), redis_url=redis_url)
+    state = a.services.admission.holds
+    assert state is not None
+    async with asyncio.timeout(20):  # each is there from its first renewal (4 s), read in 1
+        while len(state.house.replicas) < 2:
+            await state.released(within=0.1)
+    assert (await _status(a))["state"]["replicas"] == 2
+
+
 async def test_a_request_entering_another_replica_is_not_passed_over(
     redis_url: str,  # noqa: F811
 ) -> None:

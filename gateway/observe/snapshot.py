@@ -87,7 +87,7 @@ class HoldsSnapshot:
     failures: int
     others_waiting: int
     replica: str = ""  # this replica's name in the house
-    replicas: int = 1  # replicas with requests in the house, or this one alone
+    replicas: int = 1  # replicas renewing their leases in Redis, idle or not; else this one
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from gateway.admission.holds.scripts import FORGET_EXPIRED, NOW_MS, TAG
 
-__all__ = ["HOUSE", "JOIN", "LEAVE", "RENEW_PLACE"]
+__all__ = ["HOUSE", "JOIN", "LEAVE", "PRESENT", "RENEW_PLACE"]
 
 # KEYS: waiting, places, asked, holder's queued, the house's clock, the payers' last tags,
 # and with a front end's total its people's queued. ARGV: place, its JSON, max_queued,
@@ -82,9 +82,21 @@ end
 return 1
 """
 )
-# KEYS: waiting, places, asked, running, the house's clock, the payers' last tags. The
-# house: Redis's time, every place (its JSON), every running hold. A payer's tag at or
-# below the clock counts as the clock: it is dropped, so the hash holds only payers ahead.
+# KEYS: the replicas. ARGV: this replica, its lease. A replica is there, idle or not, while
+# it renews; one killed outright is gone within its lease.
+PRESENT = (
+    NOW_MS
+    + """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
+return 1
+"""
+)
+# KEYS: waiting, places, asked, running, the house's clock, the payers' last tags, the
+# replicas. The house: Redis's time, every place (its JSON), every running hold, every
+# replica there. A payer's tag at or below the clock counts as the clock: it is dropped, so
+# the hash holds only payers ahead.
 HOUSE = (
     NOW_MS
     + FORGET_EXPIRED
@@ -101,6 +113,7 @@ for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
   local json = redis.call('HGET', KEYS[2], id)
   if json then table.insert(places, json) end
 end
-return {now, places, redis.call('ZRANGE', KEYS[4], 0, -1)}
+local replicas = redis.call('ZRANGEBYSCORE', KEYS[7], '(' .. now, '+inf')
+return {now, places, redis.call('ZRANGE', KEYS[4], 0, -1), replicas}
 """
 )

@@ -45,6 +45,7 @@ ASKED = f"{PREFIX}:house:asked"
 RUNNING = f"{PREFIX}:house:running"
 CLOCK = f"{PREFIX}:house:clock"  # the finish tag of the last request started
 TAGS = f"{PREFIX}:house:tags"  # each payer's last finish tag
+REPLICAS = f"{PREFIX}:house:replicas"  # every replica renewing its leases, idle or not
 
 _LANES = {number: lane for lane, number in LANE_ORDER.items()}
 # What JOIN answers when a place may not wait, as ``HoldStore.join`` says it.
@@ -144,6 +145,7 @@ class RedisHouse:
         self._leave = redis.register_script(scripts.LEAVE)
         self._renew = redis.register_script(scripts.RENEW_PLACE)
         self._read = redis.register_script(scripts.HOUSE)
+        self._present = redis.register_script(scripts.PRESENT)
         self.mine: dict[str, Place] = {}  # places this replica has in Redis
         self._joining: set[str] = set()  # of those, the ones whose JOIN is under way
         self.taking: set[str] = set()  # and those a TAKE may be removing from Redis now
@@ -190,7 +192,9 @@ class RedisHouse:
     async def renew(self) -> None:
         """RENEW_PLACE for each of this replica's places that is settled in Redis: not one
         joining (a refused one would be added), nor one being taken (a started one would be
-        written back, a waiting place nobody takes for a lease)."""
+        written back, a waiting place nobody takes for a lease). And this replica is
+        there, idle or not, for the views' count of replicas."""
+        await self._present(keys=[REPLICAS], args=[self._replica, self._lease_ms])
         for place_id in list(self.mine):
             place = self.mine.get(place_id)  # as it is now: joined since, it has its rank
             if place is None or place_id in self._joining or place_id in self.taking:
@@ -200,9 +204,9 @@ class RedisHouse:
 
     async def read(self) -> House:
         """Every replica's places and running holds, now."""
-        keys = [WAITING, PLACES, ASKED, RUNNING, CLOCK, TAGS]
-        _, places, running = await self._read(keys=keys)
-        replicas = {self._replica}
+        keys = [WAITING, PLACES, ASKED, RUNNING, CLOCK, TAGS, REPLICAS]
+        _, places, running, present = await self._read(keys=keys)
+        replicas = {self._replica, *(replica.decode() for replica in present)}
         waiting = tuple(sorted((_place(text) for text in places), key=Place.key))
         runs = tuple(_run(text) for text in running)
         replicas.update(p.replica for p in waiting)
