@@ -315,19 +315,62 @@ async def test_a_child_that_dies_mid_stream_is_a_failure_the_client_is_told(
 async def test_a_chat_without_a_list_of_messages_unloads_nothing(
     llama_router: LlamaServer, start_gateway: StartGateway
 ) -> None:
-    """The router starts the coder's process before its child reads the body: a chat whose
-    messages are no list of messages is answered by the gateway, the family's model left
-    loaded (sent, it would have been unloaded for the child's 400)."""
+    """The router starts the coder's process before its child reads the body: a chat body no
+    server takes (no list of messages, a role or content of the wrong type, a length that is
+    no number) is answered by the gateway, the family's model left loaded (sent, it would
+    have been unloaded for the child's refusal)."""
     gateway = await start_gateway(_policy(llama_router.url))
+    hi = [{"role": "user", "content": "hi"}]
+    bodies: list[dict[str, Any]] = [
+        *({"messages": messages} for messages in (None, 5, "hi", [5], ["hi"])),
+        {"messages": [{"role": 5, "content": "hi"}]},
+        {"messages": [{"role": "user", "content": {"a": 1}}]},
+        {"messages": hi, "max_tokens": "x"},
+    ]
     async with aiohttp.ClientSession() as session:
         assert await _chat_status(session, gateway.url, FAMILY) == 200
-        for messages in (5, "hi", [5], ["hi"]):
-            body = {"model": CODER, "messages": messages}
+        for body in bodies:
+            body = {"model": CODER} | body
             async with session.post(gateway.url + "/v1/chat/completions", json=body) as reply:
-                assert reply.status == 400, messages
-                assert "messages" in (await reply.json())["error"]["message"]
+                assert reply.status == 400, body
+                assert "must be" in (await reply.json())["error"]["message"] or not body.get(
+                    "messages"
+                )
             async with session.post(gateway.url + "/v1/messages", json=body) as reply:
-                assert reply.status == 400, messages
+                assert reply.status == 400, body
+    assert (await _router_models(llama_router.url))[FAMILY] == "loaded"
+
+
+async def test_a_body_the_routers_child_fails_bars_its_sender_from_swaps(
+    llama_router: LlamaServer, start_gateway: StartGateway
+) -> None:
+    """``tools: 5``, which only the child reads (its 500, after the router started it): the
+    family's model was unloaded for it, so mum starts no other swap for a while; her next
+    such request waits out max_wait and is refused, the family's model left loaded. (The
+    bar is lifted only for a load the router itself says failed.)"""
+    text = _policy(llama_router.url).replace("max_wait: 120s", "max_wait: 2s")
+    users = "users:\n  mum: {keys: [mum-key]}\n  dev: {keys: [dev-key]}\n"
+    gateway = await start_gateway(text + users)
+    body = {"model": CODER, "messages": [{"role": "user", "content": "hi"}], "tools": 5}
+    url = gateway.url + "/v1/chat/completions"
+    async with aiohttp.ClientSession() as session:
+
+        async def family() -> int:
+            headers = {"Authorization": "Bearer dev-key"}
+            chat = {"model": FAMILY, "messages": [{"role": "user", "content": "hi"}]}
+            async with session.post(url, json=chat | {"max_tokens": 2}, headers=headers) as reply:
+                return reply.status
+
+        async def tools() -> tuple[int, str]:
+            headers = {"Authorization": "Bearer mum-key"}
+            async with session.post(url, json=body, headers=headers) as reply:
+                return reply.status, await reply.text()
+
+        assert await family() == 200
+        assert (await tools())[0] == 500  # the child's, after the family's model went
+        assert await family() == 200
+        status, said = await tools()
+        assert status == 503 and "none is started for mum" in said, said
     assert (await _router_models(llama_router.url))[FAMILY] == "loaded"
 
 

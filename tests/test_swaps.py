@@ -602,23 +602,6 @@ class TestWastedSwaps:
         assert await chat(gateway, PHI, "bob-key") == 200  # bob's swaps go on
         assert counts(gateway)[key, PHI, "loads"] == 1
 
-    async def test_a_barred_user_is_told_at_once_rather_than_after_the_wait(
-        self, start_sim: StartSim, start_gateway: StartGateway
-    ) -> None:
-        """With max_wait 60 s and no swap started for alice for 300 s, her next phi3 request
-        (nobody else waits for phi3) cannot start before its wait is out: the 503 comes
-        now, with when to try again, not after a minute in the room."""
-        self.USERS = self.USERS.replace("max_wait: 1s", "max_wait: 60s")
-        sim, gateway = await self.both_loaded(start_sim, start_gateway)
-        refused = {"sim_status": 400}
-        assert await chat(gateway, PHI, "alice-key", options=refused) == 400
-        assert await chat(gateway, QWEN, "bob-key") == 200  # the room is full again
-        async with asyncio.timeout(30):  # half the wait: told, not timed out
-            status, said = await answer(gateway, PHI, "alice-key")
-        assert status == 503 and "none is started for alice for 300 s" in said, said
-        assert len(sim.stats.unloaded) == 1
-        assert await chat(gateway, PHI, "bob-key") == 200  # bob's swaps go on
-
     async def test_a_body_ollama_cannot_decode_is_refused_before_any_swap(
         self, start_sim: StartSim, start_gateway: StartGateway
     ) -> None:

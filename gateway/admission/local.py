@@ -18,7 +18,7 @@ from dataclasses import replace
 from gateway.admission.permit import Issuer, Permit
 from gateway.admission.refusals import Refusal, Refuse, TurnedAway
 from gateway.admission.room_snapshot import position_of
-from gateway.admission.swap_waits import barred_past, swap_wait
+from gateway.admission.swap_waits import swap_wait
 from gateway.admission.tickets import Ticket, Waiter
 from gateway.admission.turns import cannot_start, over_bound
 from gateway.admission.wait_estimates import WaitEstimates
@@ -74,11 +74,6 @@ class LocalTurns:
         if reason is not None:
             room.leave(waiter)
             return self._refuse(reason, ticket)
-        barred = barred_past(room, ticket, within)
-        if barred is not None:  # the wait's end told now: nothing will start it before
-            room.leave(waiter)
-            room.dispatch()
-            return self._refuse(Reason.WAIT_TIMEOUT, ticket, barred)
         waiter.position = position_of(room, waiter)
         return await self._wait(waiter, within)
 

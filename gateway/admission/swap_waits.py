@@ -19,7 +19,7 @@ from gateway.backends import Backend
 from gateway.config import model_key
 from gateway.swaps import SwapPlanner, SwapWait, load_seconds
 
-__all__ = ["barred_past", "swap_wait", "waits"]
+__all__ = ["swap_wait", "waits"]
 
 
 def swap_wait(room: RoomState, ticket: Ticket, hold: float) -> SwapWait | None:
@@ -33,40 +33,14 @@ def swap_wait(room: RoomState, ticket: Ticket, hold: float) -> SwapWait | None:
             continue
         barred = planner.bar.seconds_left(user)
         if barred and planner.under_way(backend) is None:
-            return _barred(ticket, backend, barred)
+            return SwapWait(
+                f"{ticket.model} needs a swap on {backend.name}, and none is started for "
+                f"{user} for {barred:.0f} s more: the backend refused, without loading "
+                "anything, a request that models were unloaded for",
+                barred,
+            )
         return found
     return None
-
-
-def barred_past(room: RoomState, ticket: Ticket, within: float) -> SwapWait | None:
-    """Why ``ticket`` cannot start within ``within`` seconds, if it is sure not to: its model
-    needs a swap on every backend serving it, none is under way, none is started for its
-    user before then (``SwapBar``), and no other request waits for the model (a swap made
-    for that one would serve it too). Its 503 says so at once, not after the wait."""
-    planner, busy = room.swaps, room.slots.busy
-    barred = planner.bar.seconds_left(ticket.user)
-    backends = room.pool.serving(ticket.api, ticket.model)
-    if barred <= within or not backends:
-        return None
-    for backend in backends:
-        if planner.under_way(backend) is not None:
-            return None
-        if planner.admits(backend, ticket.model, ticket.num_ctx, busy):
-            return None  # only slots to wait for
-    model = model_key(ticket.model)
-    for waiter in room.lines.waiters():
-        if waiter.ticket is not ticket and model_key(waiter.ticket.model) == model:
-            return None
-    return _barred(ticket, backends[0], barred)
-
-
-def _barred(ticket: Ticket, backend: Backend, barred: float) -> SwapWait:
-    return SwapWait(
-        f"{ticket.model} needs a swap on {backend.name}, and none is started for "
-        f"{ticket.user} for {barred:.0f} s more: the backend refused, without loading "
-        "anything, a request that models were unloaded for",
-        barred,
-    )
 
 
 def waits(

@@ -25,7 +25,6 @@ from gateway.usage import InFlight
 from gateway.wire import message_list_error, openai_refusal, server_tools
 
 __all__ = [
-    "REFUSED",
     "STRUCTS",
     "as_routers_name_it",
     "check_budget",
@@ -33,6 +32,7 @@ __all__ = [
     "check_model_allowed",
     "check_model_served",
     "in_flight",
+    "refused_body",
     "resolved",
     "retrying_load",
 ]
@@ -200,17 +200,15 @@ def check_model_allowed(policy: Policy, user: str, model: str) -> None:
         raise model_forbidden(user, model)
 
 
-def _openai_refused(values: dict[str, object]) -> str | None:
-    return message_list_error(values) or openai_refusal(values)
+# What each API's requests may not ask of a shared box, and why (None: nothing).
+_REFUSED = {Api.OPENAI: openai_refusal, Api.ANTHROPIC: server_tools}
 
 
-def _anthropic_refused(values: dict[str, object]) -> str | None:
-    return message_list_error(values) or server_tools(values)
+def refused_body(api: Api, path: str, values: dict[str, object]) -> str | None:
+    """Why an OpenAI or Anthropic request is refused: a body no server takes, or what it may
+    not ask of a shared box; None if neither."""
+    return message_list_error(path, values) or _REFUSED[api](values)
 
-
-# What each API's requests may not ask of a shared box, or no server takes, and why (None:
-# nothing).
-REFUSED = {Api.OPENAI: _openai_refused, Api.ANTHROPIC: _anthropic_refused}
 
 # Ollama's structs for its native routes (api/types.go), by path.
 STRUCTS = {

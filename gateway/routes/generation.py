@@ -28,7 +28,6 @@ from gateway.edge.http import HOT_PATHS, RECORD, body_size, defer_continue, read
 from gateway.intake import apply_load_policy, classify, lane_of, parsed, possible_lanes, prefix_of
 from gateway.relay import Preempted, Relay, Target
 from gateway.routes.checks import (
-    REFUSED,
     STRUCTS,
     as_routers_name_it,
     check_budget,
@@ -36,6 +35,7 @@ from gateway.routes.checks import (
     check_model_allowed,
     check_model_served,
     in_flight,
+    refused_body,
     resolved,
     retrying_load,
 )
@@ -113,7 +113,7 @@ class Generation:
         record.model = model = resolved(fields, view.policy)
         check_model_allowed(view.policy, user, model)
         check_model_served(view.pool, api, model)
-        if api is not Api.OLLAMA and (refused := REFUSED[api](fields.values)) is not None:
+        if api is not Api.OLLAMA and (refused := refused_body(api, path, fields.values)):
             raise GatewayError(400, Reason.BAD_REQUEST, refused)
         if api is Api.OLLAMA:
             check_field_types(fields)

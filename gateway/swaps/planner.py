@@ -95,14 +95,13 @@ class SwapPlanner:
         did a load that failed; the router loads the model before its child reads the body,
         so only its 5xx (a child that did not start) did not. Unless other requests for the
         model run there (``alone``), the record of having sent what is not held goes: the
-        next swap would unload a real model for it. If models were unloaded for it, ``user``
-        is barred from swaps for a while (``SwapBar``); not for a model the router failed
-        to load, nobody's doing, which its own refusals ration (``FailedLoad``)."""
-        router = backend.kind == "llamacpp-router"
-        if alone and not (router and status < 500):
+        next swap would unload a real model for it (the next probe sets it right where the
+        router's 5xx came from a child after all). If models were unloaded for it, ``user``
+        is barred from swaps for a while (``SwapBar``: not for a load the router failed)."""
+        if alone and not (backend.kind == "llamacpp-router" and status < 500):
             self.residency.unsent(backend, model)
-        if placement.kind in ("swap", "reload") and not (router and status >= 500):
-            self.bar.wasted(user)
+        if placement.kind in ("swap", "reload"):
+            self.bar.wasted(user, backend, model)
 
     @property
     def planned(self) -> bool:

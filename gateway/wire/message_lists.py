@@ -1,26 +1,40 @@
-"""A chat's ``messages`` (OpenAI's chat completions, Anthropic's Messages): a list of
-objects, or no server takes the body.
+"""A chat's ``messages`` (OpenAI's chat completions, Anthropic's Messages) as every server
+demands them, and a reply's length as a whole number: bodies no server takes, answered
+before anything is sent.
 
-llama-server refuses any other with a 400 ("Expected 'messages' to be an array"), and
-Ollama's Go decoder, whose ``[]Message`` takes neither a number nor a list of strings, does
-too; but llama-server's router starts the model's process first (its child reads the
-body), so such a body, sent, would unload the model others use for a 400. The gateway
-answers it before anything is sent.
+llama-server refuses them with a 400 ("Expected 'messages' to be an array", "type must be
+number"), and Ollama's Go decoder, whose ``[]Message`` and ``*int`` take neither, does too;
+but llama-server's router starts the model's process first (its child reads the body), so
+such a body, sent, would unload the model others use for the refusal. What only a server
+can judge (a tool without its function, an image to a model that reads none) is left to
+it, and the swap bar (``swaps/bar.py``) keeps its sender from doing it twice.
 """
 
 from __future__ import annotations
 
 __all__ = ["message_list_error"]
 
+_CHATS = frozenset({"/v1/chat/completions", "/v1/messages"})
+_LENGTHS = ("max_tokens", "max_completion_tokens")
 
-def message_list_error(values: dict[str, object]) -> str | None:
-    """Why the body's ``messages`` is not a list of objects, or None (none given is the
-    server's to judge)."""
+
+def message_list_error(path: str, values: dict[str, object]) -> str | None:
+    """Why the body of a request to ``path`` is one no server takes, or None."""
     messages = values.get("messages")
     if messages is None:
-        return None
+        return "messages is required: a list of messages" if path in _CHATS else None
     if not isinstance(messages, list):
         return "messages must be a list of messages"
-    if not all(isinstance(message, dict) for message in messages):
-        return "each of messages must be an object (a role and its content)"
+    for message in messages:
+        if not isinstance(message, dict):
+            return "each of messages must be an object (a role and its content)"
+        if not isinstance(message.get("role"), str):
+            return "each message's role must be a string"
+        content = message.get("content")
+        if content is not None and not isinstance(content, str | list):
+            return "a message's content must be a string or a list of parts"
+    for name in _LENGTHS:
+        length = values.get(name)
+        if length is not None and (not isinstance(length, int) or isinstance(length, bool)):
+            return f"{name} must be a whole number"
     return None
