@@ -110,9 +110,12 @@ async def llamacpp_shape(
     if (props.get("role") == "router") != router:
         kind = "llamacpp-router" if props.get("role") == "router" else "llamacpp"
         raise PlanError(f"{url} is {_ROLES[kind]}: --kind {kind}")
+    if router and not model:
+        raise PlanError("--model is needed to ask a router about one of its models")
     listing = await _json(session.get(f"{url}/v1/models"))
     entries = [e for e in listing.get("data", []) if isinstance(e, dict)]
-    chosen = [e for e in entries if model in (e.get("id"), *e.get("aliases", []))]
+    asked = (model or "").casefold()  # as the gateway, blind to case
+    chosen = [e for e in entries if asked in (str(n).casefold() for n in _names(e))]
     if router and not chosen:  # one llama-server serves its model whatever it is called
         names = ", ".join(str(e.get("id")) for e in entries) or "none"
         raise PlanError(f"the router at {url} has no model {model!r} (--model); it has {names}")
@@ -132,6 +135,11 @@ async def llamacpp_shape(
 
 
 _ROLES = {"llamacpp": "one llama-server", "llamacpp-router": "llama-server's router"}
+
+
+def _names(entry: dict[str, Any]) -> list[object]:
+    aliases = entry.get("aliases")
+    return [entry.get("id"), *(aliases if isinstance(aliases, list) else [])]
 
 
 async def _model_props(session: aiohttp.ClientSession, url: str, model: str) -> dict[str, Any]:

@@ -211,8 +211,21 @@ class TestShapes:
         assert await asyncio.to_thread(main, [*router, "nosuch"]) == 1
         said = capsys.readouterr().err
         assert "has no model 'nosuch' (--model); it has coder, family" in said, said
-        assert await asyncio.to_thread(main, [*router, "family"]) == 0
+        async with (  # loaded, its own /props answers
+            aiohttp.ClientSession() as session,
+            session.post(
+                llama_router.url + "/v1/chat/completions",
+                json={
+                    "model": "family",
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 1,
+                },
+            ) as reply,
+        ):
+            assert reply.status == 200
+        assert await asyncio.to_thread(main, [*router, "Family"]) == 0
         document = json.loads(capsys.readouterr().out)
+        assert document["notes"] == ["llama-server runs 2 slot(s) of 1,024 tokens now"]
         assert document["server"].startswith("llama-server --models-dir DIR --models-max N -np")
         assert parse_policy(document["yaml"]).backends[0].kind == "llamacpp-router"
 
