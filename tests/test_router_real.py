@@ -25,8 +25,9 @@ import pytest
 import yaml
 from playwright.async_api import Browser, expect
 
+from gateway.backends import Backend
 from gateway.config import model_key
-from tests.conftest import StartGateway, StartSim
+from tests.conftest import Gateway, StartGateway, StartSim
 from tests.llama_server import LlamaServer, running_llama_preset_router, running_llama_router
 from tests.test_admission import until
 from tests.test_hostile_clients import status_of
@@ -48,6 +49,13 @@ def _policy(url: str, kind: str = "llamacpp-router", second: str | None = None) 
     )
 
 
+async def _read(gateway: Gateway) -> Backend:
+    """The gateway's router, once its probe has read what the router serves."""
+    router = gateway.services.policy.current.pool.backends[0]
+    await until(gateway.services.admission, lambda _: router.state.models is not None, within=30)
+    return router
+
+
 async def _router_models(url: str) -> dict[str, str]:
     async with aiohttp.ClientSession() as session, session.get(url + "/models") as reply:
         listed: dict[str, Any] = await reply.json()
@@ -60,9 +68,7 @@ async def test_the_router_is_read_and_its_swaps_are_planned(
     """The router's models, its --models-max and its children's slots are read; a request
     for the other model waits for the running one to finish, then finds room made."""
     gateway = await start_gateway(_policy(llama_router.url))
-    admission = gateway.services.admission
-    router = gateway.services.policy.current.pool.backends[0]
-    await until(admission, lambda _: router.state.models is not None, within=30)
+    admission, router = gateway.services.admission, await _read(gateway)
     assert router.state.models == {model_key(FAMILY), model_key(CODER)}
     assert router.model_limit == 1
 
@@ -135,8 +141,7 @@ async def test_each_user_lists_and_runs_only_the_router_models_they_may_use(
         f"  kids: {{keys: [kids-key], models: [{FAMILY}]}}\n"
     )
     gateway = await start_gateway(_policy(llama_router.url) + users)
-    router = gateway.services.policy.current.pool.backends[0]
-    await until(gateway.services.admission, lambda _: router.state.models is not None, within=30)
+    await _read(gateway)
     for key, expected in (("alice-key", [CODER, FAMILY]), ("kids-key", [FAMILY])):
         async with openai.AsyncOpenAI(
             base_url=gateway.url + "/v1", api_key=key, max_retries=0
@@ -166,9 +171,7 @@ async def test_a_model_the_router_cannot_load_unloads_no_other_again(
     (tmp_path / "models" / "broken.gguf").write_bytes(b"GGUF" + bytes(100))
     async with running_llama_router(tmp_path) as llama_router:
         gateway = await start_gateway(_policy(llama_router.url))
-        admission = gateway.services.admission
-        router = gateway.services.policy.current.pool.backends[0]
-        await until(admission, lambda _: router.state.models is not None, within=30)
+        admission, router = gateway.services.admission, await _read(gateway)
         async with aiohttp.ClientSession() as session:
 
             async def chat(model: str, **fields: int) -> tuple[int, str]:
@@ -221,9 +224,7 @@ async def test_a_broken_model_asked_by_its_alias_is_refused_and_bars_nobody(
     users = "users:\n  mum: {keys: [mum-key]}\n  dev: {keys: [dev-key]}\n"
     async with running_llama_preset_router(tmp_path, presets) as llama_router:
         gateway = await start_gateway(_policy(llama_router.url) + users)
-        admission = gateway.services.admission
-        router = gateway.services.policy.current.pool.backends[0]
-        await until(admission, lambda _: router.state.models is not None, within=30)
+        admission, router = gateway.services.admission, await _read(gateway)
         async with aiohttp.ClientSession() as session:
 
             async def chat(key: str, model: str) -> tuple[int, str]:
@@ -255,9 +256,7 @@ async def test_names_the_router_gives_two_models_alike_are_refused_saying_so(
     async with running_llama_preset_router(tmp_path, presets) as llama_router:
         users = "users:\n  kid: {keys: [kid-key], models: [coder]}\n"
         gateway = await start_gateway(_policy(llama_router.url) + users)
-        admission = gateway.services.admission
-        router = gateway.services.policy.current.pool.backends[0]
-        await until(admission, lambda _: router.state.models is not None, within=30)
+        await _read(gateway)
         body = {"model": "Coder", "messages": [{"role": "user", "content": "hi"}]}
         headers = {"Authorization": "Bearer kid-key"}
         async with (
@@ -431,9 +430,7 @@ async def test_a_name_spelled_otherwise_goes_as_the_router_names_it(
     family's model for the router's 400; sent as the router names the model, they are
     ``coder``: one swap for the first, none for the second."""
     gateway = await start_gateway(_policy(llama_router.url))
-    admission = gateway.services.admission
-    router = gateway.services.policy.current.pool.backends[0]
-    await until(admission, lambda _: router.state.models is not None, within=30)
+    await _read(gateway)
     async with aiohttp.ClientSession() as session:
         assert await _chat_status(session, gateway.url, FAMILY) == 200
         assert await _chat_status(session, gateway.url, "Coder") == 200
@@ -449,9 +446,7 @@ async def test_an_alias_of_the_routers_is_the_model_it_names(
     presets = {FAMILY: "parallel = 2\nalias = fam,household\n", CODER: "parallel = 2\n"}
     async with running_llama_preset_router(tmp_path, presets) as llama_router:
         gateway = await start_gateway(_policy(llama_router.url))
-        admission = gateway.services.admission
-        router = gateway.services.policy.current.pool.backends[0]
-        await until(admission, lambda _: router.state.models is not None, within=30)
+        await _read(gateway)
         async with aiohttp.ClientSession() as session:
             for name in (FAMILY, "fam", FAMILY, "household", "Fam"):
                 assert await _chat_status(session, gateway.url, name) == 200, name
@@ -469,9 +464,7 @@ async def test_children_of_different_parallel_are_sent_no_more_than_the_fewest(
     presets = {"big": "parallel = 4\n", "small": "parallel = 1\n"}  # listed in this order
     async with running_llama_preset_router(tmp_path, presets, models_max=2) as llama_router:
         gateway = await start_gateway(_policy(llama_router.url))
-        admission = gateway.services.admission
-        router = gateway.services.policy.current.pool.backends[0]
-        await until(admission, lambda _: router.state.models is not None, within=30)
+        admission, router = gateway.services.admission, await _read(gateway)
         async with aiohttp.ClientSession() as session:
             assert await _chat_status(session, gateway.url, "small") == 200
             assert await _chat_status(session, gateway.url, "big") == 200
@@ -516,9 +509,7 @@ async def test_a_resident_model_named_by_its_alias_stays(
             "kind: llamacpp-router}", "kind: llamacpp-router, resident: [household]}"
         )
         gateway = await start_gateway(text.replace("max_wait: 120s", "max_wait: 2s"))
-        admission = gateway.services.admission
-        router = gateway.services.policy.current.pool.backends[0]
-        await until(admission, lambda _: router.state.models is not None, within=30)
+        admission, router = gateway.services.admission, await _read(gateway)
         async with aiohttp.ClientSession() as session:
             assert await _chat_status(session, gateway.url, "household") == 200
             await until(admission, lambda _: model_key(FAMILY) in router.state.loaded, within=30)
@@ -536,8 +527,7 @@ async def test_a_lane_rule_naming_a_routers_alias_holds(
         rules = "lanes:\n  rules:\n    - {lane: background, models: [household]}\n"
         gateway = await start_gateway(_policy(llama_router.url) + rules)
         admission = gateway.services.admission
-        router = gateway.services.policy.current.pool.backends[0]
-        await until(admission, lambda _: router.state.models is not None, within=30)
+        await _read(gateway)
         body = {
             "model": "household",
             "messages": [{"role": "user", "content": "Tell a long story."}],
@@ -558,9 +548,7 @@ async def test_a_count_of_tokens_asked_of_a_router_is_refused_saying_why(
     """Counting a prompt would make the router load the model, a swap nobody planned: a
     404 that names the router, not an Ollama the house does not have."""
     gateway = await start_gateway(_policy(llama_router.url))
-    admission = gateway.services.admission
-    router = gateway.services.policy.current.pool.backends[0]
-    await until(admission, lambda _: router.state.models is not None, within=30)
+    await _read(gateway)
     body = {"model": FAMILY, "messages": [{"role": "user", "content": "hi"}]}
     async with aiohttp.ClientSession() as session:
         url = gateway.url + "/v1/messages/count_tokens"
