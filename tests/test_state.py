@@ -12,6 +12,7 @@ import pytest
 from gateway.admission.holds.base import Hold, HoldStore, Place, StoreUnavailable
 from gateway.admission.holds.memory import MemoryHolds
 from gateway.admission.holds.redis import RedisHolds
+from gateway.admission.holds.redis_house import GONE, PLACES, WAITING, place_json, queued_key
 from gateway.core import Lane
 from tests.redis_server import RedisServer, redis_server, redis_url  # noqa: F401 (fixtures)
 
@@ -398,6 +399,28 @@ class TestRedisLeases:
                 # so as not to stand ahead of the next user's).
                 again = place(2 * n + 1, 1.0, user, groups=("cpu",))
                 assert isinstance(await holds.join(again, 1, 32), Place)
+        finally:
+            await holds.close()
+
+    async def test_a_renewal_run_after_its_places_take_or_leave_writes_nothing_back(
+        self,
+        redis_url: str,  # noqa: F811
+    ) -> None:
+        """A renewal sent before a place's TAKE (or LEAVE), on another connection, may run
+        after it in Redis: the place it would write back is gone, and stays gone."""
+        holds = RedisHolds(redis_url, lease_seconds=12.0)
+        house = holds._house
+        try:
+            taken = await holds.join(place(1, 1.0, "ann"), max_queued=1, max_depth=32)
+            left = await holds.join(place(2, 1.0, "bea", groups=("cpu",)), 1, 32)
+            assert isinstance(taken, Place) and isinstance(left, Place)
+            assert await holds.take(placed(1, taken))
+            assert await house.leave(left, "fairgate:released")
+            for gone in (taken, left):  # what the racing renewal would have run
+                keys = [WAITING, queued_key(gone.holder), PLACES, GONE]
+                await house._renew(keys=keys, args=[gone.id, 12000, place_json(gone)])
+            assert (await house.read()).waiting == ()
+            assert isinstance(await holds.join(place(3, 1.0, "bea"), 1, 32), Place)
         finally:
             await holds.close()
 

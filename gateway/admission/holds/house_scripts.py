@@ -9,7 +9,7 @@ A waiting request is a member of ``WAITING`` (scored by expiry) and of its holde
 
 from __future__ import annotations
 
-from gateway.admission.holds.scripts import FORGET_EXPIRED, NOW_MS, TAG
+from gateway.admission.holds.scripts import FORGET_EXPIRED, GONE, NOW_MS, TAG
 
 __all__ = ["HOUSE", "JOIN", "LEAVE", "PRESENT", "RENEW_PLACE"]
 
@@ -52,32 +52,38 @@ end
 return tostring(finish)
 """
 )
-# KEYS: waiting, places, asked, holder's queued, and with a front end's total its people's
-# queued. ARGV: place, channel. A place that leaves may have held others back: they look
-# again.
-LEAVE = """
+# KEYS: waiting, places, asked, holder's queued, the places gone, and with a front end's
+# total its people's queued. ARGV: place, channel, lease. A place that leaves may have
+# held others back: they look again.
+LEAVE = (
+    NOW_MS
+    + GONE
+    + """
 local was = redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[4], ARGV[1])
-if KEYS[5] then redis.call('ZREM', KEYS[5], ARGV[1]) end
+gone(KEYS[5], ARGV[1], now + tonumber(ARGV[3]), ARGV[3])
+if KEYS[6] then redis.call('ZREM', KEYS[6], ARGV[1]) end
 if was == 1 then redis.call('PUBLISH', ARGV[2], ARGV[1]) end
 return was
 """
-# KEYS: waiting, holder's queued, places, and with a front end's total its people's
-# queued. ARGV: place, lease, its JSON. As RENEW does for holds, a place that a restarted
-# Redis lost is written again.
+)
+# KEYS: waiting, holder's queued, places, the places gone, and with a front end's total its
+# people's queued. ARGV: place, lease, its JSON. As RENEW does for holds, a place that a
+# restarted Redis lost is written again; not one taken or left meanwhile (0).
 RENEW_PLACE = (
     NOW_MS
     + """
+if redis.call('ZSCORE', KEYS[4], ARGV[1]) then return 0 end
 local expiry = now + tonumber(ARGV[2])
 redis.call('ZADD', KEYS[1], expiry, ARGV[1])
 redis.call('ZADD', KEYS[2], expiry, ARGV[1])
 redis.call('HSETNX', KEYS[3], ARGV[1], ARGV[3])
 redis.call('PEXPIRE', KEYS[2], 2 * tonumber(ARGV[2]))
-if KEYS[4] then
-  redis.call('ZADD', KEYS[4], expiry, ARGV[1])
-  redis.call('PEXPIRE', KEYS[4], 2 * tonumber(ARGV[2]))
+if KEYS[5] then
+  redis.call('ZADD', KEYS[5], expiry, ARGV[1])
+  redis.call('PEXPIRE', KEYS[5], 2 * tonumber(ARGV[2]))
 end
 return 1
 """

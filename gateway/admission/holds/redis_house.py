@@ -46,6 +46,7 @@ RUNNING = f"{PREFIX}:house:running"
 CLOCK = f"{PREFIX}:house:clock"  # the finish tag of the last request started
 TAGS = f"{PREFIX}:house:tags"  # each payer's last finish tag
 REPLICAS = f"{PREFIX}:house:replicas"  # every replica renewing its leases, idle or not
+GONE = f"{PREFIX}:house:gone"  # places taken or left lately (TAKE derives it: keep alike)
 
 _LANES = {number: lane for lane, number in LANE_ORDER.items()}
 # What JOIN answers when a place may not wait, as ``HoldStore.join`` says it.
@@ -185,8 +186,9 @@ class RedisHouse:
         """LEAVE, if the place is this replica's in Redis; whether it was."""
         if self.mine.pop(place.id, None) is None:
             return False
-        keys = [WAITING, PLACES, ASKED, queued_key(place.holder), *together_keys(place)[1:]]
-        await self._leave(keys=keys, args=[place.id, channel])
+        keys = [WAITING, PLACES, ASKED, queued_key(place.holder), GONE]
+        keys += together_keys(place)[1:]
+        await self._leave(keys=keys, args=[place.id, channel, self._lease_ms])
         return True
 
     async def renew(self) -> None:
@@ -199,7 +201,7 @@ class RedisHouse:
             place = self.mine.get(place_id)  # as it is now: joined since, it has its rank
             if place is None or place_id in self._joining or place_id in self.taking:
                 continue
-            keys = [WAITING, queued_key(place.holder), PLACES, *together_keys(place)[1:]]
+            keys = [WAITING, queued_key(place.holder), PLACES, GONE, *together_keys(place)[1:]]
             await self._renew(keys=keys, args=[place.id, self._lease_ms, place_json(place)])
 
     async def read(self) -> House:

@@ -29,6 +29,7 @@ __all__ = [
     "ASKING_MS",
     "COUNT_IN",
     "FORGET_EXPIRED",
+    "GONE",
     "NOW_MS",
     "RELEASE",
     "RENEW",
@@ -57,6 +58,15 @@ end
 """
 
 # A payer's next finish tag: after the house's clock and after its own last tag, by cost.
+# A place taken or left, for a lease: a renewal racing its TAKE or LEAVE (sent before it,
+# run after it) must not write it back.
+GONE = """
+local function gone(key, id, expiry, lease)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  redis.call('ZADD', key, expiry, id)
+  redis.call('PEXPIRE', key, 2 * tonumber(lease))
+end
+"""
 TAG = """
 local function tag(clock_key, last_key, payer, cost)
   local clock = tonumber(redis.call('GET', clock_key) or '0')
@@ -77,6 +87,7 @@ TAKE = (
     NOW_MS
     + FORGET_EXPIRED
     + TAG
+    + GONE
     + """
 local function asked()
   if ARGV[7] ~= '' and redis.call('ZSCORE', KEYS[4], ARGV[7]) then
@@ -198,6 +209,7 @@ if rank then
   redis.call('HDEL', KEYS[5], ARGV[7])
   redis.call('HDEL', KEYS[6], ARGV[7])
   redis.call('ZREM', KEYS[8], ARGV[7])
+  gone(ARGV[13] .. ':house:gone', ARGV[7], expiry, ARGV[6])
   if KEYS[13] then redis.call('ZREM', KEYS[13], ARGV[7]) end
 end
 return 1
