@@ -8,12 +8,13 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import pytest
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.admission.holds.base import Hold, HoldStore, Place, StoreUnavailable
 from gateway.admission.holds.memory import MemoryHolds
 from gateway.admission.holds.redis import RedisHolds
 from gateway.admission.holds.redis_house import GONE, PLACES, WAITING, place_json, queued_key
-from gateway.core import Lane
+from gateway.core import Lane, connect
 from tests.redis_server import RedisServer, redis_server, redis_url  # noqa: F401 (fixtures)
 
 
@@ -423,6 +424,29 @@ class TestRedisLeases:
             assert isinstance(await holds.join(place(3, 1.0, "bea"), 1, 32), Place)
         finally:
             await holds.close()
+
+    async def test_a_redis_that_does_not_answer_is_asked_once(self) -> None:
+        """A frozen Redis (connections taken, nothing answered): a command fails after one
+        timeout, on one connection, rather than again on a second (each request would wait
+        twice as long before the gateway goes on without Redis)."""
+        accepted: list[asyncio.StreamWriter] = []
+
+        async def frozen(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            accepted.append(writer)  # read nothing, answer nothing
+
+        server = await asyncio.start_server(frozen, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = connect(f"redis://127.0.0.1:{port}")
+        try:
+            with pytest.raises(RedisTimeoutError):
+                await client.ping()
+            assert len(accepted) == 1
+        finally:
+            await client.aclose()
+            for writer in accepted:
+                writer.close()
+            server.close()
+            await server.wait_closed()
 
     async def test_when_redis_goes_away_take_says_so_and_sharing_resumes(
         self,

@@ -115,12 +115,16 @@ async def test_a_stopped_redis_is_a_store_error_and_a_restarted_one_serves_again
 async def test_a_batch_whose_reply_was_lost_is_counted_once_when_the_client_sends_it_again(
     redis_server: RedisServer,  # noqa: F811
 ) -> None:
-    """Redis applies a batch but its reply never comes: the client's retry counts nothing twice."""
+    """Redis applies a batch but its reply never comes: the write fails (a timeout), and the
+    same batch sent again, as the ledger sends it, counts nothing twice."""
     async with Relay(redis_server.port) as relay:
         store = RedisUsage(relay.url)
         await store.open(NOON)
         relay.hold_replies(1, marker=b"alice")
-        totals = await store.add(batch(n=2), NOON)
+        sent = batch(n=2)
+        with pytest.raises(StoreError):
+            await store.add(sent, NOON)
+        totals = await store.add(sent, NOON)
         await store.close()
     assert relay.held == 1  # applied, and its reply lost
     assert (totals["alice"].requests, totals["alice"].minute_requests) == (2, 2)
