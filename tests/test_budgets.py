@@ -78,6 +78,26 @@ class TestPolicy:
         assert not policy.budget_of("root")  # every default lifted
         assert not parse_policy("backends: [{name: b, url: 'http://x', slots: 1}]").budget_of("x")
 
+    def test_background_work_has_its_keys_budget_unless_a_front_end_shares_it(self) -> None:
+        """alice's tasks (her own key) get a budget as large as hers, so a prompt dressed as
+        a task doubles at most what she may use; a front end's tasks are all its people's,
+        in one account: not one person's budget, which one person's tasks would use up for
+        everybody (its total's budget bounds them); lanes.background.budget wins over
+        both."""
+        text = (
+            "defaults: {budget: {requests_per_hour: 3}}\n"
+            "users:\n  alice: {keys: [a]}\n"
+            "  owui: {keys: [o], on_behalf: {header: X-User}}\n"
+            "backends: [{name: b, url: 'http://127.0.0.1:1', slots: 1}]\n"
+        )
+        policy = parse_policy(text)
+        assert policy.budget_of("alice/(background)").requests_per_hour == 3
+        assert not policy.budget_of("owui/(background)")
+        lanes = "lanes: {background: {budget: {requests_per_hour: 100}}}\n"
+        policy = parse_policy(text + lanes)
+        for account in ("alice/(background)", "owui/(background)"):
+            assert policy.budget_of(account).requests_per_hour == 100
+
     def test_a_policy_is_budgeted_when_any_user_or_the_defaults_have_a_limit(self) -> None:
         """Requests skip the budget lookup only when no budget limits anybody."""
         backends = "backends: [{name: b, url: 'http://127.0.0.1:1', slots: 1}]\n"

@@ -109,6 +109,35 @@ class TestWhichLane:
         async with running(gateway, "alice-key", "Plan a trip to Lisbon"):
             assert lanes_in(gateway) == {}
 
+    async def test_a_chat_with_a_document_is_the_persons_whatever_its_template(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """Open WebUI's RAG template wraps a person's question about a document (or a web
+        search) in a '### Task:': interactive by the preset; by the header, empty is the
+        person's own chat whatever the prompt, and a task their reply waits for (the search
+        queries) is theirs too; titles stay background."""
+        rag = "### Task:\nRespond to the user query using the provided context.\n<context>"
+        gateway = await house(start_sim, start_gateway, "")
+        async with running(gateway, "alice-key", rag):
+            assert lanes_in(gateway) == {}
+        gateway = await house(start_sim, start_gateway, "lanes: {header: X-OWUI-Task}\n")
+        for task, lane in (("", {}), ("query_generation", {}), ("title_generation", None)):
+            async with running(gateway, "alice-key", TITLE_PROMPT, {"X-OWUI-Task": task}):
+                assert lanes_in(gateway) == (lane if lane is not None else {"alice": (1, 0)})
+        async with running(gateway, "alice-key", TITLE_PROMPT):  # not sent: the preset
+            assert lanes_in(gateway) == {"alice": (1, 0)}
+
+    async def test_a_refusal_names_the_wait_of_its_own_lane(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """lanes.interactive.max_wait 1s beside queue.max_wait 30s: the 503 a person reads
+        (Open WebUI shows it word for word) says the 1 s they were given."""
+        lanes = "queue: {max_wait: 30s}\nlanes: {interactive: {max_wait: 1s}}\n"
+        gateway = await house(start_sim, start_gateway, lanes, slots=1)
+        async with running(gateway, "alice-key", "a long story"):
+            status, said = await ask(gateway, "bob-key", "hello")
+        assert status == 503 and "no slot freed within max_wait 1s" in said, said
+
     async def test_rules_match_by_user_and_by_path(
         self, start_sim: StartSim, start_gateway: StartGateway
     ) -> None:

@@ -74,7 +74,7 @@ def refusal(
             f"the gateway is busy: {ahead} requests waiting ahead of you (max_depth "
             f"{policy.queue.max_depth})"
             if reason is Reason.GATEWAY_BUSY
-            else f"no slot freed within max_wait {policy.queue.max_wait:g}s; {ahead} still "
+            else f"no slot freed within max_wait {policy.max_wait_of(lane):g}s; {ahead} still "
             "waiting ahead of you"
         )
     starts_in = waits.start_of(room, room.clock(), ticket, others_waiting)

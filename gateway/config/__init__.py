@@ -10,7 +10,7 @@ from gateway.config.base import model_key
 from gateway.config.budgets import Budget
 from gateway.config.cors import CorsPolicy
 from gateway.config.environment_file import EnvironmentFileError, read_environment_file
-from gateway.config.lanes import PRESETS, Lanes
+from gateway.config.lanes import AWAITED_TASKS, PRESET_CHATS, PRESETS, Lanes
 from gateway.config.models import MIN_NUM_CTX, NumCtxPolicy
 from gateway.config.network import ANY_HOST, ForwardedHeader, is_host_name
 from gateway.config.policy import Policy, load_policy
@@ -45,12 +45,14 @@ from gateway.config.yaml_reader import PolicyError
 __all__ = [
     "ANONYMOUS",
     "ANY_HOST",
+    "AWAITED_TASKS",
     "BACKGROUND_ACCOUNT",
     "IN_MEMORY",
     "MANY_MODEL_KINDS",
     "MIN_NUM_CTX",
     "PERSON_SEPARATOR",
     "PRESETS",
+    "PRESET_CHATS",
     "TOGETHER_ACCOUNT",
     "UNKNOWN",
     "BackendConfig",

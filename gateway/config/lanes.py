@@ -17,10 +17,33 @@ from gateway.config.problems import problem_at
 from gateway.config.users import PERSON_SEPARATOR
 from gateway.core import GENERATION_PATHS, Duration, Lane
 
-__all__ = ["PRESETS", "BackgroundLane", "InteractiveLane", "LaneRule", "Lanes"]
+__all__ = [
+    "AWAITED_TASKS",
+    "PRESETS",
+    "PRESET_CHATS",
+    "BackgroundLane",
+    "InteractiveLane",
+    "LaneRule",
+    "Lanes",
+]
 
 # The prompts of Open WebUI's tasks (title, tags, follow-ups, queries, autocomplete).
 PRESETS = {"open-webui": "### Task:"}
+# Of those, the person's own chat in a template: Open WebUI's RAG template (a chat with a
+# document, a knowledge base or a web search) wraps the person's question in a "### Task:".
+PRESET_CHATS = {"open-webui": "### Task:\nRespond to the user query"}
+# Open WebUI's tasks (its {{TASK}} names) whose outcome the person's reply waits for: the
+# search queries and the tool choice come before it, autocomplete as they type, the image
+# prompt and the mixture of answers are the reply. In a header, these are interactive.
+AWAITED_TASKS = frozenset(
+    {
+        "query_generation",
+        "function_calling",
+        "autocomplete_generation",
+        "image_prompt_generation",
+        "moa_response_generation",
+    }
+)
 
 
 Preset = Literal["open-webui"]
@@ -122,8 +145,9 @@ class BackgroundLane(Strict):
     max_wait: Duration = Field(default=120.0, gt=0, description="Longest wait before a 503.")
     budget: BudgetConfig = Field(
         default_factory=BudgetConfig,
-        description="What each front end's background work may use (its own account, "
-        "never a person's budget); unset: no limit.",
+        description="What each key's background work may use (its own account, never a "
+        "person's budget); unset: as much as the key's own budget, or for a front end that "
+        "names its people, what its on_behalf.total budget leaves.",
     )
 
     def slots_on(self, backend_slots: int) -> int:
@@ -138,7 +162,10 @@ class Lanes(Strict):
     header: HeaderName | None = Field(
         default=None,
         description="A request header naming the lane (e.g. X-OWUI-Task set to {{TASK}} in "
-        "Open WebUI): 'interactive', 'background', or any other non-empty value: background.",
+        "Open WebUI): 'interactive', empty, or a task the person waits for (query_generation, "
+        "function_calling, autocomplete_generation, image_prompt_generation, "
+        "moa_response_generation): interactive; any other value: background. Not sent: the "
+        "rules and presets decide.",
     )
     # On unless the policy says otherwise (presets: []): an admin who never read about
     # Open WebUI's tasks should not find them taking people's places.

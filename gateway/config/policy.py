@@ -134,10 +134,11 @@ class Policy(Strict):
         if is_together_account(user):
             return self._together_budgets.get(user, Budget())
         if is_background_account(user):  # rarely asked: only with a budget somewhere
-            # The policy's own for background work, else the front end's: a prompt made to
-            # look like a task must not escape a budget (it gets one of the same size).
-            own = self.lanes.background.budget_in_force
-            return own if own else self.budget_of(user.partition(PERSON_SEPARATOR)[0])
+            # Its own, else its key's (a prompt dressed as a task gets one as large); a front
+            # end's people's tasks share one account: its total's budget bounds them.
+            own, key = self.lanes.background.budget_in_force, user.partition(PERSON_SEPARATOR)[0]
+            front_end = key in self.users and self.users[key].on_behalf is not None
+            return own if own or front_end else self.budget_of(key)
         found = self._budgets.get(self.account_of(user))  # empty is falsy: compare with None
         return self._default_budget if found is None else found
 

@@ -9,10 +9,11 @@ In the background lane they have their own per-user bounds, hold at most
 slot, and are the first refused when the room is full.
 
 A request's lane, first match wins: the header the admin names (``lanes.header``; its value
-``interactive`` or ``background``, and any other non-empty value is background: Open
-WebUI's ``{{TASK}}`` template is empty for the person's own chat), then the rules (by user,
-model, path, or the start of the last prompt; the ``open-webui`` preset is the ``### Task:``
-rule), else interactive.
+``interactive``, empty (Open WebUI's ``{{TASK}}`` for the person's own chat) or a task the
+person's reply waits for (``AWAITED_TASKS``) is interactive, any other background), then the
+rules (by user, model, path, or the start of the last prompt; the ``open-webui`` preset is
+the ``### Task:`` rule, but for its RAG template, a person's chat with a document), else
+interactive.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.config import PRESETS, Lanes
+from gateway.config import AWAITED_TASKS, PRESET_CHATS, PRESETS, Lanes
 from gateway.core import Lane
 from gateway.wire import canonical_keys
 
@@ -40,13 +41,17 @@ def possible_lanes(lanes: Lanes, headers: Mapping[str, str]) -> tuple[Lane, ...]
 
 
 def lane_from_header(lanes: Lanes, headers: Mapping[str, str]) -> Lane | None:
-    """The lane the admin's header names, or None (no header configured, or none sent)."""
+    """The lane the admin's header names, or None (no header configured, or none sent).
+    Sent empty, it is the person's own chat (Open WebUI's {{TASK}}), whatever its prompt."""
     if lanes.header is None:
         return None
-    value = headers.get(lanes.header, "").strip().lower()
-    if not value:
+    value = headers.get(lanes.header)
+    if value is None:
         return None
-    return Lane.INTERACTIVE if value == Lane.INTERACTIVE else Lane.BACKGROUND
+    value = value.strip().lower()
+    if not value or value == Lane.INTERACTIVE or value in AWAITED_TASKS:
+        return Lane.INTERACTIVE
+    return Lane.BACKGROUND
 
 
 def lane_of(
@@ -71,7 +76,7 @@ def lane_of(
             return rule.lane
     for preset in lanes.presets:
         if prompt is not None and prompt.startswith(PRESETS[preset]):
-            return Lane.BACKGROUND
+            return Lane.INTERACTIVE if prompt.startswith(PRESET_CHATS[preset]) else Lane.BACKGROUND
     return Lane.INTERACTIVE
 
 
