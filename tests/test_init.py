@@ -112,3 +112,41 @@ async def test_no_server_is_said_in_one_line(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no Ollama or llama-server answered" in err
     assert not policy.exists()
+
+
+async def test_names_and_places_it_cannot_use_are_said_in_one_line(
+    start_sim: StartSim, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`anonymous` is whoever brings no key (an admin of that name would open /status to
+    the network), `unknown` is how metrics count unknown keys, `owui` the front end's own
+    name: each refused before anything is written; so is a directory that does not exist.
+    An address without its scheme is the server's all the same."""
+    _, url = await start_sim()
+    policy = tmp_path / "fairgate.yaml"
+    for name, flags in (("anonymous", ()), ("unknown", ()), ("owui", ("--open-webui",))):
+        code = await init("--backend", url, "--person", name, *flags, "--output", str(policy))
+        err = capsys.readouterr().err
+        assert code == 1 and err.count("\n") == 1 and "a name the gateway gives" in err, err
+    nowhere = tmp_path / "nowhere" / "fairgate.yaml"
+    assert await init("--backend", url, "--person", "ann", "--output", str(nowhere)) == 1
+    assert f"no directory {nowhere.parent}" in capsys.readouterr().err
+    assert not policy.exists() and os.listdir(tmp_path) == []
+    bare = url.removeprefix("http://")
+    assert await init("--backend", bare, "--person", "ann", "--output", str(policy)) == 0
+    assert yaml.safe_load(policy.read_text())["backends"][0]["url"] == url
+
+
+async def test_a_gateway_is_not_taken_for_the_server_behind_it(
+    start_sim: StartSim,
+    start_gateway: StartGateway,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The gateway relays Ollama's /api/version: asked of it, init would write a policy
+    whose backend is the gateway itself. It says no server answered there instead."""
+    _, url = await start_sim()
+    gateway = await start_gateway(f"backends: [{{name: b, url: {url}, slots: 1}}]\n")
+    policy = tmp_path / "fairgate.yaml"
+    code = await init("--backend", gateway.url, "--person", "ann", "--output", str(policy))
+    assert code == 1 and "a gateway is not one" in capsys.readouterr().err
+    assert not policy.exists()

@@ -190,6 +190,12 @@ BROKEN = [
         "fairgate.yaml:4: users.guest: no keys and no clients, so no request can ever be this user",
     ),
     Broken(
+        "whoever brings no key made an admin",
+        ALICE + "  anonymous:\n    admin: true\n" + GPU,
+        "fairgate.yaml:5: users.anonymous.admin: anonymous is whoever brings no key: as an "
+        "admin, anyone on the network would read /status; give an admin a key of their own",
+    ),
+    Broken(
         "a user left empty",
         ALICE + "  bob:\n" + GPU,
         "fairgate.yaml:4: users.bob: is empty: give it a value or remove the line",

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.cli.keys import new_key
-from gateway.config import hashed_key, load_policy
+from gateway.config import ANONYMOUS, UNKNOWN, hashed_key, load_policy
 
 __all__ = ["add_init_arguments"]
 
@@ -69,20 +69,25 @@ def run_init(args: argparse.Namespace) -> int:
     if output.exists() and not args.force:
         print(f"{output} exists; --force to replace it, or --output elsewhere", file=sys.stderr)
         return 1
-    found = _probe(args.backend)
+    if not output.parent.is_dir():
+        print(f"no directory {output.parent}: create it, or --output elsewhere", file=sys.stderr)
+        return 1
+    backend = (
+        args.backend if not args.backend or "://" in args.backend else f"http://{args.backend}"
+    )
+    found = _probe(backend)
     if found is None:
-        tried = args.backend or " or ".join(_CANDIDATES)
+        tried = backend or " or ".join(_CANDIDATES)
         print(
-            f"no Ollama or llama-server answered at {tried}: start it, or give its address "
-            "with --backend http://HOST:PORT",
+            f"no Ollama or llama-server answered at {tried} (a gateway is not one: give the "
+            "server behind it): start it, or give its address with --backend http://HOST:PORT",
             file=sys.stderr,
         )
         return 1
     people = args.person or _ask_people()
-    bad = [name for name in people if not _NAME.match(name)]
-    if not people or bad:
-        said = f"not a name: {', '.join(bad)}" if bad else "nobody given"
-        print(f"{said}; names are lower-case letters, digits, - and _", file=sys.stderr)
+    said = _names_refused(people, args.open_webui)
+    if said is not None:
+        print(said, file=sys.stderr)
         return 1
     keys = {name: new_key() for name in dict.fromkeys(people)}
     if args.open_webui:
@@ -90,6 +95,21 @@ def run_init(args: argparse.Namespace) -> int:
     _write(output, _policy(found, keys, args.open_webui))
     print(_next_steps(found, keys, output, args.open_webui))
     return 0
+
+
+def _names_refused(people: list[str], open_webui: bool) -> str | None:
+    """Why the names given cannot be the household's users, or None."""
+    bad = [name for name in people if not _NAME.match(name)]
+    if not people or bad:
+        said = f"not a name: {', '.join(bad)}" if bad else "nobody given"
+        return f"{said}; names are lower-case letters, digits, - and _"
+    # Whoever brings no key is `anonymous`; `unknown` is how metrics count unknown keys;
+    # the front end's name is its own.
+    reserved = {ANONYMOUS, UNKNOWN} | ({_FRONT_END} if open_webui else set())
+    taken = [name for name in people if name in reserved]
+    if taken:
+        return f"{', '.join(taken)}: a name the gateway gives others already; choose another"
+    return None
 
 
 def _write(output: Path, text: str) -> None:
@@ -108,6 +128,8 @@ def _write(output: Path, text: str) -> None:
 def _probe(url: str | None) -> Found | None:
     for candidate in (url,) if url else _CANDIDATES:
         base = candidate.rstrip("/")
+        if _get(base + "/healthz") == {"status": "alive"}:
+            continue  # a gateway (this one, on 8080): it relays Ollama's version, and is not it
         if (version := _get(base + "/api/version")) is not None and "version" in version:
             tags = _get(base + "/api/tags") or {}
             models = [m["name"] for m in tags.get("models", []) if isinstance(m, dict)]

@@ -193,6 +193,12 @@ def check_users(users: dict[str, UserConfig]) -> dict[str, UserConfig]:
         if not (user.keys or user.clients or name == ANONYMOUS):
             message = "no keys and no clients, so no request can ever be this user"
             raise problem_at((name,), message)
+        if name == ANONYMOUS and user.admin:
+            message = (
+                "anonymous is whoever brings no key: as an admin, anyone on the network "
+                "would read /status; give an admin a key of their own"
+            )
+            raise problem_at((name, "admin"), message)
     first: dict[str, tuple[str, int]] = {}
     for name, user in users.items():
         for index, key in enumerate(user.keys):
