@@ -31,7 +31,8 @@ users:
 
 UNKNOWN_KEY = (
     "unknown API key: no user of the gateway's policy file has it (keys are "
-    "under users:, as written or as a sha256: digest: fairgate keys hash KEY)"
+    "under users:, as written or as its sha256: digest, which `echo KEY | fairgate keys hash` "
+    "prints)"
 )
 
 

@@ -109,7 +109,8 @@ class Directory:
                 401,
                 Reason.UNAUTHORIZED,
                 "unknown API key: no user of the gateway's policy file has it (keys are "
-                "under users:, as written or as a sha256: digest: fairgate keys hash KEY)",
+                "under users:, as written or as its sha256: digest, which `echo KEY | fairgate "
+                "keys hash` prints)",
             )
         user = self._user_of_address(address)
         if user is not None:
