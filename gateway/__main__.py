@@ -201,7 +201,11 @@ def _dotenv() -> dict[str, str | None]:
 def _sim(args: argparse.Namespace) -> int:
     from fairsim import run_sim, sim_config_from_args
 
-    run_sim(sim_config_from_args(args), args.host, args.port)
+    try:
+        run_sim(sim_config_from_args(args), args.host, args.port)
+    except OSError as exc:  # the port taken (a real Ollama on 11434), an address not ours
+        print(f"fairgate sim: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}")
+        return 2
     return 0
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import socket
 import sys
 from contextlib import AsyncExitStack
 
@@ -19,11 +21,13 @@ from tests.test_house import Stream, from_another_machine, house, open_stream
 from tests.test_house import streams as streams  # the fixture
 
 
-async def fairgate_status(*args: str) -> tuple[int, str, str]:
-    """Run ``fairgate status ARGS`` to its end: exit code, stdout, stderr."""
+async def fairgate_status(*args: str, command: str = "status", **env: str) -> tuple[int, str, str]:
+    """Run ``fairgate status ARGS`` (or another ``command``) to its end, with ``env`` added
+    to the environment: exit code, stdout, stderr."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway", "status", *args,
+        sys.executable, "-m", "gateway", command, *args,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, **env},
     )  # fmt: skip
     out, err = await asyncio.wait_for(process.communicate(), timeout=30)
     assert process.returncode is not None
@@ -37,6 +41,30 @@ def row_of(text: str, table: str, first: str) -> list[str]:
 
 
 class TestStatusCommand:
+    async def test_it_asks_the_gateway_at_fairgate_listen_and_refuses_a_bad_interval(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """Without --url it asks this machine's gateway where FAIRGATE_LISTEN puts it (on
+        every address: loopback); a negative or not-a-number interval is refused in one
+        line, not a traceback (nor 0, which redraws as fast as it can ask)."""
+        _, url = await start_sim()
+        gateway = await start_gateway(f"backends: [{{name: sim, url: {url}, slots: 1}}]\n")
+        port = gateway.url.rsplit(":", 1)[1]
+        code, out, err = await fairgate_status(FAIRGATE_LISTEN=f"0.0.0.0:{port}")
+        assert code == 0 and "sim" in out, err
+        for interval in ("-1", "nan", "0"):
+            code, _, err = await fairgate_status("--watch", "--interval", interval)
+            assert code == 2 and "at least 0.1" in err and "Traceback" not in err, err
+
+    async def test_the_simulator_on_a_taken_port_says_so_in_one_line(self) -> None:
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = str(taken.getsockname()[1])
+            code, out, err = await fairgate_status("--port", port, command="sim")
+        assert code == 2 and f"cannot listen on 127.0.0.1:{port}" in out + err, out + err
+        assert "Traceback" not in err
+
     async def test_it_prints_the_slots_who_runs_and_who_waits(
         self, start_sim: StartSim, start_gateway: StartGateway, streams: list[Stream]
     ) -> None:

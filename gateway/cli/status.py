@@ -15,8 +15,12 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
+from dotenv import dotenv_values
+
+from gateway.config import parse_listen
 from gateway.core import format_size, printable
 
 __all__ = ["add_status_arguments", "duration_text", "render_text", "run_status", "table"]
@@ -30,7 +34,9 @@ class StatusError(Exception):
 
 def add_status_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--url", default="http://127.0.0.1:8080", help="the gateway (default: %(default)s)"
+        "--url",
+        default=_local_gateway(),
+        help="the gateway (default: this machine's, at FAIRGATE_LISTEN's port: %(default)s)",
     )
     parser.add_argument(
         "--key",
@@ -38,7 +44,29 @@ def add_status_arguments(parser: argparse.ArgumentParser) -> None:
         help="an admin key, if the gateway is on another machine (default: $FAIRGATE_KEY)",
     )
     parser.add_argument("--watch", action="store_true", help="redraw every --interval seconds")
-    parser.add_argument("--interval", type=float, default=1.0, help="seconds between redraws")
+    parser.add_argument(
+        "--interval", type=_interval, default=1.0, help="seconds between redraws (at least 0.1)"
+    )
+
+
+def _interval(text: str) -> float:
+    seconds = float(text)  # argparse words a ValueError as "invalid _interval value"
+    if not seconds >= 0.1 or seconds == float("inf"):  # nan compares false
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds of at least 0.1")
+    return seconds
+
+
+def _local_gateway() -> str:
+    """The gateway on this machine: at FAIRGATE_LISTEN (the environment's, else .env's)."""
+    listen = os.environ.get("FAIRGATE_LISTEN")
+    if listen is None and Path(".env").is_file():
+        listen = dotenv_values(".env").get("FAIRGATE_LISTEN")
+    try:
+        host, port = parse_listen(listen or "127.0.0.1:8080")
+    except ValueError:
+        host, port = "127.0.0.1", 8080  # serve says what is wrong with it
+    host = "127.0.0.1" if host in ("0.0.0.0", "::") else host  # every address: ask loopback
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
 
 def run_status(args: argparse.Namespace) -> int:
