@@ -195,6 +195,23 @@ BROKEN = [
         "fairgate.yaml:5: users.anonymous.admin: anonymous is whoever brings no key: as an "
         "admin, anyone on the network would read /status; give an admin a key of their own",
     ),
+    *(
+        Broken(
+            f"a backend at {url}",
+            ALICE + f"backends:\n  - {{name: gpu, url: '{url}', slots: 1}}\n",
+            f"fairgate.yaml:5: backends[0].url: '{url}'{said}",
+        )
+        for url, said in (
+            ("http://127.0.0.1:99999", ": the port must be a number from 1 to 65535"),
+            ("http://gpu:abc", ": the port must be a number from 1 to 65535"),
+            ("http://", " has no host name or address, e.g. http://127.0.0.1:11434"),
+            ("http://gpu box:11434", " has a space in it"),
+            (
+                "http://gpu:11434/v1",
+                ": give the server's address alone (the gateway adds /api/... and /v1/...)",
+            ),
+        )
+    ),
     Broken(
         "a user left empty",
         ALICE + "  bob:\n" + GPU,

@@ -9,6 +9,7 @@ section (``keep_warm`` naming no alias) stays on ``Policy``, which sees them all
 from __future__ import annotations
 
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
@@ -100,7 +101,7 @@ class BackendConfig(Strict):
     def _http_url(cls, url: str) -> str:
         if not url.startswith(("http://", "https://")):
             raise ValueError("must start with http:// or https://")
-        return url.rstrip("/")
+        return _checked_url(url).rstrip("/")
 
     @model_validator(mode="after")
     def _ollama_needs_slots(self) -> BackendConfig:
@@ -137,3 +138,22 @@ def check_backends(backends: list[BackendConfig]) -> list[BackendConfig]:
             message = f"another backend is named {backend.name!r}"
             raise problem_at((index, "name"), message, first=(earlier, "name"))
     return backends
+
+
+def _checked_url(url: str) -> str:
+    """``url`` if a request can be sent to it: a host, a port from 1 to 65535, no space; not
+    an API's own path (the gateway adds /api/... and /v1/... itself). ValueError saying why."""
+    parts = urlsplit(url)
+    if any(c.isspace() for c in url):
+        raise ValueError(f"{url!r} has a space in it")
+    if not parts.hostname:
+        raise ValueError(f"{url!r} has no host name or address, e.g. http://127.0.0.1:11434")
+    try:
+        parts.port  # noqa: B018 (it raises for a port that is no number, or out of range)
+    except ValueError:
+        raise ValueError(f"{url!r}: the port must be a number from 1 to 65535") from None
+    if parts.path.rstrip("/").endswith(("/api", "/v1")) or parts.query or parts.fragment:
+        raise ValueError(
+            f"{url!r}: give the server's address alone (the gateway adds /api/... and /v1/...)"
+        )
+    return url

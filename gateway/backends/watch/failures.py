@@ -35,6 +35,8 @@ def cause_of(exc: BaseException, kind: str, within: float) -> str:
         return f"no answer within {within:g}s - is {server} stuck, or the address wrong?"
     if isinstance(exc, aiohttp.ServerDisconnectedError):
         return f"closed the connection without answering - is it {server}?"
+    if isinstance(exc, aiohttp.InvalidURL):  # a ValueError too, but nothing was asked
+        return f"its address is no URL a request can go to ({exc}) - check url: in the policy"
     if isinstance(exc, ValueError):
         return f"answered with something that is not JSON - is it {server}?"
     return f"{type(exc).__name__}: {exc}"
