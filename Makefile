@@ -59,10 +59,13 @@ site: $(DEV_STAMP)
 
 run: $(RUNTIME_STAMP)
 	@echo "the fairgate command is $(BIN)/fairgate (in another terminal: $(BIN)/fairgate status)"
-	@test -e "$(CONFIG)" -a "$(CONFIG)" != deploy/fairgate.example.yaml || echo "no fairgate.yaml \
-	here: serving deploy/fairgate.example.yaml, whose keys anyone may know; write your own \
-	with $(BIN)/fairgate init (it asks the local Ollama or llama-server what it serves)"
-	FAIRGATE_CONFIG=$${FAIRGATE_CONFIG:-$(CONFIG)} $(BIN)/fairgate serve
+	@# The policy the environment or .env names, else fairgate.yaml, else the example.
+	@if [ -z "$$FAIRGATE_CONFIG" ] && ! grep -qsE '^\s*(export\s+)?FAIRGATE_CONFIG\s*=' .env; then \
+	  test "$(CONFIG)" != deploy/fairgate.example.yaml || echo "no fairgate.yaml here: serving \
+	deploy/fairgate.example.yaml, whose keys anyone may know; write your own with \
+	$(BIN)/fairgate init (it asks the local Ollama or llama-server what it serves)"; \
+	  export FAIRGATE_CONFIG=$(CONFIG); \
+	fi; exec $(BIN)/fairgate serve
 
 test: lint site $(LLAMA_STAMP) services
 	$(BIN)/pytest -q
