@@ -216,3 +216,16 @@ class TestUsageFile:
         done = check(FAIRGATE_USAGE_DB=str(workdir / "usage.db"))
         assert (done.returncode, done.stderr) == (0, "")
         assert not (workdir / "usage.db").exists()
+
+
+def test_a_key_of_the_shipped_examples_is_warned_of(workdir: Path) -> None:
+    """The example's keys (`change-me-alice`) pass, as serve serves them, but the check says
+    which users hold one anyone may know, as serve's log does: the admin who checks before
+    starting the service reads it there."""
+    (workdir / "fairgate.yaml").write_text(
+        "users:\n  alice:\n    keys: [change-me-alice]\n" + GPU, encoding="utf-8"
+    )
+    done = check()
+    assert done.returncode == 0
+    assert done.stdout == "fairgate.yaml: ok (1 backend(s), but 1 key(s) anyone may know)\n"
+    assert "users.alice: the key 'change-me-alice' is one of Fairgate's shipped" in done.stderr

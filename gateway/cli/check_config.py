@@ -20,6 +20,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from gateway.cli.first_run import example_keys_in
 from gateway.config import (
     EnvironmentFileError,
     KeyVariables,
@@ -60,13 +61,21 @@ def _check_config(args: argparse.Namespace) -> int:
         print(f"warning: {other}", file=sys.stderr)
     problems = _settings_problems(variables.values, places)
     try:
-        backends = len(load_policy(args.file, variables).backends)
+        policy = load_policy(args.file, variables)
     except PolicyError as exc:
         problems.append(str(exc))
     if problems:
         print("\n".join(problems), file=sys.stderr)
         return 1
-    print(f"{args.file}: ok ({backends} backend(s))")
+    known = list(example_keys_in(policy))
+    for user, key in known:  # served all the same, as serve does, with a warning
+        print(
+            f"warning: users.{user}: the key {key!r} is one of Fairgate's shipped examples, so "
+            f"anyone may know it: replace it (fairgate keys new {user})",
+            file=sys.stderr,
+        )
+    but = f", but {len(known)} key(s) anyone may know" if known else ""
+    print(f"{args.file}: ok ({len(policy.backends)} backend(s){but})")
     return 0
 
 
