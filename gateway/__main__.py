@@ -25,6 +25,7 @@ def _note_hangups(handler: Callable[[int, FrameType | None], object] | signal.Ha
 _note_hangups(lambda signum, frame: _hangups.append(signum))
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -46,6 +47,7 @@ from gateway.config import (
     PolicyError,
     Settings,
     describe_settings,
+    dotenv_problems,
     load_policy,
     settings_errors,
     unknown_variables,
@@ -58,6 +60,9 @@ log = structlog.get_logger("fairgate.settings")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Its warning of a .env line it cannot read names neither the file nor the line's fault,
+    # once for every reader of the file: serve and check-config say it once, at its line.
+    logging.getLogger("dotenv.main").setLevel(logging.ERROR)
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command != "serve":
@@ -168,6 +173,8 @@ def _serve(args: argparse.Namespace) -> int:
             print(line, file=sys.stderr)
         return 2
     configure_logging(settings.log_format, settings.log_level)
+    for sentence in dotenv_problems():
+        log.warning("unread_setting", problem=sentence)
     for sentence in unknown_variables({**_dotenv(), **os.environ}):
         log.warning("unknown_setting", problem=sentence)
     try:

@@ -229,3 +229,17 @@ def test_a_key_of_the_shipped_examples_is_warned_of(workdir: Path) -> None:
     assert done.returncode == 0
     assert done.stdout == "fairgate.yaml: ok (1 backend(s), but 1 key(s) anyone may know)\n"
     assert "users.alice: the key 'change-me-alice' is one of Fairgate's shipped" in done.stderr
+
+
+def test_a_dot_env_line_no_reader_can_read_is_named_once_at_its_line(workdir: Path) -> None:
+    """python-dotenv skips a line it cannot read with a warning that names neither the file
+    nor the fault, once for each reader: the setting on it is lost without a word. The check
+    names the line, once."""
+    (workdir / ".env").write_text(
+        '# settings\nFAIRGATE_LOG_LEVEL = "debug\nFAIRGATE_LISTEN=127.0.0.1:8099\n',
+        encoding="utf-8",
+    )
+    done = check()
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count(".env:2: not NAME=value, nor a comment: the line is ignored") == 1
+    assert "python-dotenv" not in done.stderr

@@ -25,6 +25,7 @@ from gateway.config import (
     EnvironmentFileError,
     KeyVariables,
     PolicyError,
+    dotenv_problems,
     environment,
     load_policy,
     read_environment_file,
@@ -83,6 +84,8 @@ def _service_variables(env_file: Path | None) -> tuple[KeyVariables, dict[str, s
     """The variables the service would get, and the env file's ``path:line`` of each set
     there; the lines systemd would ignore are warned about on the way."""
     if env_file is None:
+        for sentence in dotenv_problems():
+            print(f"warning: {sentence}", file=sys.stderr)
         return KeyVariables(environment()), {}
     read = read_environment_file(env_file)
     for line, sentence in read.warnings:

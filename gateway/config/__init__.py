@@ -14,7 +14,7 @@ from gateway.config.lanes import AWAITED_TASKS, PRESET_CHATS, PRESETS, Lanes
 from gateway.config.models import MIN_NUM_CTX, NumCtxPolicy
 from gateway.config.network import ANY_HOST, ForwardedHeader, is_host_name
 from gateway.config.policy import Policy, load_policy
-from gateway.config.problems import environment
+from gateway.config.problems import dotenv_problems, environment
 from gateway.config.settings import (
     IN_MEMORY,
     Settings,
@@ -75,6 +75,7 @@ __all__ = [
     "Warmth",
     "background_account",
     "describe_settings",
+    "dotenv_problems",
     "environment",
     "hashed_key",
     "is_background_account",

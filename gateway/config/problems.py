@@ -15,9 +15,11 @@ import re
 import types
 from collections.abc import Sequence
 from ipaddress import IPv4Network, IPv6Network, ip_network
+from pathlib import Path
 from typing import Annotated, Any, Union, cast, get_args, get_origin
 
 import yaml
+from dotenv.parser import parse_stream
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails, PydanticCustomError
 from pydantic_settings import DotEnvSettingsSource
@@ -26,7 +28,15 @@ from gateway.config.settings import Settings
 from gateway.config.yaml_reader import Loc, PolicyError, line_of, where, written_at
 
 # Loc and PolicyError re-exported: the section modules word their problems with them.
-__all__ = ["Loc", "PolicyError", "describe", "environment", "problem_at", "yes_no_for_a_number"]
+__all__ = [
+    "Loc",
+    "PolicyError",
+    "describe",
+    "dotenv_problems",
+    "environment",
+    "problem_at",
+    "yes_no_for_a_number",
+]
 
 
 def environment() -> dict[str, str]:
@@ -35,6 +45,23 @@ def environment() -> dict[str, str]:
     dotenv = DotEnvSettingsSource(Settings, case_sensitive=True).env_vars
     from_file = {name: value for name, value in dotenv.items() if value is not None}
     return from_file | dict(os.environ)
+
+
+def dotenv_problems(path: Path = Path(".env")) -> list[str]:
+    """A sentence for each line of ``path`` (the ``.env`` file) that python-dotenv cannot
+    read, which every reader of the file then skips without saying where; none if there is
+    no such file. Its own warnings name neither the file nor what is wrong, once a reader."""
+    try:
+        with path.open(encoding="utf-8") as text:
+            bindings = list(parse_stream(text))
+    except (OSError, UnicodeDecodeError):
+        return []  # no file, or one no reader can read either: the settings say so
+    return [
+        f"{path}:{found.original.line}: not NAME=value, nor a comment: the line is ignored "
+        f"({found.original.string.strip()[:60]!r})"
+        for found in bindings
+        if found.error
+    ]
 
 
 def problem_at(at: Loc, message: str, first: Loc | None = None) -> PydanticCustomError:
