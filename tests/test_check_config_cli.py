@@ -243,3 +243,17 @@ def test_a_dot_env_line_no_reader_can_read_is_named_once_at_its_line(workdir: Pa
     assert done.returncode == 0, done.stderr
     assert done.stderr.count(".env:2: not NAME=value, nor a comment: the line is ignored") == 1
     assert "python-dotenv" not in done.stderr
+
+
+def test_a_wait_likely_meant_in_milliseconds_is_warned_of(workdir: Path) -> None:
+    """`max_wait: 30000` is 8 h 20 min, and a probe every 5000 s is one an hour and a half:
+    valid, so ok, but each is said with what was likely meant."""
+    (workdir / "fairgate.yaml").write_text(
+        "queue: {max_wait: 30000}\nmonitoring: {interval: 5000}\n" + GPU, encoding="utf-8"
+    )
+    done = check()
+    assert done.returncode == 0, done.stderr
+    assert "queue.max_wait is 8h20m: a number without a unit is seconds; if 30000 was " in (
+        done.stderr
+    )
+    assert "monitoring.interval is 1h23m" in done.stderr and "write 5s" in done.stderr

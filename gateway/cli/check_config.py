@@ -21,9 +21,11 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from gateway.cli.first_run import example_keys_in
+from gateway.cli.status import duration_text
 from gateway.config import (
     EnvironmentFileError,
     KeyVariables,
+    Policy,
     PolicyError,
     dotenv_problems,
     environment,
@@ -68,6 +70,8 @@ def _check_config(args: argparse.Namespace) -> int:
     if problems:
         print("\n".join(problems), file=sys.stderr)
         return 1
+    for sentence in _unlikely_waits(policy):
+        print(f"warning: {sentence}", file=sys.stderr)
     known = list(example_keys_in(policy))
     for user, key in known:  # served all the same, as serve does, with a warning
         print(
@@ -125,3 +129,31 @@ def _settings_problems(variables: Mapping[str, str], places: Mapping[str, str]) 
         return []
     place = next((p for n, p in places.items() if n.lower() == "fairgate_usage_db"), None)
     return [f"{place + ': ' if place else ''}FAIRGATE_USAGE_DB: {problem}"]
+
+
+# Waits past which a value is likelier a number of milliseconds written without its unit
+# (``max_wait: 30000``, 8 h 20 min) than a household's intent: said, not refused.
+_LONGEST = {
+    "queue.max_wait": 3600.0,
+    "lanes.interactive.max_wait": 3600.0,
+    "lanes.background.max_wait": 3600.0,
+    "timeouts.connect": 300.0,
+    "timeouts.first_byte": 3600.0,
+    "timeouts.idle": 3600.0,
+    "monitoring.interval": 600.0,
+}
+
+
+def _unlikely_waits(policy: Policy) -> list[str]:
+    """A sentence for each wait so long it was likely meant in milliseconds."""
+    said = []
+    for name, longest in _LONGEST.items():
+        seconds: object = policy
+        for part in name.split("."):
+            seconds = getattr(seconds, part)
+        if isinstance(seconds, int | float) and seconds > longest:
+            said.append(
+                f"{name} is {duration_text(seconds)}: a number without a unit is seconds; "
+                f"if {seconds:g} was meant in milliseconds, write {seconds / 1000:g}s"
+            )
+    return said
