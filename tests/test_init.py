@@ -150,3 +150,20 @@ async def test_a_gateway_is_not_taken_for_the_server_behind_it(
     code = await init("--backend", gateway.url, "--person", "ann", "--output", str(policy))
     assert code == 1 and "a gateway is not one" in capsys.readouterr().err
     assert not policy.exists()
+
+
+async def test_its_next_steps_name_the_port_the_gateway_will_listen_on(
+    start_sim: StartSim,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """FAIRGATE_LISTEN says 8123: the clients are pointed there, not at 8080, and told how
+    the gateway reaches other machines."""
+    monkeypatch.setenv("FAIRGATE_LISTEN", "127.0.0.1:8123")
+    _, url = await start_sim()
+    policy = tmp_path / "fairgate.yaml"
+    assert await init("--backend", url, "--person", "ann", "--output", str(policy)) == 0
+    out = capsys.readouterr().out
+    assert "OLLAMA_HOST=http://THIS-MACHINE:8123" in out and ":8080" not in out
+    assert "FAIRGATE_LISTEN=0.0.0.0:8123" in out

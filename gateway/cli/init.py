@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.cli.keys import new_key
+from gateway.cli.status import local_gateway
 from gateway.config import ANONYMOUS, UNKNOWN, hashed_key, load_policy
 
 __all__ = ["add_init_arguments"]
@@ -228,6 +229,7 @@ def _next_steps(found: Found, keys: dict[str, str], output: Path, open_webui: bo
     shown = "\n".join(f"  {name:<{width}}  {key}" for name, key in keys.items())
     bin_dir = Path(sys.executable).parent
     command = bin_dir / "fairgate" if (bin_dir / "fairgate").exists() else Path("fairgate")
+    port = local_gateway().rsplit(":", 1)[1]  # where FAIRGATE_LISTEN puts it
     steps = [
         f"Wrote {output} (readable by you alone): in front of {found.kind} at {found.url}; "
         f"models there: {served}.",
@@ -236,17 +238,18 @@ def _next_steps(found: Found, keys: dict[str, str], output: Path, open_webui: bo
         shown,
         "",
         "Next:",
-        f"  1. Serve:  FAIRGATE_CONFIG={output} {command} serve   (or: make run)",
-        "  2. Point clients at http://THIS-MACHINE:8080 with their key:",
-        "       OLLAMA_HOST=http://THIS-MACHINE:8080 OLLAMA_API_KEY=KEY ollama run MODEL",
-        "       OPENAI_BASE_URL=http://THIS-MACHINE:8080/v1 OPENAI_API_KEY=KEY",
-        f"  3. Watch:  {command} status --watch, or http://localhost:8080/ui",
+        f"  1. Serve:  FAIRGATE_CONFIG={output} {command} serve   (or: make run); other",
+        f"     machines reach it once it listens on them: FAIRGATE_LISTEN=0.0.0.0:{port}",
+        f"  2. Point clients at http://THIS-MACHINE:{port} with their key:",
+        f"       OLLAMA_HOST=http://THIS-MACHINE:{port} OLLAMA_API_KEY=KEY ollama run MODEL",
+        f"       OPENAI_BASE_URL=http://THIS-MACHINE:{port}/v1 OPENAI_API_KEY=KEY",
+        f"  3. Watch:  {command} status --watch, or http://localhost:{port}/ui",
     ]
     if open_webui:
         steps += [
             "",
             "Open WebUI: Admin -> Settings -> Connections -> Ollama API at",
-            f"  http://THIS-MACHINE:8080 with the key of {_FRONT_END}; start it with",
+            f"  http://THIS-MACHINE:{port} with the key of {_FRONT_END}; start it with",
             "  ENABLE_FORWARD_USER_INFO_HEADERS=True (each person then counts as themself),",
             "  and grant its users the models (BYPASS_MODEL_ACCESS_CONTROL=True, or per model).",
         ]

@@ -23,7 +23,14 @@ from dotenv import dotenv_values
 from gateway.config import parse_listen
 from gateway.core import format_size, printable
 
-__all__ = ["add_status_arguments", "duration_text", "render_text", "run_status", "table"]
+__all__ = [
+    "add_status_arguments",
+    "duration_text",
+    "local_gateway",
+    "render_text",
+    "run_status",
+    "table",
+]
 
 _CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear the screen: one frame per refresh
 
@@ -35,7 +42,7 @@ class StatusError(Exception):
 def add_status_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--url",
-        default=_local_gateway(),
+        default=local_gateway(),
         help="the gateway (default: this machine's, at FAIRGATE_LISTEN's port: %(default)s)",
     )
     parser.add_argument(
@@ -56,7 +63,7 @@ def _interval(text: str) -> float:
     return seconds
 
 
-def _local_gateway() -> str:
+def local_gateway() -> str:
     """The gateway on this machine: at FAIRGATE_LISTEN (the environment's, else .env's)."""
     listen = os.environ.get("FAIRGATE_LISTEN")
     if listen is None and Path(".env").is_file():
