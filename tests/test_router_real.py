@@ -328,6 +328,9 @@ async def test_a_chat_without_a_list_of_messages_unloads_nothing(
     ]
     async with aiohttp.ClientSession() as session:
         assert await _chat_status(session, gateway.url, FAMILY) == 200
+        whole = {"model": FAMILY, "messages": hi, "max_tokens": 2.0}  # llama-server reads 2
+        async with session.post(gateway.url + "/v1/chat/completions", json=whole) as reply:
+            assert reply.status == 200, await reply.text()
         for body in bodies:
             body = {"model": CODER} | body
             async with session.post(gateway.url + "/v1/chat/completions", json=body) as reply:

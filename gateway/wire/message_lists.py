@@ -34,7 +34,13 @@ def message_list_error(path: str, values: dict[str, object]) -> str | None:
         if content is not None and not isinstance(content, str | list):
             return "a message's content must be a string or a list of parts"
     for name in _LENGTHS:
-        length = values.get(name)
-        if length is not None and (not isinstance(length, int) or isinstance(length, bool)):
+        if not _whole(values.get(name)):
             return f"{name} must be a whole number"
     return None
+
+
+def _whole(length: object) -> bool:
+    """None, or a whole number (``512.0`` too: llama-server reads it as 512)."""
+    if length is None or (isinstance(length, int) and not isinstance(length, bool)):
+        return True
+    return isinstance(length, float) and length.is_integer()
