@@ -60,7 +60,7 @@ site: $(DEV_STAMP)
 run: $(RUNTIME_STAMP)
 	@echo "the fairgate command is $(BIN)/fairgate (in another terminal: $(BIN)/fairgate status)"
 	@# The policy the environment or .env names, else fairgate.yaml, else the example.
-	@if [ -z "$$FAIRGATE_CONFIG" ] && ! grep -qsE '^\s*(export\s+)?FAIRGATE_CONFIG\s*=' .env; then \
+	@if [ -z "$$FAIRGATE_CONFIG" ] && ! grep -qsiE '^\s*(export\s+)?FAIRGATE_CONFIG\s*=' .env; then \
 	  test "$(CONFIG)" != deploy/fairgate.example.yaml || echo "no fairgate.yaml here: serving \
 	deploy/fairgate.example.yaml, whose keys anyone may know; write your own with \
 	$(BIN)/fairgate init (it asks the local Ollama or llama-server what it serves)"; \

@@ -204,6 +204,7 @@ BROKEN = [
         for url, said in (
             ("http://127.0.0.1:99999", ": the port must be a number from 1 to 65535"),
             ("http://gpu:abc", ": the port must be a number from 1 to 65535"),
+            ("http://gpu:0", ": the port must be a number from 1 to 65535"),
             ("http://", " has no host name or address, e.g. http://127.0.0.1:11434"),
             ("http://gpu box:11434", " has a space in it"),
             (

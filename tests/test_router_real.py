@@ -340,6 +340,9 @@ async def test_a_chat_without_a_list_of_messages_unloads_nothing(
                 )
             async with session.post(gateway.url + "/v1/messages", json=body) as reply:
                 assert reply.status == 400, body
+        completion = {"model": CODER, "prompt": "hi", "max_tokens": "x"}
+        async with session.post(gateway.url + "/v1/completions", json=completion) as reply:
+            assert reply.status == 400
     assert (await _router_models(llama_router.url))[FAMILY] == "loaded"
 
 

@@ -149,9 +149,11 @@ def _checked_url(url: str) -> str:
     if not parts.hostname:
         raise ValueError(f"{url!r} has no host name or address, e.g. http://127.0.0.1:11434")
     try:
-        parts.port  # noqa: B018 (it raises for a port that is no number, or out of range)
+        port = parts.port  # it raises for a port that is no number, or out of range
     except ValueError:
-        raise ValueError(f"{url!r}: the port must be a number from 1 to 65535") from None
+        port = 0
+    if port == 0:
+        raise ValueError(f"{url!r}: the port must be a number from 1 to 65535")
     if parts.path.rstrip("/").endswith(("/api", "/v1")) or parts.query or parts.fragment:
         raise ValueError(
             f"{url!r}: give the server's address alone (the gateway adds /api/... and /v1/...)"

@@ -1,9 +1,10 @@
 """A chat's ``messages`` (OpenAI's chat completions, Anthropic's Messages) as every server
-demands them, and a reply's length as a whole number: bodies no server takes, answered
+demands them, and a reply's length as a number: bodies no server takes, answered
 before anything is sent.
 
 llama-server refuses them with a 400 ("Expected 'messages' to be an array", "type must be
-number"), and Ollama's Go decoder, whose ``[]Message`` and ``*int`` take neither, does too;
+number"), and Ollama's Go decoder, whose ``[]Message`` and ``*int`` take neither, does too
+(a length of 2.5 llama-server takes, Ollama not: that is Ollama's to refuse);
 but llama-server's router starts the model's process first (its child reads the body), so
 such a body, sent, would unload the model others use for the refusal. What only a server
 can judge (a tool without its function, an image to a model that reads none) is left to
@@ -20,6 +21,10 @@ _LENGTHS = ("max_tokens", "max_completion_tokens")
 
 def message_list_error(path: str, values: dict[str, object]) -> str | None:
     """Why the body of a request to ``path`` is one no server takes, or None."""
+    for name in _LENGTHS:
+        length = values.get(name)
+        if length is not None and (isinstance(length, bool) or not isinstance(length, int | float)):
+            return f"{name} must be a number of tokens"
     messages = values.get("messages")
     if messages is None:
         return "messages is required: a list of messages" if path in _CHATS else None
@@ -33,14 +38,4 @@ def message_list_error(path: str, values: dict[str, object]) -> str | None:
         content = message.get("content")
         if content is not None and not isinstance(content, str | list):
             return "a message's content must be a string or a list of parts"
-    for name in _LENGTHS:
-        if not _whole(values.get(name)):
-            return f"{name} must be a whole number"
     return None
-
-
-def _whole(length: object) -> bool:
-    """None, or a whole number (``512.0`` too: llama-server reads it as 512)."""
-    if length is None or (isinstance(length, int) and not isinstance(length, bool)):
-        return True
-    return isinstance(length, float) and length.is_integer()
