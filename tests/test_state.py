@@ -422,6 +422,12 @@ class TestRedisLeases:
                 await house._renew(keys=keys, args=[gone.id, 12000, place_json(gone)])
             assert (await house.read()).waiting == ()
             assert isinstance(await holds.join(place(3, 1.0, "bea"), 1, 32), Place)
+            # A take given back (its permit preempted meanwhile) and the same place joined
+            # again: alive, so its renewals count (not gone for a lease).
+            back = await holds.join(replace(taken, rank=0.0), 1, 32)
+            assert isinstance(back, Place)
+            keys = [WAITING, queued_key(back.holder), PLACES, GONE]
+            assert await house._renew(keys=keys, args=[back.id, 12000, place_json(back)]) == 1
         finally:
             await holds.close()
 

@@ -14,9 +14,10 @@ from gateway.admission.holds.scripts import FORGET_EXPIRED, GONE, NOW_MS, TAG
 __all__ = ["HOUSE", "JOIN", "LEAVE", "PRESENT", "RENEW_PLACE"]
 
 # KEYS: waiting, places, asked, holder's queued, the house's clock, the payers' last tags,
-# and with a front end's total its people's queued. ARGV: place, its JSON, max_queued,
-# max_depth, lease, payer, cost, the slot group its request was just refused ('' none: it
-# asks for every group serving it until it tries one), the total's max_queued (-1: none).
+# the places gone, and with a front end's total its people's queued. ARGV: place, its
+# JSON, max_queued, max_depth, lease, payer, cost, the slot group its request was just
+# refused ('' none: it asks for every group serving it until it tries one), the total's
+# max_queued (-1: none).
 # Its finish tag (as a string: Redis would cut a number to an integer); -1: its holder
 # (or its front end's people together) has max_queued waiting; -2: the house is full.
 JOIN = (
@@ -29,10 +30,10 @@ redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
 local joined = redis.call('HGET', KEYS[2], ARGV[1])
 if joined then return tostring(cjson.decode(joined)[4]) end
 if redis.call('ZCARD', KEYS[4]) >= tonumber(ARGV[3]) then return -1 end
-if KEYS[7] then
-  redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', now)
+if KEYS[8] then
+  redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', now)
   local most = tonumber(ARGV[9])
-  if most >= 0 and redis.call('ZCARD', KEYS[7]) >= most then return -1 end
+  if most >= 0 and redis.call('ZCARD', KEYS[8]) >= most then return -1 end
 end
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then return -2 end
 local finish = tag(KEYS[5], KEYS[6], ARGV[6], ARGV[7])
@@ -45,9 +46,10 @@ redis.call('HSET', KEYS[2], ARGV[1], cjson.encode(place))
 redis.call('HSET', KEYS[3], ARGV[1], now .. ' ' .. (ARGV[8] ~= '' and ARGV[8] or '*'))
 redis.call('ZADD', KEYS[4], expiry, ARGV[1])
 redis.call('PEXPIRE', KEYS[4], 2 * tonumber(ARGV[5]))
-if KEYS[7] then
-  redis.call('ZADD', KEYS[7], expiry, ARGV[1])
-  redis.call('PEXPIRE', KEYS[7], 2 * tonumber(ARGV[5]))
+redis.call('ZREM', KEYS[7], ARGV[1])  -- a place taken and back (its take given back)
+if KEYS[8] then
+  redis.call('ZADD', KEYS[8], expiry, ARGV[1])
+  redis.call('PEXPIRE', KEYS[8], 2 * tonumber(ARGV[5]))
 end
 return tostring(finish)
 """
@@ -75,7 +77,8 @@ return was
 RENEW_PLACE = (
     NOW_MS
     + """
-if redis.call('ZSCORE', KEYS[4], ARGV[1]) then return 0 end
+local gone = redis.call('ZSCORE', KEYS[4], ARGV[1])
+if gone and tonumber(gone) > now then return 0 end
 local expiry = now + tonumber(ARGV[2])
 redis.call('ZADD', KEYS[1], expiry, ARGV[1])
 redis.call('ZADD', KEYS[2], expiry, ARGV[1])

@@ -155,7 +155,7 @@ class RedisHouse:
 
     async def join(self, place: Place, max_queued: int, max_depth: int, asking: str) -> Place | str:
         """JOIN (raises Redis's errors: the store maps them)."""
-        keys = [WAITING, PLACES, ASKED, queued_key(place.holder), CLOCK, TAGS]
+        keys = [WAITING, PLACES, ASKED, queued_key(place.holder), CLOCK, TAGS, GONE]
         keys += together_keys(place)[1:]
         args: list[str | int | float] = [place.id, place_json(place), max_queued, max_depth]
         args += [self._lease_ms, place.payer, place.cost, asking, place.together_queued]
