@@ -257,3 +257,9 @@ def test_a_wait_likely_meant_in_milliseconds_is_warned_of(workdir: Path) -> None
         done.stderr
     )
     assert "monitoring.interval is 1h23m" in done.stderr and "write 5s" in done.stderr
+    # Written with its unit, a long wait is what was meant: nothing said.
+    (workdir / "fairgate.yaml").write_text(
+        "lanes: {background: {max_wait: 2h}}\n" + GPU, encoding="utf-8"
+    )
+    done = check()
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr

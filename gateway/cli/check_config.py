@@ -18,6 +18,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+import yaml
 from pydantic import ValidationError
 
 from gateway.cli.first_run import example_keys_in
@@ -70,7 +71,7 @@ def _check_config(args: argparse.Namespace) -> int:
     if problems:
         print("\n".join(problems), file=sys.stderr)
         return 1
-    for sentence in _unlikely_waits(policy):
+    for sentence in _unlikely_waits(policy, yaml.safe_load(args.file.read_text(encoding="utf-8"))):
         print(f"warning: {sentence}", file=sys.stderr)
     known = list(example_keys_in(policy))
     for user, key in known:  # served all the same, as serve does, with a warning
@@ -144,14 +145,17 @@ _LONGEST = {
 }
 
 
-def _unlikely_waits(policy: Policy) -> list[str]:
-    """A sentence for each wait so long it was likely meant in milliseconds."""
+def _unlikely_waits(policy: Policy, written: object) -> list[str]:
+    """A sentence for each wait so long it was likely meant in milliseconds: written as a
+    bare number (in ``written``, the file as YAML reads it), not with its unit (``2h``)."""
     said = []
     for name, longest in _LONGEST.items():
-        seconds: object = policy
+        seconds, as_written = policy, written
         for part in name.split("."):
             seconds = getattr(seconds, part)
-        if isinstance(seconds, int | float) and seconds > longest:
+            as_written = as_written.get(part) if isinstance(as_written, dict) else None
+        bare = isinstance(as_written, int | float) and not isinstance(as_written, bool)
+        if bare and isinstance(seconds, int | float) and seconds > longest:
             said.append(
                 f"{name} is {duration_text(seconds)}: a number without a unit is seconds; "
                 f"if {seconds:g} was meant in milliseconds, write {seconds / 1000:g}s"
