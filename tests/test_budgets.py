@@ -80,10 +80,10 @@ class TestPolicy:
 
     def test_background_work_has_its_keys_budget_unless_a_front_end_shares_it(self) -> None:
         """alice's tasks (her own key) get a budget as large as hers, so a prompt dressed as
-        a task doubles at most what she may use; a front end's tasks are all its people's,
-        in one account: not one person's budget, which one person's tasks would use up for
-        everybody (its total's budget bounds them); lanes.background.budget wins over
-        both."""
+        a task doubles at most what she may use; so do a front end's without a total's
+        budget (a person's prompt dressed as a task escapes nothing); with one, its people's
+        tasks are bounded by it together, not by one person's budget, which one person's
+        tasks would use up for everybody; lanes.background.budget wins over all."""
         text = (
             "defaults: {budget: {requests_per_hour: 3}}\n"
             "users:\n  alice: {keys: [a]}\n"
@@ -92,7 +92,11 @@ class TestPolicy:
         )
         policy = parse_policy(text)
         assert policy.budget_of("alice/(background)").requests_per_hour == 3
+        assert policy.budget_of("owui/(background)").requests_per_hour == 3
+        total = "{header: X-User, total: {budget: {requests_per_hour: 600}}}"
+        policy = parse_policy(text.replace("{header: X-User}", total))
         assert not policy.budget_of("owui/(background)")
+        assert policy.budget_of("owui/(all)").requests_per_hour == 600
         lanes = "lanes: {background: {budget: {requests_per_hour: 100}}}\n"
         policy = parse_policy(text + lanes)
         for account in ("alice/(background)", "owui/(background)"):

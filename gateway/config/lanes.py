@@ -146,8 +146,8 @@ class BackgroundLane(Strict):
     budget: BudgetConfig = Field(
         default_factory=BudgetConfig,
         description="What each key's background work may use (its own account, never a "
-        "person's budget); unset: as much as the key's own budget, or for a front end that "
-        "names its people, what its on_behalf.total budget leaves.",
+        "person's budget); unset: as much as the key's own budget, or where a front end's "
+        "on_behalf.total has a budget, what that leaves.",
     )
 
     def slots_on(self, backend_slots: int) -> int:

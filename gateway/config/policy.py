@@ -134,11 +134,11 @@ class Policy(Strict):
         if is_together_account(user):
             return self._together_budgets.get(user, Budget())
         if is_background_account(user):  # rarely asked: only with a budget somewhere
-            # Its own, else its key's (a prompt dressed as a task gets one as large); a front
-            # end's people's tasks share one account: its total's budget bounds them.
+            # Its own, else its key's (a prompt dressed as a task gets one as large), but where
+            # a front end's total has a budget: that bounds its people's tasks together.
             own, key = self.lanes.background.budget_in_force, user.partition(PERSON_SEPARATOR)[0]
-            front_end = key in self.users and self.users[key].on_behalf is not None
-            return own if own or front_end else self.budget_of(key)
+            total = self._together_budgets.get(together_account(key))
+            return own if own or total else self.budget_of(key)
         found = self._budgets.get(self.account_of(user))  # empty is falsy: compare with None
         return self._default_budget if found is None else found
 
