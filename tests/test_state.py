@@ -12,7 +12,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.admission.holds.base import Hold, HoldStore, Place, StoreUnavailable
 from gateway.admission.holds.memory import MemoryHolds
-from gateway.admission.holds.redis import RedisHolds
+from gateway.admission.holds.redis import RedisHolds, _held_keys
 from gateway.admission.holds.redis_house import GONE, PLACES, WAITING, place_json, queued_key
 from gateway.core import Lane, connect
 from tests.redis_server import RedisServer, redis_server, redis_url  # noqa: F401 (fixtures)
@@ -428,6 +428,26 @@ class TestRedisLeases:
             assert isinstance(back, Place)
             keys = [WAITING, queued_key(back.holder), PLACES, GONE]
             assert await house._renew(keys=keys, args=[back.id, 12000, place_json(back)]) == 1
+        finally:
+            await holds.close()
+
+    async def test_a_renewal_run_after_its_holds_release_writes_nothing_back(
+        self,
+        redis_url: str,  # noqa: F811
+    ) -> None:
+        """A renewal sent before a hold's RELEASE, on another connection, may run after it:
+        written back, the hold would count against its user's cap and its backend's slots
+        for a lease, running nowhere."""
+        holds = RedisHolds(redis_url, lease_seconds=12.0)
+        try:
+            first = hold(1, user_cap=1)
+            assert await holds.take(first)
+            member = holds._mine[first.id][1]
+            await holds.give_back_now(first)
+            args = [first.id, 12000, 0, member, 0]  # what the racing renewal would have run
+            assert await holds._renew(keys=_held_keys(first), args=args) == 0
+            assert await holds.take(hold(2, user_cap=1))  # her cap is free
+            assert (await holds.usage())[0] == {"alice": 1}
         finally:
             await holds.close()
 

@@ -30,6 +30,7 @@ from redis.exceptions import RedisError
 from gateway.admission.holds import scripts
 from gateway.admission.holds.base import Hold, House, Place, StoreUnavailable
 from gateway.admission.holds.redis_house import (
+    GONE,
     PREFIX,
     RUNNING,
     TAGS,
@@ -64,7 +65,7 @@ def _light_key(hold: Hold) -> str:
 
 def _held_keys(hold: Hold) -> list[str]:
     """RENEW's and RELEASE's keys; with a front end's total, its people's holds last."""
-    return [*_keys(hold), RUNNING, _light_key(hold), *together_keys(hold)[:1]]
+    return [*_keys(hold), RUNNING, _light_key(hold), GONE, *together_keys(hold)[:1]]
 
 
 # How often the house is read back for the views (``/status``, the house page).
@@ -200,7 +201,7 @@ class RedisHolds:
     async def _give_back(self, hold: Hold, member: str) -> None:
         try:
             keys = _held_keys(hold)
-            await self._release(keys=keys, args=[hold.id, CHANNEL, member])
+            await self._release(keys=keys, args=[hold.id, CHANNEL, member, self._lease_ms])
         except (RedisError, OSError) as exc:
             # The lease expires by itself within lease_seconds.
             log.warning("state_release_failed", hold=hold.id, error=repr(exc))

@@ -29,6 +29,7 @@ from gateway.admission.holds.base import (
 from gateway.core import Lane
 
 __all__ = [
+    "GONE",
     "PREFIX",
     "RUNNING",
     "TAGS",
@@ -46,7 +47,7 @@ RUNNING = f"{PREFIX}:house:running"
 CLOCK = f"{PREFIX}:house:clock"  # the finish tag of the last request started
 TAGS = f"{PREFIX}:house:tags"  # each payer's last finish tag
 REPLICAS = f"{PREFIX}:house:replicas"  # every replica renewing its leases, idle or not
-GONE = f"{PREFIX}:house:gone"  # places taken or left lately (TAKE derives it: keep alike)
+GONE = f"{PREFIX}:house:gone"  # places and holds ended lately (TAKE derives it: keep alike)
 
 _LANES = {number: lane for lane, number in LANE_ORDER.items()}
 # What JOIN answers when a place may not wait, as ``HoldStore.join`` says it.

@@ -199,6 +199,7 @@ if ARGV[15] == '1' then
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', now)
 redis.call('ZADD', KEYS[7], expiry, ARGV[12])
+redis.call('ZREM', ARGV[13] .. ':house:gone', ARGV[1])  -- taken again: alive
 if rank then
   -- The house's clock moves to the tag of the request started; its payer's tag covers it.
   local clock = tonumber(redis.call('GET', KEYS[9]) or '0')
@@ -215,12 +216,14 @@ end
 return 1
 """
 )
-# KEYS: holder, group, group's heavy, running, group's people's light, and with a front
-# end's total its people's holds. ARGV: hold, lease, heavy, as RUNNING shows it, a
-# person's light request.
+# KEYS: holder, group, group's heavy, running, group's people's light, the holds gone, and
+# with a front end's total its people's holds. ARGV: hold, lease, heavy, as RUNNING shows
+# it, a person's light request. A hold released meanwhile is not written back (0).
 RENEW = (
     NOW_MS
     + """
+local gone = redis.call('ZSCORE', KEYS[6], ARGV[1])
+if gone and tonumber(gone) > now then return 0 end
 local expiry = now + tonumber(ARGV[2])
 local sets = ARGV[3] == '1' and 3 or 2
 for i = 1, sets do
@@ -232,23 +235,29 @@ if ARGV[5] == '1' then
   redis.call('ZADD', KEYS[5], expiry, ARGV[1])
   redis.call('PEXPIRE', KEYS[5], 2 * tonumber(ARGV[2]))
 end
-if KEYS[6] then
-  redis.call('ZADD', KEYS[6], expiry, ARGV[1])
-  redis.call('PEXPIRE', KEYS[6], 2 * tonumber(ARGV[2]))
+if KEYS[7] then
+  redis.call('ZADD', KEYS[7], expiry, ARGV[1])
+  redis.call('PEXPIRE', KEYS[7], 2 * tonumber(ARGV[2]))
 end
 return 1
 """
 )
-# KEYS: holder, group, group's heavy, running, group's people's light, and with a front
-# end's total its people's holds. ARGV: hold, channel, as RUNNING shows it.
-RELEASE = """
+# KEYS: holder, group, group's heavy, running, group's people's light, the holds gone, and
+# with a front end's total its people's holds. ARGV: hold, channel, as RUNNING shows it,
+# lease. Marked gone for a lease: a renewal sent before, run after, writes nothing back.
+RELEASE = (
+    NOW_MS
+    + GONE
+    + """
 for i = 1, 3 do redis.call('ZREM', KEYS[i], ARGV[1]) end
 redis.call('ZREM', KEYS[5], ARGV[1])
-if KEYS[6] then redis.call('ZREM', KEYS[6], ARGV[1]) end
+if KEYS[7] then redis.call('ZREM', KEYS[7], ARGV[1]) end
 redis.call('ZREM', KEYS[4], ARGV[3])
+gone(KEYS[6], ARGV[1], now + tonumber(ARGV[4]), ARGV[4])
 redis.call('PUBLISH', ARGV[2], ARGV[1])
 return 1
 """
+)
 
 # A user's requests in flight for budgets: one sorted set per user, scored by expiry, and
 # beside it a hash of the tokens each reserves. ARGV: the request, the room in requests, the
