@@ -9,7 +9,7 @@ A waiting request is a member of ``WAITING`` (scored by expiry) and of its holde
 
 from __future__ import annotations
 
-from gateway.admission.holds.scripts import FORGET_EXPIRED, GONE, NOW_MS, TAG
+from gateway.admission.holds.scripts import FORGET_EXPIRED, LEASES, NOW_MS, TAG
 
 __all__ = ["HOUSE", "JOIN", "LEAVE", "PRESENT", "RENEW_PLACE"]
 
@@ -59,13 +59,13 @@ return tostring(finish)
 # held others back: they look again.
 LEAVE = (
     NOW_MS
-    + GONE
+    + LEASES
     + """
 local was = redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[4], ARGV[1])
-gone(KEYS[5], ARGV[1], now + tonumber(ARGV[3]), ARGV[3])
+leased(KEYS[5], ARGV[1], now + tonumber(ARGV[3]), ARGV[3])
 if KEYS[6] then redis.call('ZREM', KEYS[6], ARGV[1]) end
 if was == 1 then redis.call('PUBLISH', ARGV[2], ARGV[1]) end
 return was
@@ -76,9 +76,9 @@ return was
 # restarted Redis lost is written again; not one taken or left meanwhile (0).
 RENEW_PLACE = (
     NOW_MS
+    + LEASES
     + """
-local gone = redis.call('ZSCORE', KEYS[4], ARGV[1])
-if gone and tonumber(gone) > now then return 0 end
+if still(KEYS[4], ARGV[1]) then return 0 end
 local expiry = now + tonumber(ARGV[2])
 redis.call('ZADD', KEYS[1], expiry, ARGV[1])
 redis.call('ZADD', KEYS[2], expiry, ARGV[1])
@@ -95,10 +95,9 @@ return 1
 # it renews; one killed outright is gone within its lease.
 PRESENT = (
     NOW_MS
+    + LEASES
     + """
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
-redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
+leased(KEYS[1], ARGV[1], now + tonumber(ARGV[2]), ARGV[2])
 return 1
 """
 )

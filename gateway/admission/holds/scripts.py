@@ -29,7 +29,7 @@ __all__ = [
     "ASKING_MS",
     "COUNT_IN",
     "FORGET_EXPIRED",
-    "GONE",
+    "LEASES",
     "NOW_MS",
     "RELEASE",
     "RENEW",
@@ -58,13 +58,18 @@ end
 """
 
 # A payer's next finish tag: after the house's clock and after its own last tag, by cost.
-# A place taken or left, for a lease: a renewal racing its TAKE or LEAVE (sent before it,
-# run after it) must not write it back.
-GONE = """
-local function gone(key, id, expiry, lease)
+# A member of a set scored by expiry, kept until then (the key outlives it by a lease):
+# the places and holds gone lately, which a renewal racing their TAKE, LEAVE or RELEASE (sent
+# before it, run after it) must not write back; the replicas there.
+LEASES = """
+local function leased(key, id, expiry, lease)
   redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
   redis.call('ZADD', key, expiry, id)
   redis.call('PEXPIRE', key, 2 * tonumber(lease))
+end
+local function still(key, id)
+  local until_ = redis.call('ZSCORE', key, id)
+  return until_ ~= false and tonumber(until_) > now
 end
 """
 TAG = """
@@ -87,7 +92,7 @@ TAKE = (
     NOW_MS
     + FORGET_EXPIRED
     + TAG
-    + GONE
+    + LEASES
     + """
 local function asked()
   if ARGV[7] ~= '' and redis.call('ZSCORE', KEYS[4], ARGV[7]) then
@@ -210,7 +215,7 @@ if rank then
   redis.call('HDEL', KEYS[5], ARGV[7])
   redis.call('HDEL', KEYS[6], ARGV[7])
   redis.call('ZREM', KEYS[8], ARGV[7])
-  gone(ARGV[13] .. ':house:gone', ARGV[7], expiry, ARGV[6])
+  leased(ARGV[13] .. ':house:gone', ARGV[7], expiry, ARGV[6])
   if KEYS[13] then redis.call('ZREM', KEYS[13], ARGV[7]) end
 end
 return 1
@@ -221,9 +226,9 @@ return 1
 # it, a person's light request. A hold released meanwhile is not written back (0).
 RENEW = (
     NOW_MS
+    + LEASES
     + """
-local gone = redis.call('ZSCORE', KEYS[6], ARGV[1])
-if gone and tonumber(gone) > now then return 0 end
+if still(KEYS[6], ARGV[1]) then return 0 end
 local expiry = now + tonumber(ARGV[2])
 local sets = ARGV[3] == '1' and 3 or 2
 for i = 1, sets do
@@ -247,13 +252,13 @@ return 1
 # lease. Marked gone for a lease: a renewal sent before, run after, writes nothing back.
 RELEASE = (
     NOW_MS
-    + GONE
+    + LEASES
     + """
 for i = 1, 3 do redis.call('ZREM', KEYS[i], ARGV[1]) end
 redis.call('ZREM', KEYS[5], ARGV[1])
 if KEYS[7] then redis.call('ZREM', KEYS[7], ARGV[1]) end
 redis.call('ZREM', KEYS[4], ARGV[3])
-gone(KEYS[6], ARGV[1], now + tonumber(ARGV[4]), ARGV[4])
+leased(KEYS[6], ARGV[1], now + tonumber(ARGV[4]), ARGV[4])
 redis.call('PUBLISH', ARGV[2], ARGV[1])
 return 1
 """
