@@ -536,6 +536,25 @@ async def test_generated_headers_never_get_a_5xx_or_a_traceback(
     assert not [entry for entry in logs if entry["log_level"] in ("error", "critical")]
 
 
+class TestChatBodiesNoServerTakes:
+    async def test_a_body_no_reading_takes_is_refused_and_one_go_takes_is_sent(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """messages: 5 no server takes (a router would start the model first): the gateway's
+        400, nothing sent. ``Messages`` and ``Role`` Ollama's Go decoder reads as
+        ``messages`` and ``role``: sent, as without the gateway."""
+        sim, gateway = await start(start_sim, start_gateway)
+        path, hi = "/v1/chat/completions", {"role": "user", "content": "hi"}
+        status, text = await post(
+            gateway, path, json.dumps({"model": MODEL, "messages": 5}).encode()
+        )
+        assert status == 400 and "messages must be a list of messages" in text
+        assert sim.stats.prompts == []
+        for body in ({"Messages": [hi]}, {"messages": [{"Role": "user", "content": "hi"}]}):
+            status, text = await post(gateway, path, json.dumps({"model": MODEL, **body}).encode())
+            assert status == 200, (body, text)
+
+
 class TestOneCompletionARequest:
     @pytest.mark.parametrize(
         ("path", "body"),

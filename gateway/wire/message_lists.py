@@ -13,6 +13,8 @@ it, and the swap bar (``swaps/bar.py``) keeps its sender from doing it twice.
 
 from __future__ import annotations
 
+from gateway.wire.ambiguity import canonical_keys
+
 __all__ = ["message_list_error"]
 
 _CHATS = frozenset({"/v1/chat/completions", "/v1/messages"})
@@ -20,7 +22,16 @@ _LENGTHS = ("max_tokens", "max_completion_tokens")
 
 
 def message_list_error(path: str, values: dict[str, object]) -> str | None:
-    """Why the body of a request to ``path`` is one no server takes, or None."""
+    """Why the body of a request to ``path`` is one no server takes, or None. Read as
+    llama-server reads it (its keys exactly) and as Ollama's Go decoder does (blind to
+    case): refused only if neither takes it (``Messages`` is Ollama's ``messages``)."""
+    said = _error(path, values, fold=False)
+    return said if said is not None and _error(path, values, fold=True) is not None else None
+
+
+def _error(path: str, values: dict[str, object], fold: bool) -> str | None:
+    if fold:
+        values = canonical_keys(values) or values
     for name in _LENGTHS:
         length = values.get(name)
         if length is not None and (isinstance(length, bool) or not isinstance(length, int | float)):
@@ -33,6 +44,8 @@ def message_list_error(path: str, values: dict[str, object]) -> str | None:
     for message in messages:
         if not isinstance(message, dict):
             return "each of messages must be an object (a role and its content)"
+        if fold:
+            message = canonical_keys(message) or message
         if not isinstance(message.get("role"), str):
             return "each message's role must be a string"
         content = message.get("content")
