@@ -4,10 +4,10 @@ Once the head and the first bytes have gone out through aiohttp, a chunked reply
 stream) is passed on from the backend connection's own callback: each read's bytes, joined,
 go to the client in one send (with the body's end, when it came in the same read), with no
 task wake-up between; the relay's task wakes only at the end, on a failure, or when the
-client's buffer is full. Per read, and not per token,
-the gaps between reads are noted (ITL), the bytes counted, the tail kept for the tallies and
-the newlines counted for the fair scheduler's meter. Chunk boundaries are not part of NDJSON
-or SSE, so joining reads changes no byte a client parses.
+client's buffer is full. Per read, and not per token, the gaps between reads are noted
+(ITL), the bytes counted, the tail kept for the tallies (and a stream's end event) and the
+newlines counted for the fair scheduler's meter. Chunk boundaries are not part of NDJSON or
+SSE, so joining reads changes no byte a client parses.
 
 One timer watches every reply, waking once per period rather than per read: for the
 backend's silence (``timeouts.idle``) and for a client that stops reading
@@ -236,9 +236,11 @@ class _Tail:
 
     def cut(self) -> bool:
         """Whether the stream, if it ends here, ended before its API's end event."""
-        # Once a reply, at its end: the window joined is a copy of 16 KiB at most.
-        tail = b"".join(self._chunks)[-STREAM_END_BYTES:] if self._end is not None else b""
-        return self._end is not None and self._end not in tail
+        end, chunks = self._end, self._chunks
+        last = chunks[-1] if end is not None and chunks else b""  # the end event, nearly always
+        if end is not None and len(last) < STREAM_END_BYTES and len(chunks) > 1:
+            last = b"".join(chunks)
+        return end is not None and end not in last[-STREAM_END_BYTES:]
 
 
 class _Meter:
