@@ -15,12 +15,9 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
-from dotenv import dotenv_values
-
-from gateway.config import parse_listen
+from gateway.config import environment, parse_listen
 from gateway.core import format_size, printable
 
 __all__ = [
@@ -42,8 +39,7 @@ class StatusError(Exception):
 def add_status_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--url",
-        default=local_gateway(),
-        help="the gateway (default: this machine's, at FAIRGATE_LISTEN's port: %(default)s)",
+        help="the gateway (default: this machine's, at FAIRGATE_LISTEN's port)",
     )
     parser.add_argument(
         "--key",
@@ -65,11 +61,8 @@ def _interval(text: str) -> float:
 
 def local_gateway() -> str:
     """The gateway on this machine: at FAIRGATE_LISTEN (the environment's, else .env's)."""
-    listen = os.environ.get("FAIRGATE_LISTEN")
-    if listen is None and Path(".env").is_file():
-        listen = dotenv_values(".env").get("FAIRGATE_LISTEN")
     try:
-        host, port = parse_listen(listen or "127.0.0.1:8080")
+        host, port = parse_listen(environment().get("FAIRGATE_LISTEN") or "127.0.0.1:8080")
     except ValueError:
         host, port = "127.0.0.1", 8080  # serve says what is wrong with it
     host = "127.0.0.1" if host in ("0.0.0.0", "::") else host  # every address: ask loopback
@@ -77,6 +70,7 @@ def local_gateway() -> str:
 
 
 def run_status(args: argparse.Namespace) -> int:
+    args.url = args.url or local_gateway()
     if not args.watch:
         try:
             print(render_text(fetch(args.url, args.key)))
