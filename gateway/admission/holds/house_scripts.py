@@ -81,13 +81,9 @@ RENEW_PLACE = (
 if still(KEYS[4], ARGV[1]) then return 0 end
 local expiry = now + tonumber(ARGV[2])
 redis.call('ZADD', KEYS[1], expiry, ARGV[1])
-redis.call('ZADD', KEYS[2], expiry, ARGV[1])
+kept(KEYS[2], ARGV[1], expiry, ARGV[2])
 redis.call('HSETNX', KEYS[3], ARGV[1], ARGV[3])
-redis.call('PEXPIRE', KEYS[2], 2 * tonumber(ARGV[2]))
-if KEYS[5] then
-  redis.call('ZADD', KEYS[5], expiry, ARGV[1])
-  redis.call('PEXPIRE', KEYS[5], 2 * tonumber(ARGV[2]))
-end
+if KEYS[5] then kept(KEYS[5], ARGV[1], expiry, ARGV[2]) end
 return 1
 """
 )

@@ -62,10 +62,13 @@ end
 # the places and holds gone lately, which a renewal racing their TAKE, LEAVE or RELEASE (sent
 # before it, run after it) must not write back; the replicas there.
 LEASES = """
-local function leased(key, id, expiry, lease)
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+local function kept(key, id, expiry, lease)
   redis.call('ZADD', key, expiry, id)
   redis.call('PEXPIRE', key, 2 * tonumber(lease))
+end
+local function leased(key, id, expiry, lease)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  kept(key, id, expiry, lease)
 end
 local function still(key, id)
   local until_ = redis.call('ZSCORE', key, id)
@@ -230,20 +233,10 @@ RENEW = (
     + """
 if still(KEYS[6], ARGV[1]) then return 0 end
 local expiry = now + tonumber(ARGV[2])
-local sets = ARGV[3] == '1' and 3 or 2
-for i = 1, sets do
-  redis.call('ZADD', KEYS[i], expiry, ARGV[1])
-  redis.call('PEXPIRE', KEYS[i], 2 * tonumber(ARGV[2]))
-end
+for i = 1, ARGV[3] == '1' and 3 or 2 do kept(KEYS[i], ARGV[1], expiry, ARGV[2]) end
 redis.call('ZADD', KEYS[4], expiry, ARGV[4])
-if ARGV[5] == '1' then
-  redis.call('ZADD', KEYS[5], expiry, ARGV[1])
-  redis.call('PEXPIRE', KEYS[5], 2 * tonumber(ARGV[2]))
-end
-if KEYS[7] then
-  redis.call('ZADD', KEYS[7], expiry, ARGV[1])
-  redis.call('PEXPIRE', KEYS[7], 2 * tonumber(ARGV[2]))
-end
+if ARGV[5] == '1' then kept(KEYS[5], ARGV[1], expiry, ARGV[2]) end
+if KEYS[7] then kept(KEYS[7], ARGV[1], expiry, ARGV[2]) end
 return 1
 """
 )
