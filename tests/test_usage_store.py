@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -137,3 +138,34 @@ async def test_a_batch_whose_reply_was_lost_is_counted_once_when_the_client_send
     ttls = [await client.ttl(key) for key in marks]
     await client.aclose()
     assert len(marks) == 1 and 0 < ttls[0] <= APPLIED_SECONDS  # one batch, one mark, expiring
+
+
+async def _scans(client: aioredis.Redis) -> int:
+    return int((await client.info("commandstats")).get("cmdstat_scan", {}).get("calls", 0))
+
+
+async def test_a_report_reads_its_days_from_the_index_and_scans_for_older_rows_once(
+    redis_url: str,  # noqa: F811
+) -> None:
+    """Rows an older gateway wrote (no day index) are found by one scan; after it, and for
+    rows written since, a report reads the index and scans nothing, however large the
+    keyspace the house's leases make."""
+    client = aioredis.Redis.from_url(redis_url)
+    older = json.dumps([9, "bob", "m", "requests"])
+    await client.hset("fairgate:usage:rows:2025-03-13", older, 3)  # as an older gateway did
+    store = RedisUsage(redis_url)
+    await store.add(batch(), NOON)
+    first, _ = await store.rows(("2025-03-13", 0))
+    scans = await _scans(client)
+    again, _ = await store.rows(("2025-03-13", 0))
+    await store.add(batch(day="2025-03-15", hour=1), NOON)
+    later, _ = await store.rows(("2025-03-14", 0))
+    assert await _scans(client) == scans  # the index alone, once filled
+    await store.close()
+    await client.aclose()
+    assert [(r.day, r.user, r.requests) for r in first] == [
+        ("2025-03-13", "bob", 3),
+        ("2025-03-14", "alice", 1),
+    ]
+    assert again == first
+    assert [(r.day, r.hour) for r in later] == [("2025-03-14", 12), ("2025-03-15", 1)]

@@ -5,7 +5,10 @@ minute totals, then a read of those totals, so what a replica reads back include
 batch and every other replica's flushed ones. Hourly rows are hashes per day whose fields
 are JSON arrays (``[13, "alice", "llama3.2:3b", "requests"]``), so that any user or model
 name stays one field; they expire after ``KEEP_DAYS``, the window totals soon after their
-window. Redis must persist (``appendonly yes``) for usage to outlive a Redis restart.
+window. The days that have rows are kept in one sorted set (``DAYS``), so that a report reads
+its days without scanning the keyspace, which the house's leases and marks make large; rows
+written before that set existed are found once by a scan (``_index_days``). Redis must
+persist (``appendonly yes``) for usage to outlive a Redis restart.
 
 A batch may be sent twice: the client re-sends a command whose reply did not come within
 its socket timeout (``core/redis_client.py``), and the ledger sends a batch again after a
@@ -34,13 +37,15 @@ __all__ = ["APPLIED_SECONDS", "KEEP_DAYS", "RedisUsage"]
 log = structlog.get_logger("fairgate.usage")
 
 PREFIX = "fairgate:usage"
+DAYS = f"{PREFIX}:days"  # a sorted set, every score 0: the days with rows, read by their order
+_DAYS_INDEXED = f"{DAYS}:indexed"  # set once the rows written before DAYS are in it
 KEEP_DAYS = 400  # hourly rows: a year of reports, and the same days of last year
 _DAY_SECONDS = 86400
 APPLIED_SECONDS = _DAY_SECONDS  # a batch's mark: a day of retries after a lost reply
 _COUNTS = ("requests", "prompt_tokens", "completion_tokens", "slot_seconds")
 
 # KEYS: the batch's mark, the day, hour and minute totals to read, then the keys written.
-# ARGV: the mark's lifetime, then four per write: kind (HINCRBY, HINCRBYFLOAT, EXPIRE), the
+# ARGV: the mark's lifetime, then four per write: kind (HINCRBY, HINCRBYFLOAT, EXPIRE, ZADD), the
 # index of its key in KEYS, the field, the amount. Returns whether the batch was a repeat,
 # then the three totals. The mark comes first: a write that fails halfway (a key of the
 # wrong type) is not applied again, so a fault undercounts rather than counting twice.
@@ -54,6 +59,8 @@ if #ARGV > 1 then
         redis.call('HINCRBY', key, ARGV[i + 2], ARGV[i + 3])
       elseif kind == 'f' then
         redis.call('HINCRBYFLOAT', key, ARGV[i + 2], ARGV[i + 3])
+      elseif kind == 'z' then
+        redis.call('ZADD', key, 0, ARGV[i + 2])
       else
         redis.call('EXPIRE', key, ARGV[i + 3])
       end
@@ -107,18 +114,14 @@ class RedisUsage:
         return _totals(windows, _pairs(day), _pairs(hour), _pairs(minute))
 
     async def rows(self, since: tuple[str, int]) -> tuple[list[UsageRow], list[RefusalRow]]:
-        day = since[0]
         usage: list[UsageRow] = []
         refusals: list[RefusalRow] = []
         try:
-            days = set()
-            for kind in ("rows", "refusals"):  # a day may have refusals only
-                async for key in self._redis.scan_iter(match=f"{PREFIX}:{kind}:*", count=1000):
-                    days.add(key.decode().rsplit(":", 1)[1])
-            for stored in sorted(d for d in days if d >= day):
-                usage += _usage_rows(stored, await self._redis.hgetall(_rows_key(stored)))
-                found = await self._redis.hgetall(_refusals_key(stored))
-                refusals += _refusal_rows(stored, found)
+            await self._index_days()
+            for stored in await self._redis.zrange(DAYS, f"[{since[0]}", "+", bylex=True):
+                day = stored.decode() if isinstance(stored, bytes) else str(stored)
+                usage += _usage_rows(day, await self._redis.hgetall(_rows_key(day)))
+                refusals += _refusal_rows(day, await self._redis.hgetall(_refusals_key(day)))
         except (RedisError, OSError) as exc:
             raise StoreError(f"Redis: {exc!r}") from exc
         usage = [r for r in usage if (r.day, r.hour) >= since]
@@ -126,6 +129,19 @@ class RedisUsage:
         usage.sort(key=lambda r: (r.day, r.hour, r.user, r.model))
         refusals.sort(key=lambda r: (r.day, r.hour, r.user, r.reason))
         return usage, refusals
+
+    async def _index_days(self) -> None:
+        """The days of rows written before ``DAYS`` existed (by an older gateway), put in it
+        once: a scan of the keyspace, then never again on this Redis."""
+        if await self._redis.exists(_DAYS_INDEXED):
+            return
+        days = set()
+        for kind in ("rows", "refusals"):  # a day may have refusals only
+            async for key in self._redis.scan_iter(match=f"{PREFIX}:{kind}:*", count=1000):
+                days.add(key.decode().rsplit(":", 1)[1])
+        if days:
+            await self._redis.zadd(DAYS, dict.fromkeys(days, 0))
+        await self._redis.set(_DAYS_INDEXED, "1")
 
     async def close(self) -> None:
         with contextlib.suppress(RedisError, OSError):
@@ -148,6 +164,9 @@ class _Writes:
 
     def expire(self, key: str, seconds: int) -> None:
         self._write("x", key, "", seconds)
+
+    def zadd(self, key: str, member: str) -> None:
+        self._write("z", key, member, 0)
 
     def _write(self, kind: str, key: str, field: str, amount: int | float) -> None:
         index = self._index.get(key)
@@ -192,6 +211,7 @@ def _increments(writes: _Writes, batch: Batch) -> None:
     for day in days:
         writes.expire(_rows_key(day), KEEP_DAYS * _DAY_SECONDS)
         writes.expire(_refusals_key(day), KEEP_DAYS * _DAY_SECONDS)
+        writes.zadd(DAYS, day)
     for key, seconds in windows.items():
         writes.expire(key, seconds)
 
