@@ -38,7 +38,7 @@ from pydantic import ValidationError
 
 from gateway import __version__
 from gateway.cli.check_config import add_check_arguments
-from gateway.cli.first_run import listen_problem, warn_about_example_keys
+from gateway.cli.first_run import listen_problem, warn_about_weak_keys
 from gateway.cli.init import add_init_arguments
 from gateway.cli.keys import add_keys_arguments
 from gateway.cli.status import add_status_arguments, run_status
@@ -182,7 +182,7 @@ def _serve(args: argparse.Namespace) -> int:
     except PolicyError as exc:
         print(f"fairgate: cannot start: {exc}", file=sys.stderr)
         return 2
-    warn_about_example_keys(policy)
+    warn_about_weak_keys(policy)
     from gateway.app import run_app
     from gateway.usage import StoreError
 

@@ -25,7 +25,7 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An empty working directory (no .env) holding a valid policy as ``fairgate.yaml``."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "fairgate.yaml").write_text(
-        "users:\n  alice:\n    keys: [alice-key]\n" + GPU, encoding="utf-8"
+        "users:\n  alice:\n    keys: [alice-key-of-her-own]\n" + GPU, encoding="utf-8"
     )
     return tmp_path
 
@@ -229,6 +229,25 @@ def test_a_key_of_the_shipped_examples_is_warned_of(workdir: Path) -> None:
     assert done.returncode == 0
     assert done.stdout == "fairgate.yaml: ok (1 backend(s), but 1 key(s) anyone may know)\n"
     assert "users.alice: the key 'change-me-alice' is one of Fairgate's shipped" in done.stderr
+
+
+def test_a_short_plain_key_is_warned_of_and_a_long_or_hashed_one_is_not(workdir: Path) -> None:
+    """A key such as ``1234`` passes (serve serves it), but the check says it can be found by
+    trying keys in turn; a key of 12 characters or more, and a ``sha256:`` digest whose key's
+    length is unknown, are not warned of."""
+    digest = hashlib.sha256(b"7").hexdigest()
+    (workdir / "fairgate.yaml").write_text(
+        "users:\n  alice:\n    keys: ['1234']\n  bob:\n    keys: [bobs-own-key]\n"
+        f"  carol:\n    keys: ['sha256:{digest}']\n" + GPU,
+        encoding="utf-8",
+    )
+    done = check()
+    assert done.returncode == 0
+    assert done.stdout == "fairgate.yaml: ok (1 backend(s), but 1 short key(s))\n"
+    assert done.stderr == (
+        "warning: users.alice: a key of 4 characters can be found by trying keys in turn: "
+        "replace it (fairgate keys new alice)\n"
+    )
 
 
 def test_a_dot_env_line_no_reader_can_read_is_named_once_at_its_line(workdir: Path) -> None:

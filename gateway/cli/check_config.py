@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from gateway.cli.first_run import example_keys_in
+from gateway.cli.first_run import example_keys_in, short_keys_in
 from gateway.cli.status import duration_text
 from gateway.config import (
     EnvironmentFileError,
@@ -80,7 +80,16 @@ def _check_config(args: argparse.Namespace) -> int:
             f"anyone may know it: replace it (fairgate keys new {user})",
             file=sys.stderr,
         )
-    but = f", but {len(known)} key(s) anyone may know" if known else ""
+    short = list(short_keys_in(policy))
+    for user, key in short:
+        print(
+            f"warning: users.{user}: a key of {len(key)} characters can be found by trying "
+            f"keys in turn: replace it (fairgate keys new {user})",
+            file=sys.stderr,
+        )
+    weak = [f"{len(known)} key(s) anyone may know"] if known else []
+    weak += [f"{len(short)} short key(s)"] if short else []
+    but = f", but {' and '.join(weak)}" if weak else ""
     print(f"{args.file}: ok ({len(policy.backends)} backend(s){but})")
     return 0
 

@@ -1,8 +1,11 @@
-"""What ``fairgate serve`` says before it serves: keys everybody knows, a port it cannot have.
+"""What ``fairgate serve`` says before it serves: keys everybody knows or can guess, a port it
+cannot have.
 
 The shipped example policies carry keys that anyone who has read them can use: a gateway
-started on one of them unchanged is open to the LAN. The warning is logged at start, where
-the admin looks when something is wrong, and costs nothing afterwards.
+started on one of them unchanged is open to the LAN. A short key (``1234``, ``alice``) is
+open to whoever tries keys in turn: the gateway answers each wrong one at once. The warnings
+are logged at start, where the admin looks when something is wrong, and cost nothing
+afterwards.
 """
 
 from __future__ import annotations
@@ -16,7 +19,14 @@ import structlog
 
 from gateway.config import Policy
 
-__all__ = ["EXAMPLE_KEYS", "example_keys_in", "listen_problem", "warn_about_example_keys"]
+__all__ = [
+    "EXAMPLE_KEYS",
+    "SHORT_KEY",
+    "example_keys_in",
+    "listen_problem",
+    "short_keys_in",
+    "warn_about_weak_keys",
+]
 
 log = structlog.get_logger("fairgate")
 
@@ -27,6 +37,10 @@ The files themselves are not installed with the package (the image ships the gat
 so the list is kept here; ``tests/test_process.py`` checks it against those files."""
 
 _BY_DIGEST = {hashlib.sha256(key.encode()).hexdigest(): key for key in EXAMPLE_KEYS}
+
+SHORT_KEY = 12
+"""A plain key with fewer characters is warned of as guessable (``fairgate keys new`` writes
+46). A ``sha256:`` or ``env:`` key is held as a digest, whose key's length is unknown."""
 
 
 def example_keys_in(policy: Policy) -> Iterator[tuple[str, str]]:
@@ -45,7 +59,15 @@ def _example(key: str) -> str | None:
     return key if key in EXAMPLE_KEYS else None
 
 
-def warn_about_example_keys(policy: Policy) -> None:
+def short_keys_in(policy: Policy) -> Iterator[tuple[str, str]]:
+    """(user, key) for each plain key of the policy shorter than ``SHORT_KEY``."""
+    for name, user in policy.users.items():
+        for key in user.keys:
+            if not key.startswith("sha256:") and len(key) < SHORT_KEY:
+                yield name, key
+
+
+def warn_about_weak_keys(policy: Policy) -> None:
     for user, key in example_keys_in(policy):
         log.warning(
             "example_key",
@@ -53,6 +75,14 @@ def warn_about_example_keys(policy: Policy) -> None:
             key=key,
             hint="this key is in Fairgate's shipped examples, so anyone may know it: "
             "replace it in the policy file",
+        )
+    for user, key in short_keys_in(policy):
+        log.warning(
+            "short_key",
+            user=user,
+            characters=len(key),
+            hint=f"a key this short can be found by trying keys in turn: replace it "
+            f"(fairgate keys new {user})",
         )
 
 
