@@ -26,7 +26,7 @@ import yaml
 from fairsim import SimConfig, Simulator, add_sim_arguments, sim_config_from_args
 from gateway.app import bound_url, start_server
 from gateway.backends.watch.probes import ProbeFailed, probe
-from gateway.cli.first_run import EXAMPLE_KEYS, example_keys_in
+from gateway.cli.first_run import EXAMPLE_KEYS, weak_keys
 from gateway.config.policy import parse_policy
 from gateway.config.settings import Settings
 from tests.conftest import Gateway, StartGateway, StartSim, one_backend
@@ -327,7 +327,7 @@ class TestExampleKeys:
             "  kids: {keys: ['env:KIDS_KEY']}\n"
             "  carol: {keys: [a-long-random-key-of-her-own]}\n" + one_backend("http://127.0.0.1:9")
         )
-        assert sorted(example_keys_in(policy)) == [
+        assert sorted((k.user, k.example) for k in weak_keys(policy)) == [
             ("alice", "change-me-alice"),
             ("bob", "change-me-bob"),
             ("kids", "change-me-kids"),

@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from gateway.cli.first_run import example_keys_in, short_keys_in
+from gateway.cli.first_run import weak_keys
 from gateway.cli.status import duration_text
 from gateway.config import (
     EnvironmentFileError,
@@ -73,23 +73,13 @@ def _check_config(args: argparse.Namespace) -> int:
         return 1
     for sentence in _unlikely_waits(policy, yaml.safe_load(args.file.read_text(encoding="utf-8"))):
         print(f"warning: {sentence}", file=sys.stderr)
-    known = list(example_keys_in(policy))
-    for user, key in known:  # served all the same, as serve does, with a warning
-        print(
-            f"warning: users.{user}: the key {key!r} is one of Fairgate's shipped examples, so "
-            f"anyone may know it: replace it (fairgate keys new {user})",
-            file=sys.stderr,
-        )
-    short = list(short_keys_in(policy))
-    for user, key in short:
-        print(
-            f"warning: users.{user}: a key of {len(key)} characters can be found by trying "
-            f"keys in turn: replace it (fairgate keys new {user})",
-            file=sys.stderr,
-        )
-    weak = [f"{len(known)} key(s) anyone may know"] if known else []
-    weak += [f"{len(short)} short key(s)"] if short else []
-    but = f", but {' and '.join(weak)}" if weak else ""
+    weak = list(weak_keys(policy))
+    for key in weak:  # served all the same, as serve does, with a warning
+        print(f"warning: users.{key.user}: {key.why}", file=sys.stderr)
+    known = sum(1 for key in weak if key.example)
+    counts = [f"{known} key(s) anyone may know"] if known else []
+    counts += [f"{len(weak) - known} short key(s)"] if len(weak) > known else []
+    but = f", but {' and '.join(counts)}" if counts else ""
     print(f"{args.file}: ok ({len(policy.backends)} backend(s){but})")
     return 0
 

@@ -14,6 +14,7 @@ import errno
 import hashlib
 import socket
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import structlog
 
@@ -22,10 +23,10 @@ from gateway.config import Policy
 __all__ = [
     "EXAMPLE_KEYS",
     "SHORT_KEY",
-    "example_keys_in",
+    "WeakKey",
     "listen_problem",
-    "short_keys_in",
     "warn_about_weak_keys",
+    "weak_keys",
 ]
 
 log = structlog.get_logger("fairgate")
@@ -43,14 +44,30 @@ SHORT_KEY = 12
 46). A ``sha256:`` or ``env:`` key is held as a digest, whose key's length is unknown."""
 
 
-def example_keys_in(policy: Policy) -> Iterator[tuple[str, str]]:
-    """(user, example key) for each key of the policy that is one of the shipped examples,
-    plain or ``sha256:`` (the policy holds an ``env:`` key as the digest of its value)."""
+@dataclass(frozen=True, slots=True)
+class WeakKey:
+    """A key of the policy that others may know or guess, said the same by serve's log and
+    by check-config."""
+
+    user: str
+    event: str  # the log's word: example_key, short_key
+    why: str  # what is wrong with it, and the fix
+    example: str | None = None  # the shipped key it is, which anyone may read anyway
+
+
+def weak_keys(policy: Policy) -> Iterator[WeakKey]:
+    """Each key of the policy that is one of the shipped examples (plain or ``sha256:``; the
+    policy holds an ``env:`` key as the digest of its value), or a plain key shorter than
+    ``SHORT_KEY``."""
     for name, user in policy.users.items():
+        fix = f"replace it (fairgate keys new {name})"
         for key in user.keys:
-            example = _example(key)
-            if example is not None:
-                yield name, example
+            if (example := _example(key)) is not None:
+                why = f"the key {example!r} is one of Fairgate's shipped examples, so anyone "
+                yield WeakKey(name, "example_key", f"{why}may know it: {fix}", example)
+            elif not key.startswith("sha256:") and len(key) < SHORT_KEY:
+                why = f"a key of {len(key)} characters can be found by trying keys in turn"
+                yield WeakKey(name, "short_key", f"{why}: {fix}")
 
 
 def _example(key: str) -> str | None:
@@ -59,31 +76,10 @@ def _example(key: str) -> str | None:
     return key if key in EXAMPLE_KEYS else None
 
 
-def short_keys_in(policy: Policy) -> Iterator[tuple[str, str]]:
-    """(user, key) for each plain key of the policy shorter than ``SHORT_KEY``."""
-    for name, user in policy.users.items():
-        for key in user.keys:
-            if not key.startswith("sha256:") and len(key) < SHORT_KEY:
-                yield name, key
-
-
 def warn_about_weak_keys(policy: Policy) -> None:
-    for user, key in example_keys_in(policy):
-        log.warning(
-            "example_key",
-            user=user,
-            key=key,
-            hint="this key is in Fairgate's shipped examples, so anyone may know it: "
-            "replace it in the policy file",
-        )
-    for user, key in short_keys_in(policy):
-        log.warning(
-            "short_key",
-            user=user,
-            characters=len(key),
-            hint=f"a key this short can be found by trying keys in turn: replace it "
-            f"(fairgate keys new {user})",
-        )
+    for weak in weak_keys(policy):
+        shown = {"key": weak.example} if weak.example else {}
+        log.warning(weak.event, user=weak.user, hint=weak.why, **shown)
 
 
 # What a failed bind means, for the errors a listening address commonly meets.
