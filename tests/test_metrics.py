@@ -81,10 +81,17 @@ async def test_every_metric_the_dashboard_and_alerts_use_is_exposed(
 async def test_requests_rejections_and_tokens_are_counted(
     start_sim: StartSim, start_gateway: StartGateway
 ) -> None:
-    """Counters carry bounded labels: configured user or anonymous, known model or other."""
+    """Counters carry bounded labels: configured user or anonymous, known model or other. A
+    read that names a model (a model's listing, a count of tokens) is not a request for one."""
     _, sim_url = await start_sim()
     gateway = await start_gateway(one_backend(sim_url, slots=2))
     await workload(gateway)
+    count = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{gateway.url}/v1/models/{MODEL}") as reply:
+            assert reply.status == 200
+        async with session.post(gateway.url + "/v1/messages/count_tokens", json=count) as reply:
+            assert reply.status == 404  # only llama-server counts: refused, with why
     families = await scrape(gateway)
     requests = {
         (labels["model"], labels["code"]): value
@@ -97,7 +104,10 @@ async def test_requests_rejections_and_tokens_are_counted(
         for name, labels, value in families["fairgate_rejections"]
         if name.endswith("_total")
     ]
-    assert rejections == [({"user": "anonymous", "reason": "model_not_found"}, 1.0)]
+    assert rejections == [
+        ({"user": "anonymous", "reason": "model_not_found"}, 1.0),
+        ({"user": "anonymous", "reason": "not_found"}, 1.0),
+    ]
     completion = [
         value
         for name, _, value in families["fairgate_completion_tokens"]

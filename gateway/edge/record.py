@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gateway.core import Lane, Reason, RequestClass
+from gateway.core import GENERATION_PATHS, Lane, Reason, RequestClass
 from gateway.edge.forwarded import Client
 
 __all__ = ["NOWHERE", "Progress", "RecordListener", "RequestRecord"]
@@ -71,6 +71,13 @@ class RequestRecord:
     restarts: int = 0  # times it gave its slot to a person and ran again (background work)
     given_way_seconds: float = 0.0  # the waits and runs of the turns it gave up
     client_request_id: str | None = None  # a client's X-Request-Id not used as ours
+
+    @property
+    def generation(self) -> bool:
+        """Whether it asked a model for something (``GENERATION_PATHS``): what the metrics and
+        the house's history count as the household's requests, and not a listing, a count of
+        tokens or a page's poll."""
+        return self.path in GENERATION_PATHS
 
     def add(self, progress: Progress) -> None:
         """Take in what the relay reported of the reply."""

@@ -80,10 +80,10 @@ class History:
     def observe(self, record: RequestRecord) -> None:
         """Take in one finished request (a listener of the access log)."""
         refused = record.reason in REFUSALS
-        # Only a generation request is classified: listings, metrics scrapes and the house
-        # page's own polls are not the household's requests, nor are their refusals (a
-        # page's 401 before its key is typed, a scanner's /wp-login.php).
-        if not refused and record.request_class is None:
+        # Listings, counts of tokens, metrics scrapes and the house page's own polls are not
+        # the household's requests; refusals are, on its APIs' paths only (not a scanner's
+        # /wp-login.php).
+        if not refused and not record.generation:
             return
         if not record.path.startswith(API_PREFIXES):
             return

@@ -34,7 +34,6 @@ __all__ = ["Metrics"]
 # From tens of milliseconds (a warm short prompt) to minutes (a cold load, a long prefill).
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
 GAP_BUCKETS = (0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2.5, 5)
-_GENERATION = ("/api/chat", "/api/generate", "/api/embed", "/api/embeddings", "/v1/")
 
 
 class Metrics:
@@ -132,7 +131,7 @@ class Metrics:
         by_class = (request_class,)
         if record.reason in REFUSALS:
             self.rejections.inc((user, record.reason))
-        if record.model is None or not record.path.startswith(_GENERATION):
+        if record.model is None or not record.generation:
             return
         model = self._labels.model(record.model)
         self.requests.inc((user, model, request_class, str(record.status)))
