@@ -39,6 +39,7 @@ from gateway.routes.checks import (
     resolved,
     retrying_load,
 )
+from gateway.routes.targets import target_for
 from gateway.services import Services
 from gateway.wire import SLOT_PATHS, token_events, with_slot
 
@@ -315,26 +316,18 @@ class _Targets:
     def of(self, request: web.Request, backend: Backend, policy: Policy, fail_fast: bool) -> Target:
         path = request.path
         if request.raw_path != path:  # a query or an escape: the client's to vary, not kept
-            return _target(request, backend, policy, fail_fast)
+            events = token_events(path)
+            return target_for(backend, policy, request.path_qs, fail_fast=fail_fast, events=events)
         if policy is not self._policy:  # a reload: the old policy's are forgotten
             self._policy, self._made = policy, {}
         # The route's path (a generation path), and the backend's all that its Target reads.
         key = (backend.url, backend.kind, path, fail_fast)
         target = self._made.get(key)
         if target is None:
-            target = self._made[key] = _target(request, backend, policy, fail_fast)
+            target = self._made[key] = target_for(
+                backend, policy, path, fail_fast=fail_fast, events=token_events(path)
+            )
         return target
-
-
-def _target(request: web.Request, backend: Backend, policy: Policy, fail_fast: bool) -> Target:
-    return Target(
-        backend.url + request.path_qs,
-        policy.timeouts,
-        fail_fast=fail_fast,
-        close_connection=backend.llama_server,
-        keep_origin=not policy.cors.origins,
-        events=token_events(request.path),
-    )
 
 
 _NO_MANAGEMENT = "model management (pull, push, create, copy, delete) is disabled on this gateway"

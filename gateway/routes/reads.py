@@ -27,8 +27,9 @@ from gateway.config import model_key
 from gateway.core import Api, GatewayError, Reason
 from gateway.edge.http import NO_STORE, RECORD, body_size, defer_continue, read_body
 from gateway.intake import checked_name, model_forbidden, model_not_found, no_backend, parsed
-from gateway.relay import Relay, Target
+from gateway.relay import Relay
 from gateway.routes.checks import check_budget
+from gateway.routes.targets import target_for
 from gateway.routes.token_counting import COUNT_TOKENS, Counting, counting_backends
 from gateway.services import Services
 
@@ -208,13 +209,7 @@ class Reads:
     ) -> web.StreamResponse:
         record = request[RECORD]
         record.backend = backend.name
-        policy = self._services.policy.current.policy
-        target = Target(
-            backend.url + request.path,
-            policy.timeouts,
-            close_connection=backend.llama_server,  # as the generation routes do
-            keep_origin=not policy.cors.origins,
-        )
+        target = target_for(backend, self._services.policy.current.policy, request.path_qs)
         relay = Relay(self._services.upstream.replies, target, self._services.reply_headers)
         try:
             return await relay.run(request, body)
