@@ -120,7 +120,7 @@ def _arrive_at_once_or_join(room: Room, user: str, heavy: bool) -> Waiter:
         user, "m", Api.OLLAMA, input_tokens=3000 if heavy else 40, request_class=request_class
     )
     turn = asyncio.get_running_loop().create_future()
-    started = room.room.start_at_once(ticket, room.now)
+    started = room.room.start_at_once(ticket)
     if started is not None:  # no waiter: one standing for it, its turn done
         backend, _, weight = started
         turn.set_result(backend)
@@ -175,7 +175,7 @@ async def test_nobody_starts_at_once_past_a_request_that_waits() -> None:
     held = room.join("ann", heavy=True)  # held for the light request beside it
     assert not held.turn.done()
     ticket = Ticket("cy", "m", Api.OLLAMA, input_tokens=40)
-    assert room.room.start_at_once(ticket, room.now) is None
+    assert room.room.start_at_once(ticket) is None
     assert room.room.depth == 1
 
 
@@ -239,7 +239,7 @@ async def test_a_backend_marked_down_or_no_longer_listing_the_model_is_no_longer
     assert room.free_backends(ticket) == [gpu]
     gpu.state.models = frozenset({"other"})
     assert room.free_backends(ticket) == []
-    assert room.start_at_once(ticket, 0.0) is None
+    assert room.start_at_once(ticket) is None
 
 
 async def test_a_reload_that_changes_a_cost_keeps_who_has_had_how_much() -> None:

@@ -50,7 +50,7 @@ class LocalTurns:
         """The quick yes: a permit now if a place is free and nobody waits, else None."""
         # No waiter, no future: a request that starts at once has no turn to wait for.
         now = self._clock()
-        started = self._room.start_at_once(ticket, now)
+        started = self._room.start_at_once(ticket)
         if started is None:
             return None
         backend, placement, weight = started

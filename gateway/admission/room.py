@@ -118,7 +118,7 @@ class WaitingRoom:
         self._on_change()
         return waiter
 
-    def start_at_once(self, ticket: Ticket, now: float) -> QuickYes | None:
+    def start_at_once(self, ticket: Ticket) -> QuickYes | None:
         """The quick yes: with nobody waiting, a request that can start takes its slot now;
         None if it would have to wait. What ``join`` and ``dispatch`` would do, the request
         being the only one to choose from, without a waiter, a turn to resolve, nor a queue

@@ -1,7 +1,7 @@
 """The waiting room at one instant (for /status, metrics and the house page), and the order
 in which its waiting requests would go.
 
-Read-only views of ``waiting_room.WaitingRoom``: they never change its counts. The order is
+Read-only views of ``room.WaitingRoom``: they never change its counts. The order is
 played on a copy of the ordering, slot by slot: interactive requests first, as dispatch
 does. Caps, heavy and background slots are left out, so positions are an estimate.
 """

@@ -20,7 +20,6 @@ __all__ = [
     "FailedLoad",
     "LoadedModel",
     "RunsAtMost",
-    "model_key",
 ]
 
 OLLAMA_AUTOMATIC_MAX_LOADED = 3

@@ -43,17 +43,7 @@ from gateway.config.users import (
 from gateway.config.yaml_reader import PolicyError, read_yaml
 from gateway.core import Lane
 
-# BackendConfig, KeepAlivePolicy, Timeouts, Warmth re-exported: proxy, pump, relay, warmth use them.
-__all__ = [
-    "BackendConfig",
-    "KeepAlivePolicy",
-    "Policy",
-    "PolicyError",
-    "Timeouts",
-    "Warmth",
-    "load_policy",
-    "parse_policy",
-]
+__all__ = ["Policy", "PolicyError", "load_policy", "parse_policy"]
 
 
 class Policy(Strict):

@@ -68,7 +68,8 @@ class _Backend:
 
 
 class Residency:
-    """The gateway's view of what every Ollama backend holds; state kept by server (URL)."""
+    """The gateway's view of what every backend of many models (Ollama, a router) holds;
+    state kept by server (URL)."""
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self._clock = clock

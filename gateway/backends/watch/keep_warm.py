@@ -60,13 +60,12 @@ class KeepWarm:
     def snapshot(self) -> WarmthSnapshot:
         return WarmthSnapshot(dict(self.pings), dict(self.cold_starts))
 
-    def note_load(self, backend: str, model: str, load_seconds: float | None) -> bool:
+    def note_load(self, backend: str, model: str, load_seconds: float | None) -> None:
         """Count a cold start when a reply's load_duration passes the threshold."""
         if load_seconds is None or load_seconds <= self._settings.cold_start_after:
-            return False
+            return
         self.cold_starts[backend, model] += 1
         log.warning("cold_start", backend=backend, model=model, load_seconds=round(load_seconds, 3))
-        return True
 
     async def _keep_warm(self, config: BackendConfig) -> None:
         failures = 0
