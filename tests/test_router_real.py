@@ -184,7 +184,7 @@ async def test_a_model_the_router_cannot_load_unloads_no_other_again(
             await until(admission, lambda _: bool(router.state.failed_loads), within=30)
             assert (await chat(FAMILY))[0] == 200
             status, said = await chat("broken")
-            assert status == 503 and "failed to load (its process exited with code" in said
+            assert status == 503 and "failed to load 'broken' (its process exited with code" in said
             assert (await _router_models(llama_router.url))[FAMILY] == "loaded"
             held = (await status_of(gateway))["backends"]["router"]
             assert list(held["failed_loads"]) == ["broken"]

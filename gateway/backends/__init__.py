@@ -5,7 +5,7 @@ backends (HTTP) is ``backends.watch``.
 May import: ``config``, ``wire``, ``core``.
 """
 
-from gateway.backends.advice import runs_fewer, unavailable
+from gateway.backends.advice import failed_to_load, runs_fewer, unavailable
 from gateway.backends.pool import (
     FAILED_LOAD_MOST_SECONDS,
     FAILED_LOAD_SECONDS,
@@ -28,6 +28,7 @@ __all__ = [
     "BackendStates",
     "LoadedModel",
     "RunsAtMost",
+    "failed_to_load",
     "runs_fewer",
     "unavailable",
 ]

@@ -3,11 +3,11 @@ and a 503."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from gateway.backends.pool import Backend
 
-__all__ = ["runs_fewer", "unavailable"]
+__all__ = ["failed_to_load", "runs_fewer", "unavailable"]
 
 
 def runs_fewer(backend: Backend) -> str | None:
@@ -34,6 +34,18 @@ def runs_fewer(backend: Backend) -> str | None:
         f"{found.slots} its slots say (requests waited inside it for one another): set "
         f"{knob}, or write slots: {found.runs}; until then it is sent {found.runs} at a time"
     )
+
+
+def failed_to_load(failed: Mapping[str, int | None]) -> str | None:
+    """A router's models whose process exited as they loaded (model -> its exit code), in
+    words for /status, ``fairgate status``, the house page and a 503; None for none."""
+    if not failed:
+        return None
+    said = ", ".join(
+        model if code is None else f"{model} (its process exited with code {code})"
+        for model, code in failed.items()
+    )
+    return f"failed to load {said}: the backend's log says why"
 
 
 def unavailable(backends: Iterable[Backend]) -> str:

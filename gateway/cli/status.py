@@ -117,9 +117,8 @@ def _message(error: urllib.error.HTTPError) -> str:
 def render_text(status: dict[str, Any]) -> str:
     """The whole picture: slots, who runs, who waits, each user, recent refusals."""
     backends, queue = status["backends"], status["queue"]
-    busy = sum(b["busy"] for b in backends.values())
-    slots = sum(b["slots"] for b in backends.values())
-    head = f"{busy} of {slots} slots busy, {queue['depth']} waiting"
+    house = status["slots"]
+    head = f"{house['busy']} of {house['total']} slots busy, {queue['depth']} waiting"
     if queue["depth"]:
         head += f" (oldest {duration_text(queue['oldest_wait_seconds'])})"
     refused_edit = status["policy"]["last_error"]
@@ -129,27 +128,21 @@ def render_text(status: dict[str, Any]) -> str:
     where = _replicas(status)
     running, waiting = _running(status["running"], where), _waiting(queue["waiting"], where)
     parts = [head, _backends(backends), running, waiting]
-    fewer = [f"{name}: {b['runs_fewer']}" for name, b in backends.items() if b.get("runs_fewer")]
-    fewer += [
-        f"{name}: {_failed_loads(b)}" for name, b in backends.items() if b.get("failed_loads")
+    # What is wrong with a backend, and the fix, as /status says it.
+    troubles = [
+        f"{name}: {b[said]}"
+        for said in ("runs_fewer", "failed_to_load")
+        for name, b in backends.items()
+        if b.get(said)
     ]
-    if fewer:
-        parts.insert(2, "\n".join(fewer))
+    if troubles:
+        parts.insert(2, "\n".join(troubles))
     parts.append(_users(status["users"]))
     if status["refusals"]:
         parts.append(_refusals(status["refusals"][:5]))
     if status.get("strangers"):  # a wrong key's refusals, apart from the household's
         parts.append(_refusals(status["strangers"][:5], "NOT RECOGNISED"))
     return "\n\n".join(parts)
-
-
-def _failed_loads(backend: dict[str, Any]) -> str:
-    """A router's models that failed to load, as /status lists them, in words."""
-    failed = [
-        model if code is None else f"{model} (its process exited with code {code})"
-        for model, code in backend["failed_loads"].items()
-    ]
-    return f"failed to load {', '.join(failed)}: the backend's log says why"
 
 
 def _backends(backends: dict[str, Any]) -> str:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gateway.admission import HoldStore, RoomSnapshot
-from gateway.backends import Backend, BackendPool, runs_fewer
+from gateway.backends import Backend, BackendPool, failed_to_load, runs_fewer
 from gateway.backends.watch import WarmthSnapshot
 from gateway.config import Policy
 from gateway.observe.history import HistorySnapshot
@@ -55,6 +55,7 @@ class BackendSnapshot:
     model_counts: dict[tuple[str, str], float] = field(default_factory=dict)
     swap: PendingSwap | None = None  # the swap under way
     runs_fewer: str | None = None  # found to run fewer at once than its slots: what to do
+    failed_to_load: str | None = None  # ``failed_loads`` in words, where to look
     failed_loads: dict[str, int | None] = field(default_factory=dict)  # model -> exit code
 
 
@@ -119,6 +120,15 @@ class GatewaySnapshot:
     # Every configured user, and anyone else with use today (usage/ledger.py).
     usage: dict[str, UserUsage] = field(default_factory=dict)
 
+    @property
+    def busy(self) -> int:
+        """Slots busy in the whole house: what every view's "N of M slots busy" says."""
+        return sum(backend.busy for backend in self.backends)
+
+    @property
+    def slots(self) -> int:
+        return sum(backend.slots for backend in self.backends)
+
 
 def take(
     pool: BackendPool,
@@ -162,6 +172,7 @@ def _backend(backend: Backend, room: RoomSnapshot, heavy_slots: int) -> BackendS
     pending = room.swaps.pending.get(backend.key)
     said = state.names.get  # a router's models as it names them, not by the gateway's keys
     models = () if held is None else _models(name, held, room, said)
+    failed = {said(model, model): load.exit_code for model, load in state.failed_loads.items()}
     return BackendSnapshot(
         name=name,
         kind=backend.kind,
@@ -186,9 +197,8 @@ def _backend(backend: Backend, room: RoomSnapshot, heavy_slots: int) -> BackendS
         },
         swap=None if pending is None else PendingSwap(*pending),
         runs_fewer=runs_fewer(backend),
-        failed_loads={
-            said(model, model): load.exit_code for model, load in state.failed_loads.items()
-        },
+        failed_loads=failed,
+        failed_to_load=failed_to_load(failed),
     )
 
 

@@ -9,7 +9,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 
-from gateway.backends import FAILED_LOAD_SECONDS, Backend, BackendPool
+from gateway.backends import FAILED_LOAD_SECONDS, Backend, BackendPool, failed_to_load
 from gateway.config import Policy, model_key
 from gateway.core import Api, GatewayError, Reason, retry_after_header
 from gateway.intake import (
@@ -118,11 +118,10 @@ def _check_loads(serving: Sequence[Backend], model: str) -> None:
         return
     failed = (b.failed_load(model) for b in serving)
     due = min((load for load in failed if load is not None), key=lambda load: load.retry_at)
-    code = "" if due.exit_code is None else f" (its process exited with code {due.exit_code})"
     raise GatewayError(
         503,
         Reason.NO_BACKEND,
-        f"{model!r} failed to load{code}: the backend's log says why; it is tried again in "
+        f"{failed_to_load({repr(model): due.exit_code})}; it is tried again in "
         f"{retry_after_header(due.retry_at - now)} s",
         retry_after=due.retry_at - now,
     )

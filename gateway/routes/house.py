@@ -127,8 +127,8 @@ def render_me(snapshot: GatewaySnapshot, user: str) -> dict[str, Any]:
         "today": render_today(snapshot.usage.get(user)),
         "budget": render_budget(snapshot.usage.get(user)),
         "house": {
-            "busy": sum(backend.busy for backend in snapshot.backends),
-            "slots": sum(backend.slots for backend in snapshot.backends),
+            "busy": snapshot.busy,
+            "slots": snapshot.slots,
             "running_users": _running_users(snapshot, user),
             "waiting": room.queue_depth,
         },
@@ -137,8 +137,7 @@ def render_me(snapshot: GatewaySnapshot, user: str) -> dict[str, Any]:
 
 def summary(snapshot: GatewaySnapshot, user: str) -> str:
     """Why it is slow, in one line: "2 of 2 slots busy: bob, agent; 1 ahead of you"."""
-    busy = sum(backend.busy for backend in snapshot.backends)
-    slots = sum(backend.slots for backend in snapshot.backends)
+    busy, slots = snapshot.busy, snapshot.slots
     names = _running_users(snapshot, user)
     head = f"{busy} of {slots} slot{'' if slots == 1 else 's'} busy"
     if names:

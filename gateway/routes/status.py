@@ -72,6 +72,7 @@ def render(snapshot: GatewaySnapshot) -> dict[str, Any]:
     room, holds, reloads = snapshot.room, snapshot.holds, snapshot.reloads
     return {
         "backends": {b.name: _backend(b, snapshot) for b in snapshot.backends},
+        "slots": {"busy": snapshot.busy, "total": snapshot.slots},  # the house's, all backends
         "users": _users(snapshot),
         "queue": {
             "depth": room.queue_depth,
@@ -123,6 +124,7 @@ def _backend(backend: BackendSnapshot, snapshot: GatewaySnapshot) -> dict[str, A
         "last_error": backend.last_error,
         "runs_fewer": backend.runs_fewer,
         "failed_loads": backend.failed_loads,  # the router's: model -> its child's exit code
+        "failed_to_load": backend.failed_to_load,  # the same in words
         "keep_warm_pings": {
             f"{model}:{outcome}": count
             for (name, model, outcome), count in warmth.pings.items()

@@ -27,11 +27,9 @@ async function tick() {
 
 function draw(status) {
   const backends = Object.entries(status.backends);
-  const busy = backends.reduce((sum, [, b]) => sum + b.busy, 0);
-  const slots = backends.reduce((sum, [, b]) => sum + b.slots, 0);
   const queue = status.queue;
   document.getElementById("summary").textContent =
-    `${busy} of ${slots} slots busy · ${queue.depth} waiting` +
+    `${status.slots.busy} of ${status.slots.total} slots busy · ${queue.depth} waiting` +
     (queue.depth ? ` · oldest ${duration(queue.oldest_wait_seconds)}` : "") +
     gaveWay(queue.given_way);
   const refused = document.getElementById("policy-error");
@@ -64,17 +62,10 @@ function backend(name, b, running) {
       models.length ? ` · in memory: ${models.join(", ")}` : " · nothing in memory"),
     b.last_error ? el("p", "error", b.last_error) : null,
     b.runs_fewer ? el("p", "error", b.runs_fewer) : null,
-    failedLoads(b.failed_loads ?? {}),
+    b.failed_to_load ? el("p", "error", b.failed_to_load) : null,
     b.swap ? el("p", "meta", `swapping in ${b.swap.model}: draining ${b.swap.draining.join(", ")}`) : null,
     el("div", "slots", ...cells),
   );
-}
-
-// A router's models whose child exited as it loaded, as `fairgate status` says them.
-function failedLoads(failed) {
-  const said = Object.entries(failed).map(
-    ([model, code]) => (code === null ? model : `${model} (its process exited with code ${code})`));
-  return said.length ? el("p", "error", `failed to load ${said.join(", ")}: the backend's log says why`) : null;
 }
 
 function busySlot(run) {
