@@ -227,7 +227,7 @@ class Permit:
         generated tokens a second) and the time is remembered for the next estimates.
         The router says nothing of its loads: there, the wait for the ``first_byte`` of a
         request that loaded its model (its unloads, its load, its prompt: the swap's price)."""
-        if seconds is None and first_byte is not None and self.backend.kind == "llamacpp-router":
+        if seconds is None and first_byte is not None and self.backend.router:
             seconds = first_byte - self.granted_at
         if seconds is None or not self.placement.loads:
             return

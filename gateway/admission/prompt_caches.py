@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from gateway.backends import Backend
+from gateway.config import BackendKind
 
 __all__ = [
     "BLOCK_BYTES",
@@ -51,7 +52,7 @@ within a few dozen tokens and a 25 KB set of tools is a hundred hashes."""
 # keeps slots' prompts and as many again in host memory (8 GiB by default); Ollama's runner
 # one prompt per slot, at most its context (8,192 tokens is the common num_ctx). An engine
 # holding more than this is only cheaper than estimated; its counts settle the charge.
-_BLOCKS_PER_SLOT = {"llamacpp": 512, "llamacpp-router": 512, "ollama": 128}
+_BLOCKS_PER_SLOT: dict[BackendKind, int] = {"llamacpp": 512, "llamacpp-router": 512, "ollama": 128}
 _DEFAULT_BLOCKS_PER_SLOT = 128
 CHARS_PER_TOKEN = 4
 # A slot's prompt is copied to an idle slot when evaluating it there would take at least

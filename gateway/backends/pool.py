@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from gateway.config import MANY_MODEL_KINDS, BackendConfig, model_key
+from gateway.config import MANY_MODEL_KINDS, BackendConfig, BackendKind, model_key
 from gateway.core import Api
 
 __all__ = [
@@ -143,7 +143,7 @@ class Backend:
 
     name: str
     url: str
-    kind: str
+    kind: BackendKind
     configured_slots: int | None
     state: BackendState
     max_loaded_models: int | None = None
@@ -159,13 +159,15 @@ class Backend:
     per_model: bool = field(init=False, compare=False, repr=False)
     # llama-server's own API (a router passes it on): timings, id_slot, /apply-template.
     llama_server: bool = field(init=False, compare=False, repr=False)
+    router: bool = field(init=False, compare=False, repr=False)  # llama-server's router
     # ``group`` of each model name, as asked: every request asks it twice or more.
     _groups: dict[str, str] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "key", self.url.rstrip("/"))
         object.__setattr__(self, "per_model", self.kind in MANY_MODEL_KINDS)
-        object.__setattr__(self, "llama_server", self.kind.startswith("llamacpp"))
+        object.__setattr__(self, "llama_server", self.kind in ("llamacpp", "llamacpp-router"))
+        object.__setattr__(self, "router", self.kind == "llamacpp-router")
 
     def failed_load(self, model: str) -> FailedLoad | None:
         """Its failure to load ``model`` lately (the router's child exited), by whichever
@@ -272,7 +274,7 @@ class BackendPool:
             )
             for c in configs
         ]
-        self.routers = any(b.kind == "llamacpp-router" for b in self.backends)  # on every request
+        self.routers = any(b.router for b in self.backends)  # on every request
         self._serving: dict[tuple[str, str], tuple[Backend, ...]] = {}
         self._serving_at = -1  # ``BackendState.serving_changes`` when ``_serving`` was right
 

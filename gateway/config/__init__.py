@@ -5,7 +5,7 @@ one schema module per section, read without surprises and explained as
 May import: ``wire``, ``core`` (never aiohttp).
 """
 
-from gateway.config.backends import MANY_MODEL_KINDS, BackendConfig
+from gateway.config.backends import MANY_MODEL_KINDS, BackendConfig, BackendKind
 from gateway.config.base import model_key
 from gateway.config.budgets import Budget
 from gateway.config.cors import CorsPolicy
@@ -57,6 +57,7 @@ __all__ = [
     "TOGETHER_ACCOUNT",
     "UNKNOWN",
     "BackendConfig",
+    "BackendKind",
     "Budget",
     "CorsPolicy",
     "EnvironmentFileError",

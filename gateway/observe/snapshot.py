@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from gateway.admission import HoldStore, RoomSnapshot
 from gateway.backends import Backend, BackendPool, failed_to_load, runs_fewer
 from gateway.backends.watch import WarmthSnapshot
-from gateway.config import Policy
+from gateway.config import BackendKind, Policy
 from gateway.observe.history import HistorySnapshot
 from gateway.reload import ReloadSnapshot
 from gateway.swaps import ResidentsSnapshot
@@ -35,7 +35,7 @@ __all__ = [
 @dataclass(frozen=True, slots=True)
 class BackendSnapshot:
     name: str
-    kind: str
+    kind: BackendKind
     url: str
     healthy: bool
     busy: int

@@ -60,7 +60,7 @@ def as_routers_name_it(fields: Fields, pool: BackendPool, api: Api, model: str) 
         return model
     named = None
     for backend in pool.serving(api, model):  # a loop: a few backends, every request
-        if backend.kind != "llamacpp-router":
+        if not backend.router:
             return model
         own = backend.state.names.get(model_key(model))
         if own is None or named not in (None, own):

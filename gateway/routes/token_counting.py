@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from gateway.backends import Backend, BackendPool
+from gateway.config import BackendKind
 from gateway.core import Api, GatewayError, Reason
 from gateway.intake import model_not_found, no_backend
 
@@ -106,7 +107,7 @@ def counting_backends(pool: BackendPool, model: str) -> tuple[Backend, ...]:
 
 
 # Why a backend of each kind does not count a prompt's tokens here, as a 404 says it.
-_NOT_COUNTING = {
+_NOT_COUNTING: dict[BackendKind, str] = {
     "ollama": "Ollama, which has no such route",
     "llamacpp-router": "llama-server's router, which would load the model for a count",
 }

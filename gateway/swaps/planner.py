@@ -99,7 +99,7 @@ class SwapPlanner:
         next swap would unload a real model for it (the next probe sets it right where the
         router's 5xx came from a child after all). If models were unloaded for it, ``user``
         is barred from swaps for a while (``SwapBar``: not for a load the router failed)."""
-        if alone and not (backend.kind == "llamacpp-router" and status < 500):
+        if alone and not (backend.router and status < 500):
             self.residency.unsent(backend, model)
         if placement.kind in ("swap", "reload"):
             self.bar.wasted(user, backend, model)

@@ -12,9 +12,11 @@ import errno
 
 import aiohttp
 
+from gateway.config import BackendKind
+
 __all__ = ["cause_of", "http_cause", "sentence"]
 
-_SERVERS = {
+_SERVERS: dict[BackendKind, str] = {
     "ollama": "Ollama",
     "llamacpp": "llama-server",
     "llamacpp-router": "llama-server's router",
@@ -22,7 +24,7 @@ _SERVERS = {
 }
 
 
-def cause_of(exc: BaseException, kind: str, within: float) -> str:
+def cause_of(exc: BaseException, kind: BackendKind, within: float) -> str:
     """A short phrase for a request to a backend of ``kind`` that raised ``exc``."""
     server = _SERVERS.get(kind, "the server")
     if isinstance(exc, aiohttp.ClientConnectorDNSError):
@@ -51,7 +53,7 @@ def _refused(error: OSError) -> bool:
     return error.errno is None and f"[Errno {errno.ECONNREFUSED}]" in str(error)
 
 
-def http_cause(path: str, status: int, text: str, kind: str) -> str:
+def http_cause(path: str, status: int, text: str, kind: BackendKind) -> str:
     """A probe answered with another status than 200: which request, what it said."""
     said = " ".join(text.split())[:200]
     cause = f"GET {path} answered HTTP {status}" + (f": {said}" if said else "")

@@ -22,7 +22,7 @@ import aiohttp
 
 from gateway.backends.pool import LoadedModel
 from gateway.backends.watch.failures import cause_of, http_cause
-from gateway.config import model_key
+from gateway.config import BackendKind, model_key
 
 __all__ = ["Observation", "ProbeFailed", "entries_of", "probe"]
 
@@ -53,7 +53,9 @@ class Observation:
 Getter = Callable[[str], Awaitable[Any]]
 
 
-async def probe(session: aiohttp.ClientSession, kind: str, url: str, within: float) -> Observation:
+async def probe(
+    session: aiohttp.ClientSession, kind: BackendKind, url: str, within: float
+) -> Observation:
     """Ask the backend at ``url`` about itself; ProbeFailed when it is not ready."""
 
     async def get(path: str) -> Any:

@@ -41,7 +41,7 @@ async def unload_models(
     """Unload ``models`` (model keys) from ``backend``; ``within``: each request's deadline."""
     for model in models:
         try:
-            if backend.kind == "llamacpp-router":
+            if backend.router:
                 await _router_unload(session, backend, backend.state.names.get(model, model))
             else:
                 await _ollama_unload(session, backend, model, within)
