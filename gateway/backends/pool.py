@@ -261,16 +261,16 @@ class BackendPool:
         # The states are shared with the monitor and with pools of later policy versions.
         self.backends = [
             Backend(
-                c.name,
-                c.url,
-                c.kind,
-                c.slots,
-                states.of(c.name),
-                c.max_loaded_models,
-                c.memory,
-                frozenset(map(model_key, [*c.resident, *c.keep_warm])),
-                c.default_num_ctx,
-                None if c.swap_after == "auto" else c.swap_after,
+                name=c.name,
+                url=c.url,
+                kind=c.kind,
+                configured_slots=c.slots,
+                state=states.of(c.name),
+                max_loaded_models=c.max_loaded_models,
+                memory=c.memory,
+                protected=frozenset(map(model_key, [*c.resident, *c.keep_warm])),
+                default_num_ctx=c.default_num_ctx,
+                swap_after=None if c.swap_after == "auto" else c.swap_after,
             )
             for c in configs
         ]

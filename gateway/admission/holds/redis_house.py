@@ -100,21 +100,21 @@ def _place(text: bytes) -> Place:
     payer, cost = fields[11:13]
     together, together_cap = fields[13:15] or ("", -1)  # as a replica before them wrote
     return Place(
-        id_,
-        holder,
-        cap,
-        _LANES[lane],
-        payer,
-        cost,
-        arrived,
-        heavy,
-        tuple(groups),
-        user,
-        model,
-        rank,
-        replica,
-        together,
-        together_cap,
+        id=id_,
+        holder=holder,
+        cap=cap,
+        lane=_LANES[lane],
+        payer=payer,
+        cost=cost,
+        arrived=arrived,
+        heavy=heavy,
+        groups=tuple(groups),
+        user=user,
+        model=model,
+        rank=rank,
+        replica=replica,
+        together=together,
+        together_cap=together_cap,
     )
 
 
