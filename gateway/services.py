@@ -25,7 +25,7 @@ from gateway.edge.http import RECORD, Connections, Cors, ReplyHeaders
 from gateway.observe import GatewaySnapshot, History, UserUsage, take
 from gateway.relay import Relay, Upstream
 from gateway.reload import LivePolicy, PolicyView
-from gateway.usage import Ledger, RedisUsage, SqliteUsage, UsageStore
+from gateway.usage import Ledger, RedisUsage, Spending, SqliteUsage, UsageStore
 
 __all__ = ["Services"]
 
@@ -45,6 +45,7 @@ class Services:
     warmth: KeepWarm
     slot_copies: SlotCopies  # a llama-server slot's prompt into another (admission decides)
     usage: Ledger  # who used what, kept across restarts; budgets read it
+    spending: Spending  # budgets as each request asks them: its 429, its count in flight
     cors: Cors  # browser apps on other origins
     reply_headers: ReplyHeaders  # what the gateway says on every reply (relays say it too)
     on_finished: list[RecordListener] = field(default_factory=list)  # told of each request's end
@@ -70,6 +71,11 @@ class Services:
         upstream = Upstream(settings.upstream_pool_size)
         admission = Admission(policy, view.pool, holds=_hold_store(settings))
         cors = Cors(lambda: live.current.policy.cors)
+        ledger = Ledger(
+            _usage_store(settings),
+            Calendar(zone_named(settings.time_zone), clock),
+            settings.usage_flush_seconds,
+        )
         return cls(
             settings=settings,
             policy=live,
@@ -79,11 +85,8 @@ class Services:
             monitor=BackendMonitor(upstream, backends, admission.wake),
             warmth=KeepWarm(upstream, backends),
             slot_copies=SlotCopies(upstream),
-            usage=Ledger(
-                _usage_store(settings),
-                Calendar(zone_named(settings.time_zone), clock),
-                settings.usage_flush_seconds,
-            ),
+            usage=ledger,
+            spending=Spending(ledger, admission),
             cors=cors,
             reply_headers=ReplyHeaders(cors),
             history=History(clock),

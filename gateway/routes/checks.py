@@ -1,37 +1,30 @@
 """What a generation request must pass before it waits for a turn: its model named and
 served and allowed, its fields of the types Ollama reads, nothing a shared box refuses to
-run, and its account's budget (counted as in flight until it ends)."""
+run. (Its account's budget: ``usage/spending.py``.)"""
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import AsyncIterator, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Sequence
 
 from gateway.backends import FAILED_LOAD_SECONDS, Backend, BackendPool, failed_to_load
 from gateway.config import Policy, model_key
 from gateway.core import Api, GatewayError, Reason, retry_after_header
 from gateway.intake import (
-    Estimate,
     Fields,
     checked_name,
     model_forbidden,
     model_not_found,
     no_backend,
 )
-from gateway.services import Services
-from gateway.usage import InFlight
 from gateway.wire import message_list_error, openai_refusal, server_tools
 
 __all__ = [
     "STRUCTS",
     "as_routers_name_it",
-    "check_budget",
     "check_field_types",
     "check_model_allowed",
     "check_model_served",
-    "in_flight",
     "refused_body",
     "resolved",
     "retrying_load",
@@ -137,61 +130,6 @@ def retrying_load(backend: Backend, model: str) -> None:
     if load is not None:
         now = time.monotonic()
         load.retry_at, load.retried_at = now + FAILED_LOAD_SECONDS, now
-
-
-def in_flight(
-    services: Services, policy: Policy, user: str, estimate: Estimate | None = None
-) -> AbstractAsyncContextManager[None]:
-    """A request counted (and its ``estimate`` of tokens reserved) against ``user``'s budget,
-    and its front end's people's together, while it runs or waits; nothing to count
-    without a budget."""
-    if not policy.budgeted:
-        return _UNCOUNTED
-    counts = []
-    for account in _accounts(policy, user):
-        budget = policy.budget_of(account)
-        if not budget:
-            continue
-        tokens = 0
-        if estimate is not None and budget.tokens_per_day is not None:
-            output = estimate.output_tokens
-            tokens = estimate.prompt_tokens + (output or services.usage.expected_output(user))
-        counts.append(InFlight(services.usage, services.admission, budget, account, tokens))
-    if not counts:
-        return _UNCOUNTED
-    return counts[0] if len(counts) == 1 else _all_of(counts)
-
-
-_UNCOUNTED = contextlib.nullcontext()
-
-
-@contextlib.asynccontextmanager
-async def _all_of(counts: list[InFlight]) -> AsyncIterator[None]:
-    """A person's count and their front end's people's together: the second entered only
-    once the first is (its 429 gives the first back)."""
-    async with contextlib.AsyncExitStack() as stack:
-        for count in counts:
-            await stack.enter_async_context(count)
-        yield
-
-
-def check_budget(services: Services, policy: Policy, user: str) -> None:
-    """The 429 when ``user``'s budget, or its front end's people's together, is used up."""
-    if not policy.budgeted:
-        return
-    for account in _accounts(policy, user):
-        budget = policy.budget_of(account)
-        if not budget:
-            continue
-        spent = services.usage.refusal(account, budget, services.admission.in_flight(account))
-        if spent is not None:
-            raise spent.error()
-
-
-def _accounts(policy: Policy, user: str) -> tuple[str, ...]:
-    """Whose budgets a request of ``user`` spends: its own, and its front end's people's."""
-    together = policy.together_of(user)
-    return (user,) if together is None else (user, together[0])
 
 
 def check_model_allowed(policy: Policy, user: str, model: str) -> None:

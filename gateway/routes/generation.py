@@ -30,11 +30,9 @@ from gateway.relay import Preempted, Relay, Target
 from gateway.routes.checks import (
     STRUCTS,
     as_routers_name_it,
-    check_budget,
     check_field_types,
     check_model_allowed,
     check_model_served,
-    in_flight,
     refused_body,
     resolved,
     retrying_load,
@@ -84,7 +82,7 @@ class Generation:
         # person's: background work is charged to its front end, known from the body.
         possible = possible_lanes(lanes, request.headers)
         if possible == PEOPLE_ONLY:
-            check_budget(services, view.policy, user)
+            services.spending.check(view.policy, user)
         # The person's lane asked once: most requests stop there, with room to start.
         person_refused = (
             admission.refuses_unseen(user, PEOPLE_ONLY) if possible[0] is PERSON else None
@@ -130,7 +128,7 @@ class Generation:
         record.model = model = as_routers_name_it(fields, view.pool, api, model)
         account = background_account(user) if lane is Lane.BACKGROUND else user
         if possible != PEOPLE_ONLY:
-            check_budget(services, view.policy, account)
+            services.spending.check(view.policy, account)
         ticket = Ticket(
             user,
             model,
@@ -145,7 +143,7 @@ class Generation:
         )
         # Again, right before joining the room, and counted as in flight until the request
         # ends: with replicas, in the shared store, so that together they keep the budget.
-        async with in_flight(services, view.policy, account, estimate):
+        async with services.spending.counted(view.policy, account, estimate):
             # A reload while the body arrived revoked waiting requests it could see; this one
             # was not waiting yet: ask the policy in force now, as the reload asked the others.
             now = services.policy.current

@@ -28,7 +28,6 @@ from gateway.core import Api, GatewayError, Reason
 from gateway.edge.http import NO_STORE, RECORD, body_size, defer_continue, read_body
 from gateway.intake import checked_name, model_forbidden, model_not_found, no_backend, parsed
 from gateway.relay import Relay
-from gateway.routes.checks import check_budget
 from gateway.routes.targets import target_for
 from gateway.routes.token_counting import COUNT_TOKENS, Counting, counting_backends
 from gateway.services import Services
@@ -168,7 +167,7 @@ class Reads:
         # against models: is the model shown: `model`, else the older `name`.
         counting = request.path == COUNT_TOKENS
         if counting:  # before its body, as a generation's: it costs the engine work
-            check_budget(services, view.policy, user)
+            services.spending.check(view.policy, user)
         limit = settings.max_body_bytes
         with services.admission.arriving(user, body_size(request, limit), limit):
             body = await read_body(request, limit, settings.body_timeout)

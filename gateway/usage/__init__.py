@@ -7,6 +7,7 @@ May import: every package below it (``intake`` down to ``core``).
 from gateway.usage.budgets import BudgetState
 from gateway.usage.in_flight import InFlight
 from gateway.usage.ledger import Ledger
+from gateway.usage.spending import Spending
 from gateway.usage.stores.base import RefusalRow, StoreError, Tally, UsageRow, UsageStore
 from gateway.usage.stores.redis import RedisUsage
 from gateway.usage.stores.sqlite import SqliteUsage, usage_file_problem
@@ -17,6 +18,7 @@ __all__ = [
     "Ledger",
     "RedisUsage",
     "RefusalRow",
+    "Spending",
     "SqliteUsage",
     "StoreError",
     "Tally",
