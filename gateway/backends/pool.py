@@ -61,6 +61,11 @@ class FailedLoad:
         wait = FAILED_LOAD_SECONDS * (1 << min(self.failures - 1, 10))
         return now + min(wait, FAILED_LOAD_MOST_SECONDS)
 
+    def retrying(self, now: float) -> None:
+        """A request for the model is sent ``now``: this is the retry, and the next minute's
+        requests wait for what becomes of it (the monitor sees it load, or fail again)."""
+        self.retry_at, self.retried_at = now + FAILED_LOAD_SECONDS, now
+
 
 @dataclass(frozen=True, slots=True)
 class RunsAtMost:

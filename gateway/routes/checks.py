@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from gateway.backends import FAILED_LOAD_SECONDS, Backend, BackendPool, failed_to_load
+from gateway.backends import Backend, BackendPool, failed_to_load
 from gateway.config import Policy, model_key
 from gateway.core import Api, GatewayError, Reason, retry_after_header
 from gateway.intake import (
@@ -27,7 +27,6 @@ __all__ = [
     "check_model_served",
     "refused_body",
     "resolved",
-    "retrying_load",
 ]
 
 
@@ -106,7 +105,7 @@ def _check_loads(serving: Sequence[Backend], model: str) -> None:
     fails again. Once a while has passed, one request tries again."""
     now = time.monotonic()
     # Another backend can load it, or a retry is due (requests go until one is sent:
-    # ``retrying_load``).
+    # ``FailedLoad.retrying``).
     if not all(backend.load_failed(model, now) for backend in serving):
         return
     failed = (b.failed_load(model) for b in serving)
@@ -118,18 +117,6 @@ def _check_loads(serving: Sequence[Backend], model: str) -> None:
         f"{retry_after_header(due.retry_at - now)} s",
         retry_after=due.retry_at - now,
     )
-
-
-def retrying_load(backend: Backend, model: str) -> None:
-    """A request for ``model`` is sent to ``backend`` now: if its load failed there, this
-    is the retry, and the next minute's requests wait for what becomes of it (the monitor
-    sees it load, or fail again). Marked when sent, not when admitted: a request refused
-    on its way (a bad field, a budget, a full queue) must not use up the retry and keep a
-    mended model locked."""
-    load = backend.failed_load(model)
-    if load is not None:
-        now = time.monotonic()
-        load.retry_at, load.retried_at = now + FAILED_LOAD_SECONDS, now
 
 
 def check_model_allowed(policy: Policy, user: str, model: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Coroutine
 from dataclasses import replace
 from functools import partial
@@ -35,7 +36,6 @@ from gateway.routes.checks import (
     check_model_served,
     refused_body,
     resolved,
-    retrying_load,
 )
 from gateway.routes.targets import target_for
 from gateway.services import Services
@@ -244,8 +244,12 @@ class Generation:
             body = await self._to_slot(permit, body, target.timeouts.connect)
         if permit.placement.unload:  # nearly never: no coroutine made for nothing
             await self._make_room(permit, target.timeouts.connect)
-        if permit.backend.state.failed_loads:  # a router's, rarely: this one retries it
-            retrying_load(permit.backend, permit.ticket.model)
+        # A router's failed load, rarely: this one retries it. Marked as it is sent, not
+        # when admitted: a request refused on its way must not use up the retry.
+        if permit.backend.state.failed_loads and (
+            failed := permit.backend.failed_load(permit.ticket.model)
+        ):
+            failed.retrying(time.monotonic())
         services = self._services
         begin = permit.begin_reply if permit.preempted is not None else None
         relay = Relay(
