@@ -20,7 +20,6 @@ from gateway.intake import (
 from gateway.wire import message_list_error, openai_refusal, server_tools
 
 __all__ = [
-    "STRUCTS",
     "as_routers_name_it",
     "check_field_types",
     "check_model_allowed",
@@ -132,15 +131,6 @@ def refused_body(api: Api, path: str, values: dict[str, object]) -> str | None:
     """Why an OpenAI or Anthropic request is refused: a body no server takes, or what it may
     not ask of a shared box; None if neither."""
     return message_list_error(path, values) or _REFUSED[api](values)
-
-
-# Ollama's structs for its native routes (api/types.go), by path.
-STRUCTS = {
-    "/api/generate": "api.GenerateRequest",
-    "/api/chat": "api.ChatRequest",
-    "/api/embed": "api.EmbedRequest",
-    "/api/embeddings": "api.EmbeddingRequest",
-}
 
 
 def check_field_types(fields: Fields) -> None:

@@ -29,7 +29,6 @@ from gateway.edge.http import HOT_PATHS, RECORD, body_size, defer_continue, read
 from gateway.intake import apply_load_policy, classify, lane_of, parsed, possible_lanes, prefix_of
 from gateway.relay import Preempted, Relay, Target
 from gateway.routes.checks import (
-    STRUCTS,
     as_routers_name_it,
     check_field_types,
     check_model_allowed,
@@ -39,7 +38,7 @@ from gateway.routes.checks import (
 )
 from gateway.routes.targets import target_for
 from gateway.services import Services
-from gateway.wire import SLOT_PATHS, token_events, with_slot
+from gateway.wire import SLOT_PATHS, STRUCT_OF_PATH, token_events, with_slot
 
 __all__ = ["Generation"]
 
@@ -108,7 +107,7 @@ class Generation:
                     person_refused = replace(person_refused, close=error.close)  # rest unread
                     raise person_refused.error() from None
                 raise
-            fields = await parsed(body, services.parsing, STRUCTS.get(path))
+            fields = await parsed(body, services.parsing, STRUCT_OF_PATH.get(path))
         record.model = model = resolved(fields, view.policy)
         check_model_allowed(view.policy, user, model)
         check_model_served(view.pool, api, model)

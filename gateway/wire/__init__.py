@@ -17,7 +17,13 @@ from gateway.wire.engine_slot import SLOT_PATHS, with_slot
 from gateway.wire.json_counts import TooManyValues
 from gateway.wire.json_decode import NestedTooDeeply, Pairs, TooManyObjects, parse_object_pairs
 from gateway.wire.message_lists import message_list_error
-from gateway.wire.ollama_fields import STRUCTS, field_type_error, go_type_name, option_type_error
+from gateway.wire.ollama_fields import (
+    STRUCT_OF_PATH,
+    STRUCTS,
+    field_type_error,
+    go_type_name,
+    option_type_error,
+)
 from gateway.wire.server_tools import openai_refusal, server_tools
 from gateway.wire.stream_ends import STREAM_END_BYTES, stream_end
 from gateway.wire.tallies import TALLY_WINDOW, FinalCounts, TokenEvents, final_counts, token_events
@@ -26,6 +32,7 @@ __all__ = [
     "SLOT_PATHS",
     "STREAM_END_BYTES",
     "STRUCTS",
+    "STRUCT_OF_PATH",
     "TALLY_WINDOW",
     "AmbiguousField",
     "FinalCounts",

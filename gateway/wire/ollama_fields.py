@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from types import NoneType
 from typing import Any
 
-__all__ = ["STRUCTS", "field_type_error", "go_type_name", "option_type_error"]
+__all__ = ["STRUCTS", "STRUCT_OF_PATH", "field_type_error", "go_type_name", "option_type_error"]
 
 _Check = Callable[[Any], bool]
 
@@ -98,6 +98,14 @@ STRUCTS: Mapping[str, Mapping[str, _Field]] = {
     },
     "api.EmbeddingRequest": {"model": _STRING, "prompt": _STRING, "options": _OPTIONS},
 }
+
+STRUCT_OF_PATH = {
+    "/api/generate": "api.GenerateRequest",
+    "/api/chat": "api.ChatRequest",
+    "/api/embed": "api.EmbedRequest",
+    "/api/embeddings": "api.EmbeddingRequest",
+}
+"""Ollama's struct (a key of ``STRUCTS``) for each of its native routes (api/types.go)."""
 """By Go struct: each top-level field whose JSON type Go checks (api/types.go)."""
 
 
