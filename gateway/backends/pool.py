@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from gateway.config import MANY_MODEL_KINDS, BackendConfig, BackendKind, model_key
 from gateway.core import Api
@@ -78,9 +78,21 @@ class RunsAtMost:
 
 
 @dataclass(slots=True)
+class ServingChanges:
+    """Bumped whenever a backend's health or model list is written, by the monitor or anyone
+    else: the pools remember who serves what (``BackendPool.serving``) until then. A
+    counter, not the values' identity: health is a bool written in place. One per gateway
+    (``BackendStates``), shared by its backends' states."""
+
+    count: int = 0
+
+
+@dataclass(slots=True)
 class BackendState:
     """What the monitor last saw of a backend; it outlives policy reloads."""
 
+    # First: written before the fields whose writes it counts.
+    changes: ServingChanges = field(default_factory=ServingChanges, repr=False, compare=False)
     healthy: bool = True  # optimistic until the first probe says otherwise
     failures: int = 0  # consecutive failed probes
     successes: int = 0  # consecutive good probes
@@ -101,14 +113,9 @@ class BackendState:
     # Fewer requests at once than the policy's slots, as the gateway found: sent no more.
     runs_at_most: RunsAtMost | None = None
 
-    # Bumped whenever any backend's health or model list is written, by the monitor or
-    # anyone else: the pools remember who serves what (``BackendPool.serving``) until then.
-    # A counter, not the values' identity: health is a bool written in place.
-    serving_changes: ClassVar[int] = 0
-
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _SERVING_FIELDS:
-            BackendState.serving_changes += 1
+            self.changes.count += 1
         object.__setattr__(self, name, value)
 
 
@@ -130,10 +137,14 @@ class BackendStates:
 
     def __init__(self) -> None:
         self._by_name: dict[str, BackendState] = {}
+        self.changes = ServingChanges()  # to any backend's health or model list
 
     def of(self, name: str) -> BackendState:
         """The state of ``name``, created (optimistically healthy) on first sight."""
-        return self._by_name.setdefault(name, BackendState())
+        state = self._by_name.get(name)
+        if state is None:
+            state = self._by_name[name] = BackendState(self.changes)
+        return state
 
     def get(self, name: str) -> BackendState | None:
         return self._by_name.get(name)
@@ -281,14 +292,15 @@ class BackendPool:
         ]
         self.routers = any(b.router for b in self.backends)  # on every request
         self._serving: dict[tuple[str, str], tuple[Backend, ...]] = {}
-        self._serving_at = -1  # ``BackendState.serving_changes`` when ``_serving`` was right
+        self._changes = states.changes
+        self._serving_at = -1  # ``_changes.count`` when ``_serving`` was right
 
     def serving(self, api: Api, model: str) -> tuple[Backend, ...]:
         """Healthy backends that speak ``api`` and serve ``model``: worked out once until a
         backend's health or model list changes, as every request asks it."""
-        if self._serving_at != BackendState.serving_changes:
+        if self._serving_at != self._changes.count:
             self._serving.clear()
-            self._serving_at = BackendState.serving_changes
+            self._serving_at = self._changes.count
         # Keyed by the member's value: hashing the member itself is a call into enum.py.
         key = (api._value_, model)
         found = self._serving.get(key)
