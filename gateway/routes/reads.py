@@ -22,7 +22,7 @@ import structlog
 from aiohttp import web
 
 from gateway.backends import Backend
-from gateway.backends.watch import entries_of
+from gateway.backends.watch import entries_of, names_of
 from gateway.config import model_key
 from gateway.core import Api, GatewayError, Reason
 from gateway.edge.http import NO_STORE, RECORD, body_size, defer_continue, read_body
@@ -148,7 +148,7 @@ class Reads:
                     continue
                 # A router's preset names its model by its aliases too: one allowed by an
                 # alias sees the model under it, as the requests it may send name it.
-                for alias in _aliases(entry):
+                for alias in names_of(entry)[1:]:
                     if policy.may_use(user, alias):
                         entries.setdefault(alias, entry | {field: alias})
         by_model = {model_key(name): entry for name, entry in entries.items()}
@@ -250,13 +250,6 @@ def _named(entries: Iterable[dict[str, Any]], wanted: str) -> dict[str, Any] | N
     ``family:latest``) or by an alias of a router's, under the name asked; None if none."""
     key = model_key(wanted)
     for entry in entries:
-        if key in (model_key(str(name)) for name in (entry.get("id"), *_aliases(entry))):
+        if key in (model_key(name) for name in names_of(entry)):
             return entry | {"id": wanted}
     return None
-
-
-def _aliases(entry: dict[str, Any]) -> list[str]:
-    """The other names a listing's entry gives its model (llama-server's router: a preset's
-    ``alias``)."""
-    aliases = entry.get("aliases")
-    return [str(alias) for alias in aliases] if isinstance(aliases, list) else []

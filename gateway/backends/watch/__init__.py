@@ -7,7 +7,7 @@ May import: ``backends``, ``relay``, ``edge``, ``config``, ``wire``, ``core``.
 
 from gateway.backends.watch.keep_warm import KeepWarm, WarmthSnapshot
 from gateway.backends.watch.monitor import BackendMonitor
-from gateway.backends.watch.probes import entries_of
+from gateway.backends.watch.probes import entries_of, names_of
 from gateway.backends.watch.slot_copies import SlotCopies
 from gateway.backends.watch.unloads import unload_models
 
@@ -17,5 +17,6 @@ __all__ = [
     "SlotCopies",
     "WarmthSnapshot",
     "entries_of",
+    "names_of",
     "unload_models",
 ]

@@ -24,7 +24,7 @@ from gateway.backends.pool import LoadedModel
 from gateway.backends.watch.failures import cause_of, http_cause
 from gateway.config import BackendKind, model_key
 
-__all__ = ["Observation", "ProbeFailed", "entries_of", "probe"]
+__all__ = ["Observation", "ProbeFailed", "entries_of", "names_of", "probe"]
 
 
 class ProbeFailed(Exception):
@@ -124,10 +124,13 @@ async def _llamacpp(get: Getter) -> Observation:
 _HELD = frozenset({"loaded", "loading", "sleeping"})
 
 
-def _called(entry: dict[str, Any]) -> list[object]:
-    """What a router's model answers to: its name and its aliases."""
+def names_of(entry: dict[str, Any]) -> list[str]:
+    """What an OpenAI listing's model answers to: its ``id``, then its aliases (llama-server's
+    router: a preset's ``alias``)."""
     aliases = entry.get("aliases")
-    return [entry.get("id"), *(aliases if isinstance(aliases, list) else [])]
+    return [
+        str(name) for name in (entry.get("id"), *(aliases if isinstance(aliases, list) else ()))
+    ]
 
 
 async def _llamacpp_router(get: Getter) -> Observation:
@@ -143,8 +146,8 @@ async def _llamacpp_router(get: Getter) -> Observation:
     ambiguous: dict[str, tuple[str, ...]] = {}
     for entry in _entries(await get("/models"), "data"):
         name = str(entry.get("id"))
-        for called in _called(entry):
-            key = model_key(str(called))
+        for called in names_of(entry):
+            key = model_key(called)
             if names.setdefault(key, name) != name and name not in ambiguous.get(key, ()):
                 ambiguous[key] = (*ambiguous.get(key, (names[key],)), name)
         status = entry.get("status")
