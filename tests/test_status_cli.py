@@ -52,6 +52,9 @@ class TestStatusCommand:
         port = gateway.url.rsplit(":", 1)[1]
         code, out, err = await fairgate_status(FAIRGATE_LISTEN=f"0.0.0.0:{port}")
         assert code == 0 and "sim" in out, err
+        # Named in any case, as the settings read it (serve listens there too).
+        code, out, err = await fairgate_status(fairgate_listen=f"0.0.0.0:{port}")
+        assert code == 0 and "sim" in out, err
         for interval in ("-1", "nan", "0"):
             code, _, err = await fairgate_status("--watch", "--interval", interval)
             assert code == 2 and "at least 0.1" in err and "Traceback" not in err, err

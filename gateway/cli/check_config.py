@@ -35,6 +35,7 @@ from gateway.config import (
     settings_errors,
     settings_from,
     unknown_variables,
+    variable,
 )
 from gateway.usage import usage_file_problem
 
@@ -102,7 +103,7 @@ def _service_variables(env_file: Path | None) -> tuple[KeyVariables, dict[str, s
 def _other_policy(file: Path, variables: Mapping[str, str], *, under_systemd: bool) -> str | None:
     """A sentence when FAIRGATE_CONFIG sends the service to another policy file than the
     one checked (relative to ``/`` under systemd, where the unit runs)."""
-    named = next((v for k, v in variables.items() if k.lower() == "fairgate_config"), None)
+    named = variable(variables, "FAIRGATE_CONFIG")
     base = Path("/") if under_systemd else Path.cwd()
     if named is None or (base / named).resolve() == file.resolve():
         return None
@@ -127,7 +128,7 @@ def _settings_problems(variables: Mapping[str, str], places: Mapping[str, str]) 
     problem = None if settings.redis_url else usage_file_problem(settings.usage_db)
     if problem is None:
         return []
-    place = next((p for n, p in places.items() if n.lower() == "fairgate_usage_db"), None)
+    place = variable(places, "FAIRGATE_USAGE_DB")
     return [f"{place + ': ' if place else ''}FAIRGATE_USAGE_DB: {problem}"]
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from gateway.config import environment, parse_listen
+from gateway.config import Settings, environment, parse_listen, variable
 from gateway.core import format_size, printable
 
 __all__ = [
@@ -59,12 +59,15 @@ def _interval(text: str) -> float:
     return seconds
 
 
+_LISTEN: str = Settings.model_fields["listen"].default
+
+
 def local_gateway() -> str:
     """The gateway on this machine: at FAIRGATE_LISTEN (the environment's, else .env's)."""
     try:
-        host, port = parse_listen(environment().get("FAIRGATE_LISTEN") or "127.0.0.1:8080")
+        host, port = parse_listen(variable(environment(), "FAIRGATE_LISTEN") or _LISTEN)
     except ValueError:
-        host, port = "127.0.0.1", 8080  # serve says what is wrong with it
+        host, port = parse_listen(_LISTEN)  # serve says what is wrong with it
     host = "127.0.0.1" if host in ("0.0.0.0", "::") else host  # every address: ask loopback
     return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 

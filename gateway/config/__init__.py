@@ -23,6 +23,7 @@ from gateway.config.settings import (
     settings_errors,
     settings_from,
     unknown_variables,
+    variable,
 )
 from gateway.config.tuning import KeepAlivePolicy, Monitoring, Timeouts, Warmth
 from gateway.config.users import (
@@ -91,4 +92,5 @@ __all__ = [
     "settings_from",
     "together_account",
     "unknown_variables",
+    "variable",
 ]

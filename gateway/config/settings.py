@@ -24,6 +24,7 @@ __all__ = [
     "parse_listen",
     "settings_errors",
     "settings_from",
+    "variable",
 ]
 
 IN_MEMORY = Path(":memory:")
@@ -212,6 +213,16 @@ class _GivenSettings(Settings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings,)
+
+
+def variable(variables: Mapping[str, str], name: str) -> str | None:
+    """``name``'s value in ``variables``, its name matched in any case, as the settings match
+    theirs (``settings_from``: of two spellings, the later)."""
+    wanted, found = name.lower(), None
+    for given, value in variables.items():
+        if given.lower() == wanted:
+            found = value
+    return found
 
 
 def settings_from(variables: Mapping[str, str]) -> Settings:
