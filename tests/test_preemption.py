@@ -189,6 +189,23 @@ class TestGivingWay:
         assert (await post(gateway, "bob-key", body("hi", CHAT_TOKENS)))[0] == 200
         task.cancel()
 
+    async def test_a_task_that_gave_way_waits_again_past_a_full_queue(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """A task that gave its slot to a person waits again even where its lane's queue is
+        full: it was counted when it came, and its client is told only a delay, not the 503
+        a newcomer would get."""
+        lanes = "lanes: {background: {max_queued: 1}}\n"
+        _, gateway = await one_slot(start_sim, start_gateway, lanes)
+        admission = gateway.services.admission
+        running = asyncio.create_task(post(gateway, "alice-key", body(TASK_PROMPT, 20)))
+        await until(admission, background_running("alice"))
+        waiting = asyncio.create_task(post(gateway, "alice-key", body(TASK_PROMPT, 20)))
+        await until(admission, lambda snapshot: snapshot.background_users.get("alice") == (1, 1))
+        assert (await post(gateway, "bob-key", body("hello", CHAT_TOKENS)))[0] == 200
+        assert [(await running)[0], (await waiting)[0]] == [200, 200]
+        assert admission.snapshot().given_way.restarts == 1
+
     async def test_the_preset_can_be_turned_off(
         self, start_sim: StartSim, start_gateway: StartGateway
     ) -> None:

@@ -59,7 +59,11 @@ class LocalTurns:
     async def queue(self, ticket: Ticket, within: float) -> Permit | Refusal:
         """What ``take`` does when the quick yes said no: the quick no, or the wait."""
         room, turn = self._room, asyncio.get_running_loop().create_future()
-        reason = over_bound(room, ticket.user, ticket.lane, joining=True)
+        # A task that gave its slot to a person waits again past the bounds: it was counted
+        # when it came, and its client is owed a delay, not a newcomer's 503. (It held a
+        # slot: the room grows past its bounds by no more than the slots.)
+        bounded = not ticket.restarts
+        reason = over_bound(room, ticket.user, ticket.lane, joining=True) if bounded else None
         if reason is not None and cannot_start(room, ticket):
             if reason is Reason.GATEWAY_BUSY and ticket.lane is Lane.INTERACTIVE:
                 reason = self._displace_background(ticket)
@@ -70,7 +74,7 @@ class LocalTurns:
         room.dispatch()
         if waiter.turn.done():  # a place was free, and its turn came first
             return Permit.queued(self._issuer, waiter, waiter.turn.result())
-        reason = over_bound(room, ticket.user, ticket.lane, joining=False)
+        reason = over_bound(room, ticket.user, ticket.lane, joining=False) if bounded else None
         if reason is not None:
             room.leave(waiter)
             return self._refuse(reason, ticket)

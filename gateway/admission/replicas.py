@@ -41,6 +41,7 @@ _SHARED_RETRY_SECONDS = 0.5
 
 # Why the house would not let a place wait, as the refusal says it.
 _NOT_JOINED = {"user": Reason.USER_QUEUE_FULL, "house": Reason.GATEWAY_BUSY}
+_UNBOUNDED = 2**31  # a cap no count reaches
 
 
 class Turns(Protocol):
@@ -159,6 +160,8 @@ class ReplicaHolds:
         (or Redis is away and the policy fails closed; open, it waits here alone)."""
         room = self._room
         max_queued, max_depth = room.caps(ticket.user, ticket.lane)[1], room.policy.queue.max_depth
+        if ticket.restarts:  # gave its slot to a person: waits again past the bounds (local.py)
+            max_queued = max_depth = _UNBOUNDED
         try:
             joined = await self.store.join(place, max_queued, max_depth, asking)
         except StoreUnavailable:
