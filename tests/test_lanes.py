@@ -120,6 +120,16 @@ class TestWhichLane:
         gateway = await house(start_sim, start_gateway, "")
         async with running(gateway, "alice-key", rag):
             assert lanes_in(gateway) == {}
+        # Open WebUI's own templates for the tasks a reply waits for (search queries,
+        # autocomplete, the image prompt): the person's too, by their prompt alone.
+        for awaited in (
+            "### Task:\nAnalyze the chat history to determine the necessity of generating "
+            "search queries, in the given language.",
+            "### Task:\nYou are an autocompletion system. Continue the text in `<text>`",
+            "### Task:\nGenerate a detailed prompt for am image generation task based on",
+        ):
+            async with running(gateway, "alice-key", awaited):
+                assert lanes_in(gateway) == {}
         gateway = await house(start_sim, start_gateway, "lanes: {header: X-OWUI-Task}\n")
         for task, lane in (("", {}), ("query_generation", {}), ("title_generation", None)):
             async with running(gateway, "alice-key", TITLE_PROMPT, {"X-OWUI-Task": task}):

@@ -29,9 +29,19 @@ __all__ = [
 
 # The prompts of Open WebUI's tasks (title, tags, follow-ups, queries, autocomplete).
 PRESETS = {"open-webui": "### Task:"}
-# Of those, the person's own chat in a template: Open WebUI's RAG template (a chat with a
-# document, a knowledge base or a web search) wraps the person's question in a "### Task:".
-PRESET_CHATS = {"open-webui": "### Task:\nRespond to the user query"}
+# Of those, what the person waits for, by the start of Open WebUI's own templates
+# (backend/open_webui/config.py): its RAG template (a chat with a document, a knowledge base
+# or a web search) wraps the person's question in a "### Task:", and the search queries,
+# autocomplete and the image prompt come before the reply or as they type (``AWAITED_TASKS``
+# below names the same in its header). A template the admin rewrote is a task again.
+PRESET_CHATS = {
+    "open-webui": (
+        "### Task:\nRespond to the user query",
+        "### Task:\nAnalyze the chat history to determine the necessity of generating search",
+        "### Task:\nYou are an autocompletion system",
+        "### Task:\nGenerate a detailed prompt for am image generation task",  # sic
+    )
+}
 # Open WebUI's tasks (its {{TASK}} names) whose outcome the person's reply waits for: the
 # search queries and the tool choice come before it, autocomplete as they type, the image
 # prompt and the mixture of answers are the reply. In a header, these are interactive.
