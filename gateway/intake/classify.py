@@ -34,9 +34,16 @@ from gateway.core import RequestClass
 from gateway.intake.load_options import num_ctx_of
 from gateway.wire import canonical_keys
 
-__all__ = ["Estimate", "classify"]
+__all__ = [
+    "CHARS_PER_TOKEN",
+    "IMAGE_PARTS",
+    "RENDERED_AS_JSON",
+    "STRUCTURE_KEYS",
+    "Estimate",
+    "classify",
+]
 
-_CHARS_PER_TOKEN = 4
+CHARS_PER_TOKEN = 4
 
 
 @dataclass(slots=True)  # not frozen: that sets each field by a call, on every request's path
@@ -56,7 +63,7 @@ def classify(fields: dict[str, Any], policy: Policy, cached_share: float = 0.0) 
     """Estimate the prompt of an Ollama or OpenAI request body and decide its class;
     ``cached_share``: the part of it the engine likely holds in its prompt cache."""
     characters, images = _prompt_size(fields)
-    prompt = characters // _CHARS_PER_TOKEN + images * policy.costs.image_tokens
+    prompt = characters // CHARS_PER_TOKEN + images * policy.costs.image_tokens
     prompt += _count(fields.get("context"))
     tokens = prompt - int(prompt * cached_share)
     heavy = policy.classes.heavy
@@ -139,15 +146,15 @@ def _count(value: object) -> int:
 
 
 # Content parts that are an image: OpenAI's chat and Responses parts, Anthropic's block.
-_IMAGE_PARTS = frozenset(("image_url", "input_image", "image"))
+IMAGE_PARTS = frozenset(("image_url", "input_image", "image"))
 # Keys (folded, as Go's decoder folds them) whose values say what a part is, not what the
 # model reads: a role, a block's type, ids, a thought's signature, cache hints.
-_STRUCTURE = frozenset(
+STRUCTURE_KEYS = frozenset(
     ("type", "role", "id", "name", "tool_use_id", "call_id", "cache_control", "media_type",
      "status", "index", "signature")
 )  # fmt: skip
 # Keys whose object a template writes out as JSON: a tool call's input or arguments.
-_RENDERED_AS_JSON = frozenset(("input", "arguments", "parameters"))
+RENDERED_AS_JSON = frozenset(("input", "arguments", "parameters"))
 _MAX_DEPTH = 32  # deeper than any message; the body's parser bounds nesting anyway
 
 
@@ -170,19 +177,19 @@ def _walked(value: object, depth: int = 0) -> tuple[int, int]:
     if not isinstance(value, dict):
         return 0, 0  # a number or a boolean: no prompt text
     folded = canonical_keys(value) or value
-    if folded.get("type") in _IMAGE_PARTS:
+    if folded.get("type") in IMAGE_PARTS:
         return 0, 1
     for key, item in folded.items():
         if type(item) is str and not item.startswith("data:image/"):  # most: no call
-            if key not in _STRUCTURE and key.lower() not in _STRUCTURE:
+            if key not in STRUCTURE_KEYS and key.lower() not in STRUCTURE_KEYS:
                 characters += len(item)
             continue
         name = key.lower()
-        if name in _STRUCTURE:
+        if name in STRUCTURE_KEYS:
             continue
         if name == "images" and isinstance(item, list):
             images += len(item)
-        elif name in _RENDERED_AS_JSON and isinstance(item, dict):
+        elif name in RENDERED_AS_JSON and isinstance(item, dict):
             characters += _schema_size(item)
         else:
             item_chars, item_images = _walked(item, depth + 1)
