@@ -431,6 +431,14 @@ class TestPlanner:
         )
         # Background work waits its patience while they are in use.
         assert planner.room_for([backend], PHI, None, {}, {}, 9.9, 10.0, frozenset(), away) is None
+        # For background work a person reading their reply is a user still: used 6 s ago,
+        # past the cost but within its patience, the task waits its patience; a person
+        # would not wait at all.
+        plans.last_used.update({LLAMA: self.now - 6.0, QWEN: self.now - 6.0})
+        plans.users.update({LLAMA: {"ann": self.now - 6.0}, QWEN: {"bea": self.now - 6.0}})
+        assert planner.room_for([backend], PHI, None, {}, {}, 9.9, 10.0, frozenset(), away) is None
+        assert planner.room_for([backend], PHI, None, {}, {}, 10.0, 10.0, frozenset(), away)
+        assert planner.room_for([backend], PHI, None, {}, {}, 0.0, 10.0, CAL, away) is backend
         fixed = replace(backend, swap_after=0.5)
         assert planner.room_for([fixed], PHI, None, busy, {}, 0.5, 10.0, CAL, away)
 

@@ -118,7 +118,11 @@ class Generation:
             if apply_load_policy(fields.values, view.policy, model):
                 fields.changed()
         # Of the prompt, what the engine will evaluate: not what its cache holds already.
-        prefix = NO_PREFIX if path in EMBEDDING_PATHS else prefix_of(fields.values, model, view.policy.costs.image_tokens)
+        prefix = (
+            NO_PREFIX
+            if path in EMBEDDING_PATHS
+            else prefix_of(fields.values, model, view.policy.costs.image_tokens)
+        )
         cached = admission.room.prompts.cached_share(view.pool.serving(api, model), prefix)
         estimate = classify(fields.values, view.policy, cached)
         record.request_class, record.input_estimate = estimate.request_class, estimate.prompt_tokens

@@ -122,7 +122,8 @@ def swap_due(
     brings (``model`` now, each victim again when its users come back) and the request's
     own time between them; or the backend's ``swap_after``; at most ``patience``. The
     victims' users are those running or waiting for them, or whose last request for them
-    ended within that cost (between two questions). A person's request goes at once when
+    ended within that cost (between two questions; for background work, within its
+    patience: a person reading a reply). A person's request goes at once when
     the victims have no users, or fewer than the people waiting for ``model``; else once
     the people waiting have waited, together, what the switch costs the victims' users
     together (the cost, times their users, over the people waiting). Background work's:
@@ -140,7 +141,10 @@ def swap_due(
         loads = [load_seconds(plans, v) for v in chosen if v != model]
         cost = load_seconds(plans, model) + away + sum(loads)
     cost = min(cost, patience)
-    users = max((_users_of(backend, plans, v, busy, demand, now - cost) for v in chosen), default=0)
+    # For background work, a person who used a victim within its patience is reading the
+    # reply or typing the next question: still its user, whose model it does not unload.
+    since = now - (cost if wanting else patience)
+    users = max((_users_of(backend, plans, v, busy, demand, since) for v in chosen), default=0)
     if not wanting:
         return cost if not users else patience
     return 0.0 if users < wanting else min(cost * users / wanting, patience)
