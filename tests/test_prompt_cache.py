@@ -17,12 +17,15 @@ import aiohttp
 import openai
 import pytest
 
+from fairsim import SimConfig, Simulator
 from fairsim.slots import HostCache
+from gateway.app import bound_url, start_server
 from gateway.core import RequestClass
 from gateway.wire import with_slot
 from tests.conftest import Finished, Gateway, StartGateway, StartSim, one_backend
 from tests.llama_server import MODEL_ALIAS
 from tests.test_admission import idle, until
+from tests.test_backends import FAST_MONITOR, wait_backend
 
 MODEL = "llama3.2:3b"
 # 3,000 characters of instructions: about 750 tokens to the gateway's estimate, heavy at 500.
@@ -122,6 +125,36 @@ async def test_what_the_count_leaves_out_cannot_make_new_text_look_cached(
         records.append(await finished.first(("/v1/chat/completions",)))
     assert [r.request_class for r in records] == [RequestClass.LIGHT, RequestClass.HEAVY]
     assert records[1].uncached_estimate is not None and records[1].uncached_estimate > 500
+
+
+async def test_a_backend_that_comes_back_holds_nothing(start_gateway: StartGateway) -> None:
+    """A conversation held by the engine is light; its server restarts (its probes fail,
+    then pass: a new process, its cache empty), and the next turn is heavy again."""
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hi."}]
+    config = SimConfig(models=[MODEL], flavor="llamacpp", parallel=1, decode_tokens_per_s=500.0)
+    runner = await start_server(Simulator(config).make_app(), "127.0.0.1", 0)
+    url = bound_url(runner)
+    gateway = await start_gateway(
+        FAST_MONITOR + HEAVY_AT_500 + one_backend(url, slots=1, kind="llamacpp")
+    )
+    classes = []
+    for _ in range(2):
+        finished = Finished(gateway)
+        await chat(gateway, messages)
+        classes.append((await finished.first(("/v1/chat/completions",))).request_class)
+    await runner.cleanup()
+    await wait_backend(gateway, "sim", lambda b: not b.state.healthy)
+    runner = await start_server(
+        Simulator(config).make_app(), "127.0.0.1", int(url.rsplit(":", 1)[1])
+    )
+    try:
+        await wait_backend(gateway, "sim", lambda b: b.state.healthy)
+        finished = Finished(gateway)
+        await chat(gateway, messages)
+        classes.append((await finished.first(("/v1/chat/completions",))).request_class)
+    finally:
+        await runner.cleanup()
+    assert classes == [RequestClass.HEAVY, RequestClass.LIGHT, RequestClass.HEAVY]
 
 
 async def test_a_conversation_goes_back_to_the_backend_that_holds_it(

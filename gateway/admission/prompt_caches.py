@@ -94,10 +94,11 @@ class _Held:
     the tokens it generated; rendered by the template into the next turn they part from
     those early, and on llama-server it is evaluated again: measured, not assumed.)"""
 
-    __slots__ = ("_blocks",)
+    __slots__ = ("_blocks", "comebacks")
 
-    def __init__(self) -> None:
+    def __init__(self, comebacks: int) -> None:
         self._blocks: OrderedDict[int, int] = OrderedDict()  # block -> bytes of a prompt ending
+        self.comebacks = comebacks  # the backend's, when this began: another, a restart
 
     def matched(self, blocks: tuple[int, ...]) -> tuple[int, int]:
         """How many leading blocks of ``blocks`` are held, and how many bytes."""
@@ -290,6 +291,9 @@ class PromptCaches:
     def matched(self, backend: Backend, prefix: Prefix) -> tuple[int, int]:
         """Leading blocks of ``prefix`` that ``backend``'s engine likely holds, and bytes."""
         held = self._by_backend.get(backend.name)
+        if held is not None and held.comebacks != backend.state.comebacks:
+            self.emptied(backend)  # its probes failed and passed again: a restart, likely
+            return 0, 0
         return (0, 0) if held is None or not prefix.blocks else held.matched(prefix.blocks)
 
     def cached_share(self, backends: Iterable[Backend], prefix: Prefix) -> float:
@@ -325,7 +329,9 @@ class PromptCaches:
         slots = self._slots.get(backend.name)
         if slot is not None and slots is not None and slot < len(slots):
             slots[slot].held, slots[slot].size = prefix.blocks, size
-        held = self._by_backend.setdefault(backend.name, _Held())
+        held = self._by_backend.get(backend.name)
+        if held is None or held.comebacks != backend.state.comebacks:
+            held = self._by_backend[backend.name] = _Held(backend.state.comebacks)
         if engine_share is not None:
             engine_blocks = int(engine_share * prefix.size) // BLOCK_BYTES
             if engine_blocks + 1 < predicted:  # a block's worth of tokenizing aside

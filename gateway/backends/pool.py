@@ -110,6 +110,7 @@ class BackendState:
     sleeping: bool = False
     failed_loads: dict[str, FailedLoad] = field(default_factory=dict)  # by model key
     last_error: str | None = None
+    comebacks: int = 0  # times it came back after its probes failed: restarted, caches empty
     # Fewer requests at once than the policy's slots, as the gateway found: sent no more.
     runs_at_most: RunsAtMost | None = None
 

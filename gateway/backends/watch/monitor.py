@@ -137,6 +137,7 @@ class BackendMonitor:
         changed |= _note_failed_loads(config, state, seen, started)
         if not state.healthy and state.successes >= self._settings.healthy_after:
             state.healthy = True
+            state.comebacks += 1  # what its engine cached is gone with its process
             state.runs_at_most = None  # back from a restart, maybe with another setting
             changed = True
             log.info("backend_up", backend=config.name, url=config.url)
