@@ -139,7 +139,7 @@ class Services:
             holds=self.admission.holds,
             reloads=self.policy.snapshot(),
             policy=view.policy,
-            hold_seconds=self.admission.room.waits.seconds,
+            hold_seconds=self.admission.hold_seconds,
             history=self.history.snapshot(),
             usage=self._usage(view.policy),
         )

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 
 from gateway.admission import house_view
 from gateway.admission.arriving import Arriving
@@ -26,6 +26,7 @@ from gateway.admission.holds.base import HoldStore
 from gateway.admission.local import LocalTurns
 from gateway.admission.parallelism import Parallelism
 from gateway.admission.permit import Permit
+from gateway.admission.prompt_caches import Prefix
 from gateway.admission.refusals import REVOKED, Refusal, refusal, turn_away
 from gateway.admission.replicas import ReplicaHolds
 from gateway.admission.room import WaitingRoom
@@ -196,6 +197,20 @@ class Admission:
         gateway is shutting down)."""
         self.closing = refusal
         turn_away(self.room, lambda ticket: True, refusal)
+
+    def cached_share(self, backends: Iterable[Backend], prefix: Prefix) -> float:
+        """The part of ``prefix`` the best of ``backends`` likely holds in its prompt cache."""
+        return self.room.prompts.cached_share(backends, prefix)
+
+    @property
+    def busy(self) -> Mapping[str, int]:
+        """Requests running, by slot group (``Backend.group``)."""
+        return self.room.busy
+
+    @property
+    def hold_seconds(self) -> float:
+        """How long a request has recently held its slot."""
+        return self.room.waits.seconds
 
     def wake(self) -> None:
         """Something outside changed (a backend came back, its slots became known)."""

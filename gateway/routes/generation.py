@@ -123,7 +123,7 @@ class Generation:
             if path in EMBEDDING_PATHS
             else prefix_of(fields.values, model, view.policy.costs.image_tokens)
         )
-        cached = admission.room.prompts.cached_share(view.pool.serving(api, model), prefix)
+        cached = admission.cached_share(view.pool.serving(api, model), prefix)
         estimate = classify(fields.values, view.policy, cached)
         record.request_class, record.input_estimate = estimate.request_class, estimate.prompt_tokens
         record.uncached_estimate = estimate.input_tokens

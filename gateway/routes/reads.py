@@ -198,7 +198,7 @@ class Reads:
         return await self._relay(request, self._choose(view.pool.healthy(Api.OLLAMA), ""), None)
 
     def _choose(self, candidates: Sequence[Backend], model: str) -> Backend:
-        pool, busy = self._services.policy.current.pool, self._services.admission.room.busy
+        pool, busy = self._services.policy.current.pool, self._services.admission.busy
         if not candidates:
             raise no_backend(pool, Api.OLLAMA, model)
         return pool.prefer(candidates, model, busy)
