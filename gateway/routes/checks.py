@@ -1,15 +1,17 @@
 """What a generation request must pass before it waits for a turn: its model named and
 served and allowed, its fields of the types Ollama reads, nothing a shared box refuses to
-run. (Its account's budget: ``usage/spending.py``.)"""
+run, and the quick no said before its body is read. (Its account's budget:
+``usage/spending.py``.)"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
 
+from gateway.admission import Admission, Refusal
 from gateway.backends import Backend, BackendPool, failed_to_load
 from gateway.config import Policy, model_key
-from gateway.core import Api, GatewayError, Reason, retry_after_header
+from gateway.core import Api, GatewayError, Lane, Reason, retry_after_header
 from gateway.intake import (
     Fields,
     checked_name,
@@ -19,11 +21,17 @@ from gateway.intake import (
 )
 from gateway.wire import message_list_error, openai_refusal, server_tools
 
+PERSON = Lane.INTERACTIVE  # looked up once: an enum member is a descriptor call each time
+PEOPLE_ONLY = (PERSON,)  # what most requests are known to be from their headers
+
 __all__ = [
+    "PEOPLE_ONLY",
+    "PERSON",
     "as_routers_name_it",
     "check_field_types",
     "check_model_allowed",
     "check_model_served",
+    "quick_no",
     "refused_body",
     "resolved",
 ]
@@ -139,3 +147,20 @@ def check_field_types(fields: Fields) -> None:
     user's model for it."""
     if fields.type_error is not None:
         raise GatewayError(400, Reason.BAD_REQUEST, fields.type_error)
+
+
+def quick_no(admission: Admission, user: str, possible: tuple[Lane, ...]) -> Refusal | None:
+    """The quick no before the body is read, raised; where the person's lane is full but the
+    body may be a task's (``possible``: its lanes), the person's refusal, kept for a body too
+    large to be one; None where the person has room. The person's lane is asked once: most
+    requests stop there, with room to start."""
+    person_refused = admission.refuses_unseen(user, PEOPLE_ONLY) if possible[0] is PERSON else None
+    if person_refused is not None or possible[0] is not PERSON:
+        unseen = (
+            person_refused
+            if possible == PEOPLE_ONLY
+            else admission.refuses_unseen(user, possible)  # a task's bound too
+        )
+        if unseen is not None:
+            raise unseen.error()
+    return person_refused

@@ -29,10 +29,12 @@ from gateway.edge.http import HOT_PATHS, RECORD, body_size, defer_continue, read
 from gateway.intake import apply_load_policy, classify, lane_of, parsed, possible_lanes, prefix_of
 from gateway.relay import Preempted, Relay, Target
 from gateway.routes.checks import (
+    PEOPLE_ONLY,
     as_routers_name_it,
     check_field_types,
     check_model_allowed,
     check_model_served,
+    quick_no,
     refused_body,
     resolved,
 )
@@ -44,8 +46,6 @@ __all__ = ["Generation"]
 
 log = structlog.get_logger("fairgate.proxy")
 
-PERSON = Lane.INTERACTIVE  # looked up once: an enum member is a descriptor call each time
-PEOPLE_ONLY = (PERSON,)  # what most requests are known to be from their headers
 # A front end's task is its prompt and a little history: Open WebUI's are a few KB.
 TASK_BODY_BYTES = 256 * 1024
 
@@ -82,18 +82,7 @@ class Generation:
         possible = possible_lanes(lanes, request.headers)
         if possible == PEOPLE_ONLY:
             services.spending.check(view.policy, user)
-        # The person's lane asked once: most requests stop there, with room to start.
-        person_refused = (
-            admission.refuses_unseen(user, PEOPLE_ONLY) if possible[0] is PERSON else None
-        )
-        if person_refused is not None or possible[0] is not PERSON:
-            unseen = (
-                person_refused
-                if possible == PEOPLE_ONLY
-                else admission.refuses_unseen(user, possible)  # a task's bound too
-            )
-            if unseen is not None:
-                raise unseen.error()
+        person_refused = quick_no(admission, user, possible)
         # A person whose places are all taken may still send a task, known from its prompt:
         # a body is read only if it is small enough to be one, else refused for the person.
         limit = settings.max_body_bytes if person_refused is None else TASK_BODY_BYTES
