@@ -137,10 +137,9 @@ def _probe(url: str | None) -> Found | None:
             return Found(base, "ollama", models)
         if (props := _get(base + "/props")) is not None:
             listed = _get(base + "/v1/models") or {}
-            if props.get("role") == "router":  # --models-dir: a child server per model
-                models = [m["id"] for m in listed.get("data", []) if isinstance(m, dict)]
-                return Found(base, "llamacpp-router", models)
             models = [m["id"] for m in listed.get("data", []) if isinstance(m, dict)]
+            if props.get("role") == "router":  # --models-dir: a child server per model
+                return Found(base, "llamacpp-router", models)
             slots = props.get("total_slots")
             return Found(base, "llamacpp", models, slots if isinstance(slots, int) else None)
     return None
