@@ -137,7 +137,9 @@ def _probe(url: str | None) -> Found | None:
             return Found(base, "ollama", models)
         if (props := _get(base + "/props")) is not None:
             listed = _get(base + "/v1/models") or {}
-            models = [m["id"] for m in listed.get("data", []) if isinstance(m, dict)]
+            models = [
+                str(m["id"]) for m in listed.get("data", []) if isinstance(m, dict) and "id" in m
+            ]
             if props.get("role") == "router":  # --models-dir: a child server per model
                 return Found(base, "llamacpp-router", models)
             slots = props.get("total_slots")
