@@ -157,6 +157,27 @@ async def test_a_backend_that_comes_back_holds_nothing(start_gateway: StartGatew
     assert classes == [RequestClass.HEAVY, RequestClass.LIGHT, RequestClass.HEAVY]
 
 
+async def test_an_ollama_runner_holds_one_prompt_a_slot(
+    start_sim: StartSim, start_gateway: StartGateway
+) -> None:
+    """Ollama's runner keeps one prompt in each of its slots: a prompt asked again at once
+    is held (light), but three prompts taking turns on two slots push the first out, and
+    it is heavy again, however much room its blocks would take."""
+    _, url = await start_sim(parallel=2)
+    gateway = await start_gateway(HEAVY_AT_500 + one_backend(url, slots=2))
+    first, second, third = ([{"role": "user", "content": f"{n} {SYSTEM}"}] for n in range(3))
+    classes = []
+    async with aiohttp.ClientSession() as session:
+        for messages in (first, first, second, third, first):
+            finished = Finished(gateway)
+            body = {"model": MODEL, "messages": messages, "stream": False}
+            async with session.post(gateway.url + "/api/chat", json=body) as reply:
+                assert reply.status == 200
+            classes.append((await finished.first(("/api/chat",))).request_class)
+    heavy, light = RequestClass.HEAVY, RequestClass.LIGHT
+    assert classes == [heavy, light, heavy, heavy, heavy]
+
+
 async def test_a_conversation_goes_back_to_the_backend_that_holds_it(
     start_sim: StartSim, start_gateway: StartGateway
 ) -> None:

@@ -6,11 +6,12 @@ aiohttp); ``admission.scheduler`` imports only ``core``.
 """
 
 from gateway.admission.admission import Admission
+from gateway.admission.cache_contents import BLOCK_BYTES
 from gateway.admission.holds.base import HoldStore, StoreUnavailable
 from gateway.admission.holds.redis import RedisHolds
 from gateway.admission.permit import Permit
 from gateway.admission.preemption import Waste
-from gateway.admission.prompt_caches import BLOCK_BYTES, NO_PREFIX, Prefix, PromptCaches
+from gateway.admission.prompt_caches import NO_PREFIX, Prefix, PromptCaches
 from gateway.admission.refusals import REVOKED, Refusal
 from gateway.admission.room_snapshot import (
     EstimatesSnapshot,

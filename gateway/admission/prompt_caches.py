@@ -25,34 +25,36 @@ until that slot is free. Only where the server has said how many slots it has (`
 from __future__ import annotations
 
 import itertools
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from gateway.admission.cache_contents import (
+    BLOCK_BYTES,
+    HostBlocks,
+    RunnerSlots,
+    common_blocks,
+    through,
+)
 from gateway.backends import Backend
 from gateway.config import BackendKind
 
 __all__ = [
-    "BLOCK_BYTES",
     "CHARS_PER_TOKEN",
     "NO_PREFIX",
     "Pinned",
     "Prefix",
     "PromptCaches",
     "SlotCopy",
-    "common_blocks",
 ]
 
-BLOCK_BYTES = 256
-"""A block of the rendered prompt: about 64 tokens, so that a cached prefix is known to
-within a few dozen tokens and a 25 KB set of tools is a hundred hashes."""
-
 # How much of a prompt cache the gateway remembers, per slot, in blocks: llama-server
-# keeps slots' prompts and as many again in host memory (8 GiB by default); Ollama's runner
-# one prompt per slot, at most its context (8,192 tokens is the common num_ctx). An engine
-# holding more than this is only cheaper than estimated; its counts settle the charge.
-_BLOCKS_PER_SLOT: dict[BackendKind, int] = {"llamacpp": 512, "llamacpp-router": 512, "ollama": 128}
+# keeps slots' prompts and as many again in host memory (8 GiB by default); another
+# OpenAI-compatible server, as much as one prompt of 8,192 tokens a slot. An engine holding
+# more than this is only cheaper than estimated; its counts settle the charge. (Ollama's
+# runners hold one prompt a slot: ``RunnerSlots``.)
+_BLOCKS_PER_SLOT: dict[BackendKind, int] = {"llamacpp": 512, "llamacpp-router": 512}
 _DEFAULT_BLOCKS_PER_SLOT = 128
 CHARS_PER_TOKEN = 4
 # A slot's prompt is copied to an idle slot when evaluating it there would take at least
@@ -68,6 +70,7 @@ class Prefix(NamedTuple):
 
     blocks: tuple[int, ...]  # chained hashes, one per whole block, model and all before it
     size: int  # bytes of the whole rendered prompt (the last block is rarely whole)
+    model: str = ""  # the model it is for: Ollama keeps a runner's cache per model
 
     def share(self, held: int) -> float:
         """The part of the prompt that ``held`` leading bytes are."""
@@ -75,57 +78,6 @@ class Prefix(NamedTuple):
 
 
 NO_PREFIX = Prefix((), 0)
-
-
-def _through(blocks: int, ends: int) -> int:
-    """Bytes held through ``blocks`` whole blocks, the last of which ends a prompt the
-    engine holds of ``ends`` bytes (0: none ends there)."""
-    return max(blocks * BLOCK_BYTES, ends)
-
-
-class _Held:
-    """One backend's remembered prefixes: block hashes, least recently used first. A
-    prefix's blocks are touched from its end back to its start, so its start is always the
-    more recent: the cache forgets the ends of prompts before their shared beginnings.
-
-    The last whole block of a prompt the engine answered keeps that prompt's size: a
-    conversation's next turn, which repeats it all, finds the engine holding everything up
-    to the reply it got, not only the whole blocks. (The reply itself the engine holds as
-    the tokens it generated; rendered by the template into the next turn they part from
-    those early, and on llama-server it is evaluated again: measured, not assumed.)"""
-
-    __slots__ = ("_blocks", "comebacks")
-
-    def __init__(self, comebacks: int) -> None:
-        self._blocks: OrderedDict[int, int] = OrderedDict()  # block -> bytes of a prompt ending
-        self.comebacks = comebacks  # the backend's, when this began: another, a restart
-
-    def matched(self, blocks: tuple[int, ...]) -> tuple[int, int]:
-        """How many leading blocks of ``blocks`` are held, and how many bytes."""
-        held, count, ends = self._blocks, 0, 0
-        for block in blocks:
-            found = held.get(block)
-            if found is None:
-                break
-            count, ends = count + 1, found
-        return count, _through(count, ends)
-
-    def hold(self, blocks: tuple[int, ...], capacity: int, size: int) -> None:
-        """Hold ``blocks``, a prompt of ``size`` bytes."""
-        held = self._blocks
-        for block in reversed(blocks):
-            held[block] = held.get(block, 0)
-            held.move_to_end(block)
-        held[blocks[-1]] = max(held[blocks[-1]], size)
-        while len(held) > capacity:
-            held.popitem(last=False)
-
-    def forget(self, blocks: Iterable[int]) -> None:
-        for block in blocks:
-            self._blocks.pop(block, None)
-
-    def __len__(self) -> int:
-        return len(self._blocks)
 
 
 @dataclass(slots=True)
@@ -138,16 +90,6 @@ class _EngineSlot:
     free_at: float = 0.0  # when what is assigned to it likely ends
     last_used: int = 0
     filled: bool = False  # by a copy, and no request sent to it since
-
-
-def common_blocks(held: tuple[int, ...], blocks: tuple[int, ...]) -> int:
-    """How many leading blocks two prompts share."""
-    count = 0
-    for mine, theirs in zip(held, blocks, strict=False):
-        if mine != theirs:
-            break
-        count += 1
-    return count
 
 
 class Pinned(NamedTuple):
@@ -170,7 +112,7 @@ class PromptCaches:
     slots as the gateway assigns them."""
 
     def __init__(self) -> None:
-        self._by_backend: dict[str, _Held] = {}
+        self._by_backend: dict[str, HostBlocks | RunnerSlots] = {}
         self._slots: dict[str, list[_EngineSlot]] = {}
         self._uses = itertools.count(1)
         self._copy_rates: dict[str, float] = {}  # seconds a token, as copies took
@@ -203,7 +145,7 @@ class PromptCaches:
 
         def prefill(slot: _EngineSlot) -> float:
             common = common_blocks(slot.held, prefix.blocks)
-            held = _through(common, slot.size if common == len(slot.held) else 0)
+            held = through(common, slot.size if common == len(slot.held) else 0)
             return tokens * (1 - prefix.share(held)) / rate
 
         def cost(slot: _EngineSlot) -> tuple[float, int]:
@@ -294,7 +236,9 @@ class PromptCaches:
         if held is not None and held.comebacks != backend.state.comebacks:
             self.emptied(backend)  # its probes failed and passed again: a restart, likely
             return 0, 0
-        return (0, 0) if held is None or not prefix.blocks else held.matched(prefix.blocks)
+        if held is None or not prefix.blocks:
+            return 0, 0
+        return held.matched(prefix.model, prefix.blocks)
 
     def cached_share(self, backends: Iterable[Backend], prefix: Prefix) -> float:
         """The part of ``prefix`` the best of ``backends`` likely holds (0 to 1)."""
@@ -326,18 +270,23 @@ class PromptCaches:
         if not prefix.blocks:
             return
         size = prefix.size
-        slots = self._slots.get(backend.name)
-        if slot is not None and slots is not None and slot < len(slots):
-            slots[slot].held, slots[slot].size = prefix.blocks, size
+        pinned = self._slots.get(backend.name)
+        if slot is not None and pinned is not None and slot < len(pinned):
+            pinned[slot].held, pinned[slot].size = prefix.blocks, size
         held = self._by_backend.get(backend.name)
         if held is None or held.comebacks != backend.state.comebacks:
-            held = self._by_backend[backend.name] = _Held(backend.state.comebacks)
+            kept = RunnerSlots if backend.kind == "ollama" else HostBlocks
+            held = self._by_backend[backend.name] = kept(backend.state.comebacks)
+        model, slots = prefix.model, max(1, backend.slots)
         if engine_share is not None:
             engine_blocks = int(engine_share * prefix.size) // BLOCK_BYTES
             if engine_blocks + 1 < predicted:  # a block's worth of tokenizing aside
-                held.forget(prefix.blocks[engine_blocks:predicted])
-        per_slot = _BLOCKS_PER_SLOT.get(backend.kind, _DEFAULT_BLOCKS_PER_SLOT)
-        held.hold(prefix.blocks, max(1, backend.slots) * per_slot, size)
+                held.forget(model, prefix.blocks[engine_blocks:predicted])
+        if isinstance(held, RunnerSlots):
+            held.hold(model, prefix.blocks, size, slots)
+        else:
+            per_slot = _BLOCKS_PER_SLOT.get(backend.kind, _DEFAULT_BLOCKS_PER_SLOT)
+            held.hold(model, prefix.blocks, size, slots * per_slot)
 
     def emptied(self, backend: Backend) -> None:
         """``backend``'s engine (re)loaded a model: what it held of that model is gone;

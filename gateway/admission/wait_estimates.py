@@ -24,7 +24,8 @@ from collections import defaultdict, deque
 from collections.abc import Iterable
 from typing import TypeVar
 
-from gateway.admission.prompt_caches import BLOCK_BYTES, CHARS_PER_TOKEN, common_blocks
+from gateway.admission.cache_contents import BLOCK_BYTES, common_blocks
+from gateway.admission.prompt_caches import CHARS_PER_TOKEN
 from gateway.admission.room_snapshot import EstimatesSnapshot, in_order
 from gateway.admission.room_state import RoomState
 from gateway.admission.tickets import Ticket, Waiter

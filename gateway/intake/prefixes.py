@@ -51,7 +51,7 @@ def prefix_of(fields: dict[str, Any], model: str, image_tokens: int = 768) -> Pr
     rendered = _rendered(fields, b"\0" * (image_tokens * CHARS_PER_TOKEN))
     whole = min(len(rendered) // BLOCK_BYTES, _MAX_BLOCKS)
     if not whole:  # a short prompt: no block a cache could be known to hold
-        return Prefix((), len(rendered))
+        return Prefix((), len(rendered), model)
     blocks = []
     chain = _seed(model)
     for start in range(0, whole * BLOCK_BYTES, BLOCK_BYTES):
@@ -59,7 +59,7 @@ def prefix_of(fields: dict[str, Any], model: str, image_tokens: int = 768) -> Pr
             chain + rendered[start : start + BLOCK_BYTES], digest_size=8, key=_KEY
         ).digest()
         blocks.append(int.from_bytes(chain, "little"))
-    return Prefix(tuple(blocks), len(rendered))
+    return Prefix(tuple(blocks), len(rendered), model)
 
 
 _SEEDS: dict[str, bytes] = {}
