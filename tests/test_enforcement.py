@@ -563,8 +563,17 @@ class TestOneCompletionARequest:
             ("/v1/completions", {"model": MODEL, "prompt": "one", "n_cmpl": 4}),
             ("/v1/completions", {"model": MODEL, "prompt": ["one", "two"]}),
             ("/v1/completions", {"model": MODEL, "prompt": [[1, 2], [3, 4]]}),
+            ("/v1/chat/completions", {**GENERATION["/v1/chat/completions"], "n": 2.0}),
+            ("/v1/completions", {"model": MODEL, "prompt": "one", "n_cmpl": 2.5}),
         ],
-        ids=["n over 1", "llama.cpp's n_cmpl over 1", "two prompts", "two prompts of token ids"],
+        ids=[
+            "n over 1",
+            "llama.cpp's n_cmpl over 1",
+            "two prompts",
+            "two prompts of token ids",
+            "n 2.0, which llama.cpp reads as 2",
+            "n_cmpl 2.5, which llama.cpp cuts to 2",
+        ],
     )
     async def test_a_request_for_several_completions_is_refused(
         self, start_sim: StartSim, start_gateway: StartGateway, path: str, body: object

@@ -56,10 +56,11 @@ def openai_refusal(values: dict[str, object]) -> str | None:
 def several_completions(values: dict[str, object]) -> str | None:
     """Why the request asks for more than one completion, or None. A prompt of token ids is
     one prompt; a list holding one prompt is one too."""
-    # llama.cpp reads n_cmpl too, of which n is its alias (server's params_from_json).
+    # llama.cpp reads n_cmpl too, of which n is its alias (server's params_from_json), as
+    # an int from any JSON number: nlohmann's get<int> cuts 2.0 and 2.5 to 2.
     for name in ("n", "n_cmpl"):
         count = values.get(name)
-        if isinstance(count, int) and not isinstance(count, bool) and count > 1:
+        if isinstance(count, int | float) and not isinstance(count, bool) and count >= 2:
             return f"{name} must be 1 here: send one request for each completion"
     prompt = values.get("prompt")
     if isinstance(prompt, list) and len(prompt) > 1 and not _token_ids(prompt):
