@@ -27,6 +27,7 @@ from .llamacpp_shapes import (
     error,
     metrics_text,
     model_entry,
+    named_slot,
     params,
     props_payload,
     reply,
@@ -183,10 +184,9 @@ class LlamaCppAPI:
         )
         tokens, limited = output_budget(limit, self.engine.config.default_output_tokens)
         text = rendered(tools, prompt)
-        named = body.get("id_slot")
-        slot = named if isinstance(named, int) and not isinstance(named, bool) else None
         job = GenJob(
-            self.alias, tokens_in(text), tokens, limited, None, faults, text=text, slot=slot,
+            self.alias, tokens_in(text), tokens, limited, None, faults, text=text,
+            slot=named_slot(body),
             reuse=body.get("cache_prompt", True) is not False,
         )  # fmt: skip
         stream = body.get("stream") is True

@@ -12,7 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from .config import GenJob, GenResult, faults_from
-from .llamacpp_shapes import LlamaServer, dumps, error, reply, timings
+from .llamacpp_shapes import LlamaServer, dumps, error, named_slot, reply, timings
 from .ollama_common import chat_text, output_budget
 from .recording import TapStream
 from .wire import tokens_in
@@ -34,7 +34,7 @@ async def responses(api: LlamaServer, request: web.Request) -> web.StreamRespons
         return error(faults.status, "simulated failure")
     limit = body.get("max_output_tokens")
     tokens, limited = output_budget(limit, api.engine.config.default_output_tokens)
-    job = GenJob(api.alias, tokens_in(prompt), tokens, limited, None, faults)
+    job = GenJob(api.alias, tokens_in(prompt), tokens, limited, None, faults, slot=named_slot(body))
     streaming = body.get("stream") is True
     return await api.generated(request, job, _Writer(api, request, job, streaming), streaming)
 

@@ -25,6 +25,7 @@ __all__ = [
     "error",
     "metrics_text",
     "model_entry",
+    "named_slot",
     "params",
     "props_payload",
     "reply",
@@ -97,6 +98,13 @@ def params(n_predict: int, stream: bool, *, completion: bool) -> dict[str, Any]:
         out.update(grammar="", grammar_lazy=False, grammar_triggers=[], preserved_tokens=[])
     out.update(_TAIL)
     return out
+
+
+def named_slot(body: dict[str, Any]) -> int | None:
+    """The slot a request names (``id_slot``): read from chat, completion and Responses
+    bodies alike (params_from_json_cmpl, which the Responses route's conversion feeds)."""
+    named = body.get("id_slot")
+    return named if isinstance(named, int) and not isinstance(named, bool) else None
 
 
 def dumps(value: Any) -> bytes:

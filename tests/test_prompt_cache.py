@@ -356,6 +356,34 @@ class TestTheSlot:
                 assert record.prompt_tokens and record.cached_tokens
                 assert record.prompt_tokens - record.cached_tokens < 30
 
+    async def test_a_clients_slot_is_not_the_one_the_responses_api_runs_on(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """The Responses API reads ``id_slot`` too: a client naming the slot another
+        request holds would wait inside llama-server beside a free slot, where the gateway
+        cannot see it. The gateway's word (here -1, a prompt too short to pin) is the one
+        the server reads, and the request runs on the free slot at once."""
+        simulator, url = await start_sim(flavor="llamacpp", parallel=2)
+        gateway = await start_gateway(
+            one_backend(url, slots=2, kind="llamacpp", extra="defaults: {max_concurrent: 2}\n")
+        )
+        pool = gateway.services.policy.current.pool
+        await until(gateway.services.admission, lambda _: pool.backends[0].state.slots == 2)
+        held = {"model": MODEL, "messages": [{"role": "user", "content": "hold"}], "stream": True}
+        asked = {"model": MODEL, "input": "hello", "max_output_tokens": 2}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                gateway.url + "/v1/chat/completions", json=held | {"sim_stall_after": 1}
+            ) as holding,
+        ):
+            await holding.content.readline()  # it runs, and keeps its slot
+            [busy] = [slot.id for slot in simulator.engine.slots if slot.busy]
+            answer = session.post(gateway.url + "/v1/responses", json=asked | {"id_slot": busy})
+            async with asyncio.timeout(10):  # else it waits for the held slot, forever
+                async with answer as reply:
+                    assert reply.status == 200, await reply.text()
+
     @staticmethod
     def _holding(simulator: Any, text: str) -> int:
         [slot] = [s.id for s in simulator.engine.slots if text in s.cached]

@@ -232,8 +232,12 @@ class Generation:
     ) -> web.StreamResponse:
         record = request[RECORD]
         record.backend = permit.backend.name
-        if request.path in SLOT_PATHS and permit.backend.kind == "llamacpp":  # its slot
-            body = await self._to_slot(permit, body, target.timeouts.connect)
+        if request.path in SLOT_PATHS and permit.backend.llama_server:
+            # Its slot; a router's child its own choice (-1), never the client's.
+            if permit.backend.router:
+                body = with_slot(body, None)
+            else:
+                body = await self._to_slot(permit, body, target.timeouts.connect)
         if permit.placement.unload:  # nearly never: no coroutine made for nothing
             await self._make_room(permit, target.timeouts.connect)
         # A router's failed load, rarely: this one retries it. Marked as it is sent, not

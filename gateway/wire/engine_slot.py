@@ -14,8 +14,10 @@ from __future__ import annotations
 
 __all__ = ["SLOT_PATHS", "with_slot"]
 
-SLOT_PATHS = frozenset(("/v1/chat/completions", "/v1/completions"))
-"""The routes whose bodies llama-server reads ``id_slot`` from."""
+SLOT_PATHS = frozenset(("/v1/chat/completions", "/v1/completions", "/v1/responses"))
+"""The routes whose bodies llama-server reads ``id_slot`` from (the Responses API's too: it
+is made into a chat's parameters; seen on the pinned server: a client's ``id_slot`` there
+chose its slot). Not /v1/messages, whose conversion leaves it out."""
 
 
 def with_slot(body: bytes, slot: int | None) -> bytes:
