@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.wire import STRUCTS, NestedTooDeeply, field_type_error
+from gateway.wire import STRUCTS, NestedTooDeeply, field_type_error, go_int64
 
 from .config import LoadOptions
 from .gojson import go_decode
@@ -111,9 +111,6 @@ def keep_alive_of(body: dict[str, Any]) -> float | None:
         raise RequestError(400, str(exc)) from None
 
 
-_INT64 = 2**63
-
-
 def load_options_of(options: Any) -> LoadOptions:
     """The load-time options of a request's ``options`` map, as ``Options.FromMap`` reads
     them (api/types.go): a JSON number is truncated to an integer, null is skipped, any
@@ -127,9 +124,7 @@ def load_options_of(options: Any) -> LoadOptions:
             return None
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise RequestError(500, f'option "{name}" must be of type integer')
-        # Go's int64(float64): toward zero; out of range gives the smallest int64 on amd64.
-        number = int(value)
-        return number if -_INT64 <= number < _INT64 else -_INT64
+        return go_int64(value)
 
     use_mmap = options.get("use_mmap")
     if use_mmap is not None and not isinstance(use_mmap, bool):

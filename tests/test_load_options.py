@@ -93,9 +93,11 @@ class TestNumCtxRules:
         """Truncated toward zero, at least 4; absent, null or not a number: the default."""
         read = [
             num_ctx_of({"options": {"num_ctx": value}})
-            for value in (8192, 2048.7, -1, 1e30, None, "8192")
+            for value in (8192, 2048.7, -1, 1e30, None, "8192", 2**63 - 1, 2**63 - 512, 10**400)
         ]
-        assert read == [8192, 2048, 4, 4, None, None]
+        # 2**63 - 1 and - 512 are float64 2**63 to Go, out of int64 range: the smallest
+        # int64, so 4 (a min rule must not let them through as "very large").
+        assert read == [8192, 2048, 4, 4, None, None, 4, 4, 4]
         assert num_ctx_of({"options": "x"}) is None
 
     def test_rules_are_checked_and_a_model_may_have_its_own(self) -> None:

@@ -23,6 +23,7 @@ from gateway.config import (
     model_key,
 )
 from gateway.core import GatewayError, Reason, fits_go_duration, parse_go_duration, whole_seconds
+from gateway.wire import go_int64
 
 __all__ = [
     "apply_keep_alive_policy",
@@ -32,7 +33,6 @@ __all__ = [
     "num_ctx_of",
 ]
 
-_INT64 = 2**63
 # Go's longest duration, spelt out, is 25 characters ("-2562047h47m16.854775807s").
 _LONGEST_KEEP_ALIVE = 64
 
@@ -88,8 +88,7 @@ def num_ctx_of(fields: dict[str, Any]) -> int | None:
     value = options.get("num_ctx") if isinstance(options, dict) else None
     if not _is_number(value):
         return None
-    number = int(value)
-    return max(MIN_NUM_CTX, number if -_INT64 <= number < _INT64 else MIN_NUM_CTX)
+    return max(MIN_NUM_CTX, go_int64(value))
 
 
 def apply_num_ctx_policy(fields: dict[str, Any], rules: NumCtxPolicy) -> bool:

@@ -21,6 +21,7 @@ from gateway.wire.ollama_fields import (
     STRUCT_OF_PATH,
     STRUCTS,
     field_type_error,
+    go_int64,
     go_type_name,
     option_type_error,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "field_type_error",
     "final_counts",
     "go_fold",
+    "go_int64",
     "go_type_name",
     "load_checked",
     "message_list_error",

@@ -16,7 +16,14 @@ from collections.abc import Callable, Mapping
 from types import NoneType
 from typing import Any
 
-__all__ = ["STRUCTS", "STRUCT_OF_PATH", "field_type_error", "go_type_name", "option_type_error"]
+__all__ = [
+    "STRUCTS",
+    "STRUCT_OF_PATH",
+    "field_type_error",
+    "go_int64",
+    "go_type_name",
+    "option_type_error",
+]
 
 _Check = Callable[[Any], bool]
 
@@ -220,3 +227,18 @@ def go_type_name(value: Any) -> str:
     if isinstance(value, str):
         return "string"
     return "array" if isinstance(value, list) else "object"
+
+
+_INT64 = 2**63
+
+
+def go_int64(number: int | float) -> int:
+    """A JSON number as Ollama's options make it an integer (``Options.FromMap``): decoded
+    into a ``map[string]any`` it is a float64 first, then Go's ``int64(float64)``, toward
+    zero, and out of range (2**63 itself, which 9223372036854775807 rounds to) the smallest
+    int64, as amd64 gives it. (Exact Python integers would keep 9223372036854775807.)"""
+    try:
+        as_go = float(number)
+    except OverflowError:  # beyond any float64: Go's decoder gives +-Inf, then the same
+        return -_INT64
+    return int(as_go) if -_INT64 <= as_go < _INT64 else -_INT64
