@@ -63,3 +63,26 @@ def test_a_long_duration_string_is_not_kept_once_it_is_parsed() -> None:
     finally:
         tracemalloc.stop()
     assert kept < 100_000, kept
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("9223372036854775807ns", (2**63 - 1) / 1e9),
+        ("-9223372036854775808ns", -(2**63) / 1e9),
+        ("2562047h47m16.854775807s", (2**63 - 1) / 1e9),
+        ("-2562047h47m16.854775808s", -(2**63) / 1e9),
+        ("9223372036854775.807us", (2**63 - 1) / 1e9),
+        ("0.000000000000000000000000000000000000000000001s", 0.0),
+    ],
+)
+def test_gos_longest_durations_are_durations(text: str, seconds: float) -> None:
+    """Go's own edge cases (time's parseDurationTests): valid to Ollama, which would keep a
+    model that long; so valid here, and clamped by a keep_alive max."""
+    assert parse_go_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["9223372036854775808ns", "2562047h47m16.854775808s", ".s"])
+def test_one_past_gos_longest_is_not(text: str) -> None:
+    with pytest.raises(ValueError, match="invalid duration"):
+        parse_go_duration(text)

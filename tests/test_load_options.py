@@ -15,9 +15,10 @@ from aiohttp.typedefs import Handler
 from fairsim import SimConfig, Simulator
 from gateway.config.models import NumCtxPolicy
 from gateway.config.policy import parse_policy
+from gateway.config.tuning import KeepAlivePolicy
 from gateway.config.yaml_reader import PolicyError
 from gateway.core.errors import GatewayError
-from gateway.intake.load_options import apply_num_ctx_policy, num_ctx_of
+from gateway.intake.load_options import apply_keep_alive_policy, apply_num_ctx_policy, num_ctx_of
 from tests.conftest import Gateway, StartGateway, StartSim, serve
 
 LLAMA, QWEN = "llama3.2:3b", "qwen2.5:7b"
@@ -99,6 +100,16 @@ class TestNumCtxRules:
         # int64, so 4 (a min rule must not let them through as "very large").
         assert read == [8192, 2048, 4, 4, None, None, 4, 4, 4]
         assert num_ctx_of({"options": "x"}) is None
+
+    @pytest.mark.parametrize(
+        "given", ["24h", -1, "-1m", "9223372036854775807ns", "-9223372036854775808ns"]
+    )
+    def test_a_keep_alive_max_holds_for_gos_longest_durations(self, given: object) -> None:
+        """Go's edge durations (292 years, and the negative "forever") are durations to
+        Ollama: clamped to the max like any long keep_alive, not left for Ollama to keep."""
+        fields: dict[str, Any] = {"keep_alive": given}
+        assert apply_keep_alive_policy(fields, KeepAlivePolicy(min=600, max=3600))
+        assert fields["keep_alive"] == 3600
 
     def test_rules_are_checked_and_a_model_may_have_its_own(self) -> None:
         """min above max is refused; a model's rules replace the top-level ones for it,

@@ -35,9 +35,12 @@ __all__ = [
 
 _LONGEST_GO_DURATION = 2**63 / 1e9  # seconds: time.Duration is an int64 of nanoseconds
 
-_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0}
-_DURATION_UNITS.update({"m": 60.0, "h": 3600.0})
+# Nanoseconds in each unit, as Go's time package counts them.
+_DURATION_UNITS = {"ns": 1, "us": 10**3, "µs": 10**3, "μs": 10**3, "ms": 10**6, "s": 10**9}
+_DURATION_UNITS.update({"m": 60 * 10**9, "h": 3600 * 10**9})
 _DURATION_PART = re.compile(r"(\d*)(\.\d*)?([^\d.]*)")
+_INT64_EDGE = 1 << 63
+_INT64_DIGITS = len(str(_INT64_EDGE))
 
 
 # A client's keep_alive is read on each of its requests, and a household sends a handful of
@@ -55,28 +58,62 @@ def parse_go_duration(text: str) -> float:
 
 
 def _parse(text: str) -> float:
-    sign = -1.0 if text.startswith("-") else 1.0
+    """Go's ParseDuration, step for step in integer nanoseconds (its uint64), so that the
+    same texts overflow: 9223372036854775807ns is a duration to Go (292 years), and a float
+    sum would have called it too long, and Ollama then kept a model for that long."""
+    negative = text.startswith("-")
     body = text[1:] if text[:1] in ("-", "+") else text
     if body == "0":
         return 0.0
     if not body:
         raise _invalid(text)
-    total = 0.0
+    total = 0
     while body:
         match = _DURATION_PART.match(body)
         assert match is not None  # every group may be empty, so this always matches
-        whole, fraction, unit = match.group(1), match.group(2) or "", match.group(3)
-        if not whole and len(fraction) < 2:
+        whole, fraction, unit = match.group(1), (match.group(2) or "")[1:], match.group(3)
+        if not whole and not fraction:
             raise _invalid(text)
         if not unit:
             raise ValueError(f"time: missing unit in duration {_quoted(text)}")
-        if unit not in _DURATION_UNITS:
+        scale = _DURATION_UNITS.get(unit)
+        if scale is None:
             raise ValueError(f"time: unknown unit {_quoted(unit)} in duration {_quoted(text)}")
-        total += float(whole + fraction if whole else "0" + fraction) * _DURATION_UNITS[unit]
+        digits = whole.lstrip("0")  # Go takes any number of leading zeros
+        if len(digits) > _INT64_DIGITS:  # leadingInt: more than 2**63 overflows
+            raise _invalid(text)
+        value = int(digits or "0")
+        if value > _INT64_EDGE or value > _INT64_EDGE // scale:
+            raise _invalid(text)
+        value *= scale
+        if fraction:
+            digits, places = _leading_fraction(fraction)
+            value += int(float(digits) * (float(scale) / places))  # Go's float64 step
+            if value > _INT64_EDGE:
+                raise _invalid(text)
+        total += value
+        if total > _INT64_EDGE:
+            raise _invalid(text)
         body = body[match.end() :]
-    if not fits_go_duration(total):
-        raise _invalid(text)  # Go's overflow error
-    return sign * total
+    if not negative and total > _INT64_EDGE - 1:
+        raise _invalid(text)
+    return (-total if negative else total) / 1e9
+
+
+def _leading_fraction(digits: str) -> tuple[int, float]:
+    """Go's leadingFraction: the digits it keeps (until one more would overflow an int64),
+    and the power of ten they are over."""
+    value, places = 0, 1.0
+    # Past 40 digits nothing counts: either no more are kept, or what is kept is over at
+    # least 10**40, less than a nanosecond of any unit. (A client's text may be megabytes.)
+    for digit in digits[:40]:
+        if value > (_INT64_EDGE - 1) // 10:
+            break
+        bigger = value * 10 + int(digit)
+        if bigger > _INT64_EDGE:
+            break
+        value, places = bigger, places * 10
+    return value, places
 
 
 _parse_cached = functools.lru_cache(maxsize=256)(_parse)
