@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 
 from fairsim import Simulator
+from gateway.config import background_account
 from tests.conftest import Gateway, StartGateway, StartSim, one_backend
 from tests.test_admission import MODEL, until
 from tests.test_lanes import PEOPLE
@@ -205,6 +206,24 @@ class TestGivingWay:
         assert (await post(gateway, "bob-key", body("hello", CHAT_TOKENS)))[0] == 200
         assert [(await running)[0], (await waiting)[0]] == [200, 200]
         assert admission.snapshot().given_way.restarts == 1
+
+    async def test_a_task_giving_way_still_counts_against_its_budget(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """Between giving its slot up and waiting again (its relay being called off), a task
+        is in no room; it still counts as in flight for its front end's budget, else a new
+        task passes a requests budget in that moment."""
+        _, gateway = await one_slot(start_sim, start_gateway)
+        admission = gateway.services.admission
+        account = background_account("alice")
+        task = asyncio.create_task(post(gateway, "alice-key", body(TASK_PROMPT, TASK_TOKENS)))
+        await until(admission, background_running("alice"))
+        assert admission.in_flight(account) == 1
+        [running] = admission.room.preemptions.runs.values()
+        running.preempt()  # the room's own call, as a person's arrival makes it
+        assert admission.in_flight(account) == 1  # out of the room, not out of flight
+        assert (await task)[0] == 200
+        assert admission.in_flight(account) == 0
 
     async def test_the_preset_can_be_turned_off(
         self, start_sim: StartSim, start_gateway: StartGateway

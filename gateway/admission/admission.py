@@ -119,7 +119,9 @@ class Admission:
             return room.running[account] + len(room.waiting.get(account, ()))
         running = room.background_running.items()
         waiting = ((user, len(queue)) for user, queue in room.background.items())
-        return sum(n for user, n in (*running, *waiting) if background_account(user) == account)
+        giving_way = room.preemptions.giving_way.items()  # between their slot and the room
+        counts = (*running, *waiting, *giving_way)
+        return sum(n for user, n in counts if background_account(user) == account)
 
     def refuses_unseen(self, user: str, lanes: tuple[Lane, ...]) -> Refusal | None:
         """The quick no that needs no body (``turns.refuses_unseen``), or None."""

@@ -264,6 +264,7 @@ class Permit:
         if preempted is None or preempted.done() or self._released:
             return
         preempted.set_result(None)
+        self._admission.room.preemptions.giving_way[self.ticket.user] += 1
         self.release()
 
     async def __aenter__(self) -> Permit:
@@ -272,6 +273,11 @@ class Permit:
     async def __aexit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        if self.preempted is not None and self.preempted.done():  # it gave way: it leaves
+            giving_way = self._admission.room.preemptions.giving_way
+            giving_way[self.ticket.user] -= 1
+            if giving_way[self.ticket.user] <= 0:
+                del giving_way[self.ticket.user]
         if not self._released:  # as ``release`` does, without a call more on every request
             self._released = True
             if self.preempted is not None:

@@ -18,6 +18,7 @@ What preemption wastes is counted: the slot time and the prompt the engine had r
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -53,13 +54,17 @@ class Waste:
 class Preemptions:
     """The background requests running now that may give their slot to a person."""
 
-    __slots__ = ("runs", "waste")
+    __slots__ = ("giving_way", "runs", "waste")
 
     def __init__(self) -> None:
         # By the permit's identity. Asked ``if preemptions.runs`` on every request's path:
         # a dict's truth, without a method call.
         self.runs: dict[int, Preemptible] = {}
         self.waste = Waste()
+        # By user: requests that gave their slot up and have not yet left it (their relay
+        # being called off), to wait again. Out of the room meanwhile, they still count as
+        # in flight for their budget (``Admission.in_flight``).
+        self.giving_way: Counter[str] = Counter()
 
     def add(self, run: Preemptible) -> None:
         self.runs[id(run)] = run
