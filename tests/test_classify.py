@@ -224,3 +224,18 @@ class TestOutputLimit:
         self, body: dict[str, Any], limit: int | None
     ) -> None:
         assert output_limit(body) == limit
+
+    @pytest.mark.parametrize(
+        ("body", "limit"),
+        [
+            ({"max_tokens": 1}, None),  # ignored by Ollama's own API: unbounded
+            ({"max_tokens": 1, "options": {"num_predict": 500}}, 500),
+            ({"max_tokens": 900, "options": {"num_predict": 50}}, 50),
+        ],
+    )
+    def test_ollamas_own_api_is_bounded_by_num_predict_alone(
+        self, body: dict[str, Any], limit: int | None
+    ) -> None:
+        """On /api/chat a top-level max_tokens bounds nothing: read as a bound it would
+        reserve one token of a tokens budget for a reply as long as the context."""
+        assert output_limit(body, native=True) == limit

@@ -59,9 +59,12 @@ class Estimate:
     output_tokens: int | None = None  # the most it may generate, if the body says
 
 
-def classify(fields: dict[str, Any], policy: Policy, cached_share: float = 0.0) -> Estimate:
+def classify(
+    fields: dict[str, Any], policy: Policy, cached_share: float = 0.0, native: bool = False
+) -> Estimate:
     """Estimate the prompt of an Ollama or OpenAI request body and decide its class;
-    ``cached_share``: the part of it the engine likely holds in its prompt cache."""
+    ``cached_share``: the part of it the engine likely holds in its prompt cache; ``native``:
+    a body of Ollama's own API."""
     characters, images = _prompt_size(fields)
     prompt = characters // CHARS_PER_TOKEN + images * policy.costs.image_tokens
     prompt += _count(fields.get("context"))
@@ -72,7 +75,7 @@ def classify(fields: dict[str, Any], policy: Policy, cached_share: float = 0.0) 
     wants_long_context = (
         heavy.min_num_ctx is not None and num_ctx is not None and num_ctx >= heavy.min_num_ctx
     )
-    output = output_limit(fields)
+    output = output_limit(fields, native)
     if tokens >= heavy.min_prompt_tokens or wants_long_context:
         return Estimate(tokens, RequestClass.HEAVY, heavy.weight, num_ctx, prompt, output)
     light = policy.classes.light.weight
@@ -86,15 +89,20 @@ def classify(fields: dict[str, Any], policy: Policy, cached_share: float = 0.0) 
 _OUTPUT_LIMITS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "n_predict")
 
 
-def output_limit(fields: dict[str, Any]) -> int | None:
+def output_limit(fields: dict[str, Any], native: bool = False) -> int | None:
     """The most tokens the reply may generate, as the body bounds it; None when it does not.
 
     Each backend reads its own field, and may ignore the others: so the largest any says,
     and none when any says "unbounded" (a number below 1), lest a small figure in a field
-    the backend ignores make the request look cheaper than what it will run."""
+    the backend ignores make the request look cheaper than what it will run. Ollama's own
+    API (``native``) reads ``options.num_predict`` alone: a ``max_tokens`` beside it bounds
+    nothing."""
     options = fields.get("options")
     found = [options.get("num_predict")] if isinstance(options, dict) else []
-    found += [fields.get(name) for name in _OUTPUT_LIMITS]
+    if native and not found:
+        return None
+    if not native:
+        found += [fields.get(name) for name in _OUTPUT_LIMITS]
     limits = [n for n in found if isinstance(n, int) and not isinstance(n, bool)]
     if not limits or min(limits) < 1:
         return None

@@ -113,7 +113,7 @@ class Generation:
             else prefix_of(fields.values, model, view.policy.costs.image_tokens)
         )
         cached = admission.cached_share(view.pool.serving(api, model), prefix)
-        estimate = classify(fields.values, view.policy, cached)
+        estimate = classify(fields.values, view.policy, cached, native=api is Api.OLLAMA)
         record.request_class, record.input_estimate = estimate.request_class, estimate.prompt_tokens
         record.uncached_estimate = estimate.input_tokens
         record.lane = lane = lane_of(lanes, request.headers, user, model, path, fields.values)
