@@ -225,6 +225,23 @@ class TestGivingWay:
         assert (await task)[0] == 200
         assert admission.in_flight(account) == 0
 
+    async def test_a_task_that_gave_way_before_its_turn_was_confirmed_is_not_left_counted(
+        self, start_sim: StartSim, start_gateway: StartGateway
+    ) -> None:
+        """With replicas a turn is confirmed in Redis after it is granted; one that gave
+        way meanwhile is withdrawn unused (``ReplicaHolds.confirm``) and waits again: it is
+        counted in flight once, not once more for good."""
+        _, gateway = await one_slot(start_sim, start_gateway)
+        admission = gateway.services.admission
+        task = asyncio.create_task(post(gateway, "alice-key", body(TASK_PROMPT, TASK_TOKENS)))
+        await until(admission, background_running("alice"))
+        [running] = admission.room.preemptions.runs.values()
+        running.preempt()
+        running.withdraw()  # as an unconfirmed turn is given back
+        assert admission.room.preemptions.giving_way == {}
+        assert (await task)[0] == 200
+        assert admission.in_flight(background_account("alice")) == 0
+
     async def test_the_preset_can_be_turned_off(
         self, start_sim: StartSim, start_gateway: StartGateway
     ) -> None:

@@ -48,6 +48,7 @@ class Permit:
 
     __slots__ = (
         "_admission",
+        "_giving_way",
         "_released",
         "_waits_in_engine",
         "backend",
@@ -82,6 +83,7 @@ class Permit:
         started at once (``queued`` makes the permit of a request that waited)."""
         self._admission = admission
         self._released = False
+        self._giving_way = False  # counted in ``Preemptions.giving_way`` until it leaves
         self.ticket = ticket
         self.weight = weight
         self.backend = backend
@@ -264,6 +266,7 @@ class Permit:
         if preempted is None or preempted.done() or self._released:
             return
         preempted.set_result(None)
+        self._giving_way = True
         self._admission.room.preemptions.giving_way[self.ticket.user] += 1
         self.release()
 
@@ -273,11 +276,8 @@ class Permit:
     async def __aexit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self.preempted is not None and self.preempted.done():  # it gave way: it leaves
-            giving_way = self._admission.room.preemptions.giving_way
-            giving_way[self.ticket.user] -= 1
-            if giving_way[self.ticket.user] <= 0:
-                del giving_way[self.ticket.user]
+        if self._giving_way:  # it gave way, and now leaves: it waits again, or ends
+            self._left()
         if not self._released:  # as ``release`` does, without a call more on every request
             self._released = True
             if self.preempted is not None:
@@ -287,12 +287,21 @@ class Permit:
     def withdraw(self) -> None:
         """Give back a turn the house did not confirm (``admission/replicas.py``): its
         prompt's charge is taken back, and its moment in the slot is no run to learn from."""
+        if self._giving_way:  # given way before it was confirmed: never used, it leaves
+            self._left()
         if self._released:
             return
         self.withdrawn = True
         room, ticket = self._admission.room, self.ticket
         room.ordering.on_correction(ticket.payer, self.weight, -ticket.input_tokens)
         self.release()
+
+    def _left(self) -> None:
+        self._giving_way = False
+        giving_way = self._admission.room.preemptions.giving_way
+        giving_way[self.ticket.user] -= 1
+        if giving_way[self.ticket.user] <= 0:
+            del giving_way[self.ticket.user]
 
     def release(self) -> None:
         """Give the turn back, once: a second call (the block's exit after an explicit
