@@ -239,6 +239,20 @@ async def test_generated_bodies_never_get_a_5xx(
     assert not failures, failures[:5]
 
 
+@pytest.mark.parametrize("kind", [["image_url"], {"a": 1}])
+async def test_a_content_part_whose_type_is_no_string_is_no_5xx(
+    start_sim: StartSim, start_gateway: StartGateway, kind: object
+) -> None:
+    """A part's ``type`` a list or an object (no part type, and unhashable): the gateway's
+    count and prompt blocks read past it, and the backend answers what it makes of it."""
+    _, gateway = await start(start_sim, start_gateway)
+    for path in ("/v1/chat/completions", "/api/chat"):
+        part = {"type": kind, "text": "hi"}
+        body = {"model": MODEL, "stream": False, "messages": [{"role": "user", "content": [part]}]}
+        status, text = await post(gateway, path, json.dumps(body).encode())
+        assert status < 500, (path, status, text)
+
+
 class TestBodiesGoReadsOtherwise:
     @pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e400"])
     async def test_a_num_ctx_go_cannot_read_is_a_400_not_a_500(

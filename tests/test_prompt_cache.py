@@ -21,6 +21,7 @@ from fairsim import SimConfig, Simulator
 from fairsim.slots import HostCache
 from gateway.app import bound_url, start_server
 from gateway.core import RequestClass
+from gateway.intake import prefix_of
 from gateway.wire import with_slot
 from tests.conftest import Finished, Gateway, StartGateway, StartSim, one_backend
 from tests.llama_server import MODEL_ALIAS
@@ -125,6 +126,30 @@ async def test_what_the_count_leaves_out_cannot_make_new_text_look_cached(
         records.append(await finished.first(("/v1/chat/completions",)))
     assert [r.request_class for r in records] == [RequestClass.LIGHT, RequestClass.HEAVY]
     assert records[1].uncached_estimate is not None and records[1].uncached_estimate > 500
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"role": "user", "content": "look", "images": ["iVBOR" + "A" * 400_000]},
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "image_url",
+                    "image_url": {"url": "data:image/png;base64," + "A" * 400_000},
+                }
+            ],
+        },
+    ],
+    ids=["Ollama's images", "an OpenAI image part"],
+)
+def test_an_image_weighs_its_tokens_in_the_blocks(message: dict[str, Any]) -> None:
+    """An image of 400 KB is as many bytes of the rendered prompt as its tokens' characters
+    (768 tokens, 3,072), however its data is written: a cached image then covers no more of
+    the prompt than the count gives it."""
+    size = prefix_of({"messages": [message]}, MODEL, 768).size
+    assert 768 * 4 <= size < 768 * 4 + 200
 
 
 async def test_a_backend_that_comes_back_holds_nothing(start_gateway: StartGateway) -> None:

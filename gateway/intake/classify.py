@@ -185,7 +185,8 @@ def _walked(value: object, depth: int = 0) -> tuple[int, int]:
     if not isinstance(value, dict):
         return 0, 0  # a number or a boolean: no prompt text
     folded = canonical_keys(value) or value
-    if folded.get("type") in IMAGE_PARTS:
+    kind = folded.get("type")
+    if isinstance(kind, str) and kind in IMAGE_PARTS:  # a list there is no hashable kind
         return 0, 1
     for key, item in folded.items():
         if type(item) is str and not item.startswith("data:image/"):  # most: no call

@@ -48,7 +48,7 @@ def prefix_of(fields: dict[str, Any], model: str, image_tokens: int = 768) -> Pr
     ``image_tokens``: what the count takes an image for (the policy's ``costs``)."""
     if fields.get("cache_prompt") is False:
         return NO_PREFIX
-    rendered = _rendered(fields, b"\0" * (image_tokens * CHARS_PER_TOKEN))
+    rendered = _rendered(fields, b"." * (image_tokens * CHARS_PER_TOKEN))
     whole = min(len(rendered) // BLOCK_BYTES, _MAX_BLOCKS)
     if not whole:  # a short prompt: no block a cache could be known to hold
         return Prefix((), len(rendered), model)
@@ -104,7 +104,8 @@ def _as_counted(value: object, image: bytes, depth: int = 0) -> object:
         return [_as_counted(item, image, depth + 1) for item in value] if depth < 32 else None
     if not isinstance(value, dict):
         return value
-    if value.get("type") in IMAGE_PARTS:
+    kind = value.get("type")
+    if isinstance(kind, str) and kind in IMAGE_PARTS:  # a list there is no hashable kind
         return _image(_json(value).decode(), image)
     shown: dict[str, object] = {}
     for key, item in value.items():
