@@ -142,9 +142,11 @@ def parse_duration(value: object) -> float:
         number = float(value) if isinstance(value, str) else value
     except ValueError:
         try:
-            return parse_go_duration(str(value).strip())
+            number = parse_go_duration(str(value).strip())
         except ValueError:
             raise ValueError(f"{value!r} is not a duration such as 30s, 5m or 1h30m") from None
+    # Go's longest itself, as seconds, would be a nanosecond count past int64 once written
+    # back (a keep_alive the gateway sends): refused, as a number that long is.
     if not fits_go_duration(number):
         # Sent to Ollama as keep_alive it would overflow; no wait here is that long either.
         raise ValueError(f"{value!r} is not a duration of at most about 292 years")
