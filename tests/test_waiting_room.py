@@ -10,6 +10,7 @@ from gateway.admission.scheduler import Candidate
 from gateway.admission.slot_ledger import SlotLedger
 from gateway.admission.tickets import Ticket, Waiter
 from gateway.backends.pool import Backend, BackendPool, BackendStates
+from gateway.config import model_key
 from gateway.config.policy import parse_policy
 from gateway.core.vocabulary import Api, Lane, RequestClass
 
@@ -254,3 +255,17 @@ async def test_a_reload_that_changes_a_cost_keeps_who_has_had_how_much() -> None
         policy = parse_policy(POLICY.format(wait=2.0) + f"costs: {costs}\n")
         room.room.reconfigure(policy, room.room.pool)
         assert dict(room.room.ordering.counters()) == before
+
+
+async def test_a_task_that_ran_a_model_makes_nobody_its_user() -> None:
+    """A person's request that ends makes them a user of its model (the swaps ration who
+    may unload it); a task's makes nobody one: it keeps no model from a person."""
+    room = Room()
+    task = Ticket("bob", "m", Api.OLLAMA, input_tokens=40, lane=Lane.BACKGROUND)
+    running = room.room.join(task, room.now, asyncio.get_running_loop().create_future())
+    room.room.dispatch()
+    room.room.release(task, running.turn.result())
+    person = room.join("ann", heavy=False)
+    room.end(person)
+    [backend] = room.room.pool.backends
+    assert list(room.room.swaps.plans_of(backend).users[model_key("m")]) == ["ann"]

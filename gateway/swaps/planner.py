@@ -254,13 +254,16 @@ class SwapPlanner:
         self.residency.sent(backend, model, num_ctx, now, loading)
         plans.last_used[model] = now
 
-    def ran(self, backend: Backend, model: str, user: str) -> None:
-        """``user``'s request for ``model`` ended on ``backend``: in use until now."""
+    def ran(self, backend: Backend, model: str, user: str | None) -> None:
+        """``user``'s request for ``model`` ended on ``backend``: in use until now (None:
+        background work's, which makes nobody its user)."""
         self.residency.ran(backend, model)
         if not backend.per_model:
             return
         plans, key, now = self.plans_of(backend), model_key(model), self._clock()
         plans.last_used[key] = now
+        if user is None:
+            return
         users = plans.users.setdefault(key, {})
         users.pop(user, None)  # re-entered last, so that the oldest is first to go
         users[user] = now
