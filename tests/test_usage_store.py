@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 
 from gateway.core.calendar import Calendar, zone_named
 from gateway.usage.stores.base import Batch, Counts, StoreError, UsageStore
-from gateway.usage.stores.redis import APPLIED_SECONDS, RedisUsage
+from gateway.usage.stores.redis import APPLIED_SECONDS, DAYS, RedisUsage
 from gateway.usage.stores.sqlite import SqliteUsage
 from tests.redis_server import RedisServer, redis_server, redis_url  # noqa: F401 (fixtures)
 from tests.tcp_relay import Relay
@@ -169,3 +169,18 @@ async def test_a_report_reads_its_days_from_the_index_and_scans_for_older_rows_o
     ]
     assert again == first
     assert [(r.day, r.hour) for r in later] == [("2025-03-14", 12), ("2025-03-15", 1)]
+
+
+async def test_the_day_index_forgets_the_days_past_keeping(
+    redis_url: str,  # noqa: F811
+) -> None:
+    """A day older than KEEP_DAYS leaves the index as the next batch is written, as its
+    rows expire: the index grows by a day a day, and no further."""
+    client = aioredis.Redis.from_url(redis_url)
+    store = RedisUsage(redis_url)
+    await store.add(batch(day="2023-12-01"), NOON)  # 469 days before NOON's
+    await store.add(batch(), NOON)
+    kept = [day.decode() for day in await client.zrange(DAYS, 0, -1)]
+    await store.close()
+    await client.aclose()
+    assert kept == ["2025-03-14"]

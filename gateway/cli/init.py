@@ -133,7 +133,11 @@ def _probe(url: str | None) -> Found | None:
             continue  # a gateway (this one, on 8080): it relays Ollama's version, and is not it
         if (version := _get(base + "/api/version")) is not None and "version" in version:
             tags = _get(base + "/api/tags") or {}
-            models = [m["name"] for m in tags.get("models", []) if isinstance(m, dict)]
+            models = [
+                str(m["name"])
+                for m in tags.get("models", [])
+                if isinstance(m, dict) and "name" in m
+            ]
             return Found(base, "ollama", models)
         if (props := _get(base + "/props")) is not None:
             listed = _get(base + "/v1/models") or {}

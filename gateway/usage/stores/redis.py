@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from datetime import date, timedelta
 from typing import Any
 
 import structlog
@@ -45,7 +46,8 @@ APPLIED_SECONDS = _DAY_SECONDS  # a batch's mark: a day of retries after a lost 
 _COUNTS = ("requests", "prompt_tokens", "completion_tokens", "slot_seconds")
 
 # KEYS: the batch's mark, the day, hour and minute totals to read, then the keys written.
-# ARGV: the mark's lifetime, then four per write: kind (HINCRBY, HINCRBYFLOAT, EXPIRE, ZADD), the
+# ARGV: the mark's lifetime, then four per write: kind (HINCRBY, HINCRBYFLOAT, EXPIRE, ZADD,
+# ZREMRANGEBYLEX), the
 # index of its key in KEYS, the field, the amount. Returns whether the batch was a repeat,
 # then the three totals. The mark comes first: a write that fails halfway (a key of the
 # wrong type) is not applied again, so a fault undercounts rather than counting twice.
@@ -61,6 +63,8 @@ if #ARGV > 1 then
         redis.call('HINCRBYFLOAT', key, ARGV[i + 2], ARGV[i + 3])
       elseif kind == 'z' then
         redis.call('ZADD', key, 0, ARGV[i + 2])
+      elseif kind == 'r' then
+        redis.call('ZREMRANGEBYLEX', key, '-', ARGV[i + 2])
       else
         redis.call('EXPIRE', key, ARGV[i + 3])
       end
@@ -105,6 +109,9 @@ class RedisUsage:
     async def add(self, batch: Batch, windows: Windows) -> dict[str, Tally]:
         writes = _Writes([f"{PREFIX}:applied:{batch.id}", *_window_keys(windows)])
         _increments(writes, batch)
+        if batch.served or batch.refused:  # the days whose rows have expired leave the index
+            oldest = date.fromisoformat(windows.day) - timedelta(days=KEEP_DAYS)
+            writes.zremrangebylex(DAYS, oldest.isoformat())
         try:
             repeated, day, hour, minute = await self._add(writes.keys, writes.argv)
         except (RedisError, OSError) as exc:
@@ -167,6 +174,10 @@ class _Writes:
 
     def zadd(self, key: str, member: str) -> None:
         self._write("z", key, member, 0)
+
+    def zremrangebylex(self, key: str, below: str) -> None:
+        """Members before ``below`` (exclusive) removed."""
+        self._write("r", key, f"({below}", 0)
 
     def _write(self, kind: str, key: str, field: str, amount: int | float) -> None:
         index = self._index.get(key)
