@@ -289,8 +289,11 @@ class PromptCaches:
             held.hold(model, prefix.blocks, size, slots * per_slot)
 
     def emptied(self, backend: Backend) -> None:
-        """``backend``'s engine (re)loaded a model: what it held of that model is gone;
-        as the prefixes are not kept by model, all of that backend's are forgotten."""
+        """``backend``'s engine (re)loaded a model: what it held of that model is gone, and
+        of any model the load evicted. All of that backend's are forgotten, Ollama's runners
+        too (which are kept by model): a load that evicted nothing costs a model's next turn
+        an estimate too heavy, where one that evicted a model would otherwise have its next
+        request, the one that loads it again, taken for cached."""
         self._by_backend.pop(backend.name, None)
         for slot in self._slots.get(backend.name, ()):
             slot.held, slot.size = (), 0

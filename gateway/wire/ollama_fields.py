@@ -105,6 +105,7 @@ STRUCTS: Mapping[str, Mapping[str, _Field]] = {
     },
     "api.EmbeddingRequest": {"model": _STRING, "prompt": _STRING, "options": _OPTIONS},
 }
+"""By Go struct: each top-level field whose JSON type Go checks (api/types.go)."""
 
 STRUCT_OF_PATH = {
     "/api/generate": "api.GenerateRequest",
@@ -113,7 +114,6 @@ STRUCT_OF_PATH = {
     "/api/embeddings": "api.EmbeddingRequest",
 }
 """Ollama's struct (a key of ``STRUCTS``) for each of its native routes (api/types.go)."""
-"""By Go struct: each top-level field whose JSON type Go checks (api/types.go)."""
 
 
 def field_type_error(struct: str, fields: Mapping[str, Any]) -> str | None:
