@@ -120,7 +120,7 @@ def _message(error: urllib.error.HTTPError) -> str:
 def render_text(status: dict[str, Any]) -> str:
     """The whole picture: slots, who runs, who waits, each user, recent refusals."""
     backends, queue = status["backends"], status["queue"]
-    house = status["slots"]
+    house = status.get("slots") or {"busy": "?", "total": "?"}  # a gateway before it said
     head = f"{house['busy']} of {house['total']} slots busy, {queue['depth']} waiting"
     if queue["depth"]:
         head += f" (oldest {duration_text(queue['oldest_wait_seconds'])})"
