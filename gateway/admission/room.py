@@ -313,7 +313,6 @@ class WaitingRoom:
 
     def give_back(self, ticket: Ticket, backend: Backend) -> None:
         """``ticket``'s slot on ``backend`` is free (it ended, or failed over elsewhere)."""
-        # A task is nobody's use of its model: it keeps no model from a person.
         self.swaps.ran(backend, ticket.model, None if ticket.lane is BACKGROUND else ticket.user)
         self.slots.give_back(ticket, backend)
 

@@ -10,14 +10,12 @@ request that needs a load (server/sched.go, ``processPending``). A request whose
 - one for a model that fits beside those held is sent at once (a load);
 - one that needs room waits in the gateway's own room while the gateway drains the victims
   (no new requests for them), then goes, after the gateway has unloaded the victims itself
-  (``keep_alive: 0``; a router's ``/models/unload``), so that Ollama has room and unloads
-  nothing of its own choosing.
-  Requests for the models that stay keep flowing all the while;
-- the victims are chosen, and what fits is counted, in ``victims``; one swap per
-  backend at a time; a swap nobody waits for any more is called off;
+  (``keep_alive: 0``; a router's ``/models/unload``), so that Ollama unloads nothing of its
+  own choosing. Requests for the models that stay keep flowing all the while;
+- the victims are chosen, and what fits is counted, in ``victims``; one swap per backend at
+  a time; a swap nobody waits for any more is called off;
 - a user whose swap was wasted (the backend refused the request, loading nothing) plans no
-  other for a while (``SwapBar``);
-- why a request waits for memory, in the words of its 503, is asked in ``admission/swap_waits.py``.
+  other for a while (``SwapBar``); why a request waits, in its 503's words: swap_waits.py.
 
 Swaps are rationed (``swap_due``): while the models held are in use, a request for another
 waits the swap's cost before it is planned, and background work swaps only models nobody
@@ -255,8 +253,7 @@ class SwapPlanner:
         plans.last_used[model] = now
 
     def ran(self, backend: Backend, model: str, user: str | None) -> None:
-        """``user``'s request for ``model`` ended on ``backend``: in use until now (None:
-        background work's, which makes nobody its user)."""
+        """``user``'s request for ``model`` ended on ``backend`` (None: a task's, nobody's)."""
         self.residency.ran(backend, model)
         if not backend.per_model:
             return
