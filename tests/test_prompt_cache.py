@@ -126,6 +126,14 @@ async def test_what_the_count_leaves_out_cannot_make_new_text_look_cached(
         records.append(await finished.first(("/v1/chat/completions",)))
     assert [r.request_class for r in records] == [RequestClass.LIGHT, RequestClass.HEAVY]
     assert records[1].uncached_estimate is not None and records[1].uncached_estimate > 500
+    # The same with what no count sees and no digest shortens: 60,000 numbers in a field.
+    numbers = {"role": "user", "content": "hi", "x": list(range(60_000))}
+    records = []
+    for messages in ([numbers], [numbers, {"role": "user", "content": SYSTEM}]):
+        finished = Finished(gateway)
+        await chat(gateway, messages)
+        records.append(await finished.first(("/v1/chat/completions",)))
+    assert [r.request_class for r in records] == [RequestClass.LIGHT, RequestClass.HEAVY]
 
 
 @pytest.mark.parametrize(

@@ -71,10 +71,20 @@ class Prefix(NamedTuple):
     blocks: tuple[int, ...]  # chained hashes, one per whole block, model and all before it
     size: int  # bytes of the whole rendered prompt (the last block is rarely whole)
     model: str = ""  # the model it is for: Ollama keeps a runner's cache per model
+    # What the count weighs (characters) through the end of each whole block, and in all:
+    # a share is of these, not of bytes, which the count does not see (keys, numbers).
+    weights: tuple[int, ...] = ()
+    weight: int = 0
 
     def share(self, held: int) -> float:
-        """The part of the prompt that ``held`` leading bytes are."""
-        return min(1.0, held / self.size) if self.size else 0.0
+        """The part of the prompt that ``held`` leading bytes are, as the count weighs
+        them (by bytes where no weights were given)."""
+        if not self.size:
+            return 0.0
+        if held >= self.size or not self.weights:
+            return min(1.0, held / self.size)
+        whole = min(held // BLOCK_BYTES, len(self.weights))
+        return self.weights[whole - 1] / self.weight if whole and self.weight else 0.0
 
 
 NO_PREFIX = Prefix((), 0)

@@ -41,6 +41,7 @@ __all__ = [
     "STRUCTURE_KEYS",
     "Estimate",
     "classify",
+    "counted_characters",
 ]
 
 CHARS_PER_TOKEN = 4
@@ -136,6 +137,15 @@ def _prompt_size(fields: dict[str, Any]) -> tuple[int, int]:
             text_chars, text_images = _walked(value)
         characters, images = characters + text_chars, images + text_images
     return characters, images
+
+
+def counted_characters(value: object, image_chars: int, schema: bool = False) -> int:
+    """What the count makes of one part of a prompt, in characters, an image as
+    ``image_chars``: the weight ``intake/prefixes.py`` gives that part's bytes."""
+    if schema:
+        return _schema_size(value)
+    characters, images = _walked(value)
+    return characters + images * image_chars
 
 
 def _schema_size(value: object) -> int:

@@ -8,12 +8,12 @@ front end that sends the same message twice sends the same bytes) and cuts the r
 into blocks (``admission/prompt_caches.py``). Two requests share a cached prefix for the
 engine where they share leading blocks here.
 
-The share of the prompt found cached is a share of these bytes, and it is taken off the
-prompt's tokens as counted (``intake/classify.py``): so each part weighs here what it
-weighs there. What the count leaves out (an id, a role, a key's name) is written in a few
-bytes at most, its digest if it is long, and an image as a digest and as many bytes as
-its tokens' characters: a 200 KB ``id`` sent once, or an image, cannot make the new text
-after it look cached.
+The share of the prompt found cached is taken off the prompt's tokens as counted
+(``intake/classify.py``), so it is a share of what the count weighs, part by part
+(``Prefix.weights``), not of bytes: a message of 200 KB the count does not see (an id, keys,
+numbers), sent once, cannot make the new text after it look cached. The bytes are shaped
+to the count too (what it leaves out in a few bytes, an image as its tokens' characters),
+so that a share within one part is near its weight as well.
 """
 
 from __future__ import annotations
@@ -25,7 +25,13 @@ from typing import Any
 import orjson
 
 from gateway.admission import BLOCK_BYTES, NO_PREFIX, Prefix
-from gateway.intake.classify import CHARS_PER_TOKEN, IMAGE_PARTS, RENDERED_AS_JSON, STRUCTURE_KEYS
+from gateway.intake.classify import (
+    CHARS_PER_TOKEN,
+    IMAGE_PARTS,
+    RENDERED_AS_JSON,
+    STRUCTURE_KEYS,
+    counted_characters,
+)
 
 __all__ = ["prefix_of"]
 
@@ -48,7 +54,9 @@ def prefix_of(fields: dict[str, Any], model: str, image_tokens: int = 768) -> Pr
     ``image_tokens``: what the count takes an image for (the policy's ``costs``)."""
     if fields.get("cache_prompt") is False:
         return NO_PREFIX
-    rendered = _rendered(fields, b"." * (image_tokens * CHARS_PER_TOKEN))
+    image = "." * (image_tokens * CHARS_PER_TOKEN)
+    parts = _rendered(fields, image)
+    rendered = _SEPARATOR.join(data for data, _ in parts)
     whole = min(len(rendered) // BLOCK_BYTES, _MAX_BLOCKS)
     if not whole:  # a short prompt: no block a cache could be known to hold
         return Prefix((), len(rendered), model)
@@ -59,7 +67,32 @@ def prefix_of(fields: dict[str, Any], model: str, image_tokens: int = 768) -> Pr
             chain + rendered[start : start + BLOCK_BYTES], digest_size=8, key=_KEY
         ).digest()
         blocks.append(int.from_bytes(chain, "little"))
-    return Prefix(tuple(blocks), len(rendered), model)
+    weights, weight = _weights(parts, whole)
+    return Prefix(tuple(blocks), len(rendered), model, weights, weight)
+
+
+def _weights(parts: list[tuple[bytes, int]], whole: int) -> tuple[tuple[int, ...], int]:
+    """What the count weighs through the end of each of the ``whole`` blocks, and in all:
+    each part's weight spread evenly over its bytes. A message of 200 KB the count does not
+    see (ids, keys, numbers) weighs nothing, and cached, passes nothing after it for cached."""
+    ends, sums, start, total = [], [], 0, 0
+    for data, weight in parts:
+        start += len(data)
+        total += weight
+        ends.append(start)
+        sums.append(total)
+        start += len(_SEPARATOR)
+    weights, part = [], 0
+    for block in range(1, whole + 1):
+        end = block * BLOCK_BYTES
+        while ends[part] < end:
+            part += 1
+        before = sums[part - 1] if part else 0
+        first = ends[part - 1] + len(_SEPARATOR) if part else 0
+        size = ends[part] - first
+        within = max(0, end - first) * (sums[part] - before) // size if size else 0
+        weights.append(before + within)
+    return tuple(weights), total
 
 
 _SEEDS: dict[str, bytes] = {}
@@ -76,32 +109,37 @@ def _seed(model: str) -> bytes:
     return seed
 
 
-def _rendered(fields: dict[str, Any], image: bytes) -> bytes:
-    parts: list[bytes] = []
+def _rendered(fields: dict[str, Any], image: str) -> list[tuple[bytes, int]]:
+    """The prompt's parts in a template's order, each as bytes and as the count weighs it."""
+    parts: list[tuple[bytes, int]] = []
     for name in _ORDER:
         value = fields.get(name)
         if value is None:
             continue
-        if isinstance(value, str) or name in ("tools", "functions"):  # counted whole
-            parts.append(_json(value))
+        schema = name in ("tools", "functions")
+        if isinstance(value, str) or schema:  # counted whole
+            parts.append((_json(value), counted_characters(value, len(image), schema)))
             continue
         # Each message on its own: the history a next turn repeats is the same bytes.
         items = value if name in ("messages", "input") and isinstance(value, list) else [value]
         for item in items:
-            parts.append(_json(_as_counted(item, image)))
-    return _SEPARATOR.join(parts)
+            weight = counted_characters(item, len(image))
+            parts.append((_json(_as_counted(item, image)), weight))
+    return parts
 
 
 _SHORT = 32  # bytes: an id, a role or a key's name written out; past it, its digest
 
 
-def _as_counted(value: object, image: bytes, depth: int = 0) -> object:
+def _as_counted(value: object, image: str, depth: int = 0) -> object:
     """``value`` with each part as heavy as the count makes it (``classify._walked``): its
     text as it is, what the count leaves out short, an image as its weight."""
     if isinstance(value, str):
         return _image(value, image) if value.startswith("data:image/") else value
+    if depth >= 32:  # deeper than any message: the body's parser bounds nesting anyway
+        return None
     if isinstance(value, list):
-        return [_as_counted(item, image, depth + 1) for item in value] if depth < 32 else None
+        return [_as_counted(item, image, depth + 1) for item in value]
     if not isinstance(value, dict):
         return value
     kind = value.get("type")
@@ -126,10 +164,10 @@ def _short(text: str) -> str:
     return hashlib.blake2b(text.encode(errors="replace"), digest_size=8, key=_KEY).hexdigest()
 
 
-def _image(data: str, weight: bytes) -> str:
+def _image(data: str, weight: str) -> str:
     """An image as the count takes it: its digest (another image is another prompt), and
     its tokens' worth of characters."""
-    return _short(data + "!" * _SHORT) + weight.decode()
+    return _short(data + "!" * _SHORT) + weight
 
 
 def _json(value: object) -> bytes:
