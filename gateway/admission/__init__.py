@@ -6,7 +6,7 @@ aiohttp); ``admission.scheduler`` imports only ``core``.
 """
 
 from gateway.admission.admission import Admission
-from gateway.admission.cache_contents import BLOCK_BYTES
+from gateway.admission.cache_contents import BLOCK_BYTES, CHARS_PER_TOKEN
 from gateway.admission.holds.base import HoldStore, StoreUnavailable
 from gateway.admission.holds.redis import RedisHolds
 from gateway.admission.permit import Permit
@@ -23,6 +23,7 @@ from gateway.admission.tickets import Ticket
 
 __all__ = [
     "BLOCK_BYTES",
+    "CHARS_PER_TOKEN",
     "NO_PREFIX",
     "REVOKED",
     "Admission",

@@ -19,11 +19,21 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-__all__ = ["BLOCK_BYTES", "HostBlocks", "RunnerSlots", "common_blocks", "through"]
+__all__ = [
+    "BLOCK_BYTES",
+    "CHARS_PER_TOKEN",
+    "HostBlocks",
+    "RunnerSlots",
+    "common_blocks",
+    "through",
+]
 
 BLOCK_BYTES = 256
 """A block of the rendered prompt: about 64 tokens, so that a cached prefix is known to
 within a few dozen tokens and a 25 KB set of tools is a hundred hashes."""
+
+CHARS_PER_TOKEN = 4
+"""The count's characters a token: every estimate of a prompt's tokens divides by it."""
 
 _MODELS_KEPT = 64  # runners remembered per backend: a model is the client's to name
 

@@ -32,6 +32,7 @@ from typing import NamedTuple
 
 from gateway.admission.cache_contents import (
     BLOCK_BYTES,
+    CHARS_PER_TOKEN,
     HostBlocks,
     RunnerSlots,
     common_blocks,
@@ -41,7 +42,6 @@ from gateway.backends import Backend
 from gateway.config import BackendKind
 
 __all__ = [
-    "CHARS_PER_TOKEN",
     "NO_PREFIX",
     "Pinned",
     "Prefix",
@@ -56,7 +56,6 @@ __all__ = [
 # runners hold one prompt a slot: ``RunnerSlots``.)
 _BLOCKS_PER_SLOT: dict[BackendKind, int] = {"llamacpp": 512, "llamacpp-router": 512}
 _DEFAULT_BLOCKS_PER_SLOT = 128
-CHARS_PER_TOKEN = 4
 # A slot's prompt is copied to an idle slot when evaluating it there would take at least
 # this long (a pause a person notices) and several times what copying it takes: a copy
 # stops the engine's loop while it writes and reads, and wears the disk.

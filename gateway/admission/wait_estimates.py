@@ -24,8 +24,7 @@ from collections import defaultdict, deque
 from collections.abc import Iterable
 from typing import TypeVar
 
-from gateway.admission.cache_contents import BLOCK_BYTES, common_blocks
-from gateway.admission.prompt_caches import CHARS_PER_TOKEN
+from gateway.admission.cache_contents import BLOCK_BYTES, CHARS_PER_TOKEN, common_blocks
 from gateway.admission.room_snapshot import EstimatesSnapshot, in_order
 from gateway.admission.room_state import RoomState
 from gateway.admission.tickets import Ticket, Waiter

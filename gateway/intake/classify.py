@@ -29,13 +29,13 @@ from typing import Any
 
 import orjson
 
+from gateway.admission import CHARS_PER_TOKEN
 from gateway.config import Policy
 from gateway.core import RequestClass
 from gateway.intake.load_options import num_ctx_of
 from gateway.wire import canonical_keys
 
 __all__ = [
-    "CHARS_PER_TOKEN",
     "IMAGE_PARTS",
     "RENDERED_AS_JSON",
     "STRUCTURE_KEYS",
@@ -43,8 +43,6 @@ __all__ = [
     "classify",
     "counted_characters",
 ]
-
-CHARS_PER_TOKEN = 4
 
 
 @dataclass(slots=True)  # not frozen: that sets each field by a call, on every request's path

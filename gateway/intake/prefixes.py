@@ -24,9 +24,8 @@ from typing import Any
 
 import orjson
 
-from gateway.admission import BLOCK_BYTES, NO_PREFIX, Prefix
+from gateway.admission import BLOCK_BYTES, CHARS_PER_TOKEN, NO_PREFIX, Prefix
 from gateway.intake.classify import (
-    CHARS_PER_TOKEN,
     IMAGE_PARTS,
     RENDERED_AS_JSON,
     STRUCTURE_KEYS,
