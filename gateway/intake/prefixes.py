@@ -45,7 +45,7 @@ _ORDER = ("tools", "functions", "system", "instructions", "messages", "input", "
 _SEPARATOR = b"\x1e"  # between parts: no JSON text contains it unescaped
 
 
-def prefix_of(fields: dict[str, Any], model: str, image_tokens: int = 768) -> Prefix:
+def prefix_of(fields: dict[str, Any], model: str, image_tokens: int) -> Prefix:
     """The hashed blocks of the prompt ``fields`` carries for ``model``; none for a request
     that keeps llama-server from its cache (``cache_prompt: false``): the engine evaluates
     all of it, and what it reads from its cache then is no measure of what it holds. (A
