@@ -83,7 +83,7 @@ def _parse(text: str) -> float:
         if len(digits) > _INT64_DIGITS:  # leadingInt: more than 2**63 overflows
             raise _invalid(text)
         value = int(digits or "0")
-        if value > _INT64_EDGE or value > _INT64_EDGE // scale:
+        if value > _INT64_EDGE // scale:  # Go: v > 1<<63/unit
             raise _invalid(text)
         value *= scale
         if fraction:
