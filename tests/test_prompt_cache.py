@@ -110,15 +110,20 @@ async def test_a_conversations_later_turns_are_light_and_charged_what_the_engine
         assert record.input_estimate is not None and record.input_estimate > 500
 
 
+@pytest.mark.parametrize(
+    "padding",
+    [{"id": "x" * 200_000}, {"x": list(range(60_000))}],
+    ids=["200 KB in its id", "60,000 numbers in a field, which no digest shortens"],
+)
 async def test_what_the_count_leaves_out_cannot_make_new_text_look_cached(
-    start_sim: StartSim, start_gateway: StartGateway
+    start_sim: StartSim, start_gateway: StartGateway, padding: dict[str, Any]
 ) -> None:
-    """A message carrying 200 KB in its ``id`` (no template renders it, and the count leaves
-    it out) is light; sent again before a long new message, its held 200 KB must not pass
-    the new message for cached: the second turn is heavy, as its new text is."""
+    """A message carrying 200 KB that no template renders (and the count leaves out) is
+    light; sent again before a long new message, its held bytes must not pass the new
+    message for cached: the second turn is heavy, as its new text is."""
     _, url = await start_sim(flavor="llamacpp", parallel=2)
     gateway = await start_gateway(HEAVY_AT_500 + one_backend(url, slots=2, kind="llamacpp"))
-    padded = {"role": "user", "content": "hi", "id": "x" * 200_000}
+    padded = {"role": "user", "content": "hi", **padding}
     records = []
     for messages in ([padded], [padded, {"role": "user", "content": SYSTEM}]):
         finished = Finished(gateway)
@@ -126,14 +131,6 @@ async def test_what_the_count_leaves_out_cannot_make_new_text_look_cached(
         records.append(await finished.first(("/v1/chat/completions",)))
     assert [r.request_class for r in records] == [RequestClass.LIGHT, RequestClass.HEAVY]
     assert records[1].uncached_estimate is not None and records[1].uncached_estimate > 500
-    # The same with what no count sees and no digest shortens: 60,000 numbers in a field.
-    numbers = {"role": "user", "content": "hi", "x": list(range(60_000))}
-    records = []
-    for messages in ([numbers], [numbers, {"role": "user", "content": SYSTEM}]):
-        finished = Finished(gateway)
-        await chat(gateway, messages)
-        records.append(await finished.first(("/v1/chat/completions",)))
-    assert [r.request_class for r in records] == [RequestClass.LIGHT, RequestClass.HEAVY]
 
 
 @pytest.mark.parametrize(
