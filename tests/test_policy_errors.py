@@ -430,6 +430,14 @@ BROKEN = [
         "field under the one above it by its spaces, and each level must line up)",
     ),
     Broken(
+        "a swap_after that a person's max_wait cuts short",
+        "lanes:\n  interactive: {max_wait: 45s}\nbackends:\n"
+        "  - {name: box, url: http://127.0.0.1:8080, kind: llamacpp-router, swap_after: 20s}\n",
+        "fairgate.yaml:4: backends[0].swap_after: 20s is longer than a person's request waits "
+        "for a swap: a third of max_wait (15s), so that the drain and the load still fit "
+        "before its 503; raise lanes.interactive.max_wait to 60s, or shorten this",
+    ),
+    Broken(
         "broken YAML",
         "backends:\n  - name: gpu\n    url: [unclosed\n",
         "fairgate.yaml:4:1: invalid YAML: expected ',' or ']', but got '<stream end>'",

@@ -441,6 +441,10 @@ class TestPlanner:
         assert planner.room_for([backend], PHI, None, {}, {}, 0.0, 10.0, CAL, away) is backend
         fixed = replace(backend, swap_after=0.5)
         assert planner.room_for([fixed], PHI, None, busy, {}, 0.5, 10.0, CAL, away)
+        # A fixed wait whoever the switch interrupts: three of llama's, one waiting for phi.
+        plans.users[LLAMA] = {u: self.now - 0.1 for u in ("ann", "cy", "eve")}
+        assert planner.room_for([fixed], PHI, None, busy, {}, 0.49, 10.0, CAL, away) is None
+        assert planner.room_for([fixed], PHI, None, busy, {}, 0.5, 10.0, CAL, away)
 
     def test_a_model_being_loaded_stays_held_after_its_request_went(self) -> None:
         """Ollama goes on loading a model whose request was cancelled; a probe during the

@@ -177,11 +177,6 @@ def waits(room: RoomState) -> Counter[tuple[str, str]]:
     )
 
 
-# The longest a person's request waits for its swap to be due, as a share of its max_wait:
-# the swap itself (the drain, the load) must still fit in what is left.
-_PATIENCE = 1 / 3
-
-
 def _swap_for(room: RoomState, waiter: Waiter) -> Backend | None:
     """A backend where a swap would make room for ``waiter``'s model and is due, if one
     would (``swap_due``)."""
@@ -192,7 +187,7 @@ def _swap_for(room: RoomState, waiter: Waiter) -> Backend | None:
     if not any(b.per_model for b in backends) or not room.swaps.may_plan_for(ticket.user):
         return None
     waited = room.clock() - waiter.arrived
-    patience = room.policy.max_wait_of(ticket.lane) * _PATIENCE
+    patience = room.policy.swap_patience(ticket.lane)
     wanting = frozenset() if ticket.lane is BACKGROUND else _people_wanting(room, ticket.model)
     busy, demand = room.slots.busy, waits(room)
     return room.swaps.room_for(

@@ -17,7 +17,13 @@ from gateway.config.base import Strict
 from gateway.config.problems import problem_at
 from gateway.core import Duration, Size
 
-__all__ = ["MANY_MODEL_KINDS", "BackendConfig", "check_backends"]
+__all__ = [
+    "MANY_MODEL_KINDS",
+    "SWAP_PATIENCE",
+    "BackendConfig",
+    "check_backends",
+    "check_swap_waits",
+]
 
 BackendKind = Literal["ollama", "llamacpp", "llamacpp-router", "openai"]
 # The kinds that load models on demand, several at once, each with slots of its own: Ollama,
@@ -86,8 +92,10 @@ class BackendConfig(Strict):
         "that model gathered meanwhile go in the same load). auto: the swap's cost, the "
         "seconds it spends loading (that model, and the ones it unloads when they come "
         "back), times the people it would interrupt over the people waiting, at most a third "
-        "of max_wait; at once when fewer use the models going out than want the other. 0s: "
-        "at once, as Ollama and the router do.",
+        "of max_wait; at once when fewer use the models going out than want the other. A "
+        "duration: that wait, whoever the switch interrupts (at most a third of max_wait: "
+        "the drain and the load must fit before a 503); 0s: at once, as Ollama and the "
+        "router do.",
     )
     default_num_ctx: int = Field(
         default=4096,
@@ -138,6 +146,25 @@ def check_backends(backends: list[BackendConfig]) -> list[BackendConfig]:
             message = f"another backend is named {backend.name!r}"
             raise problem_at((index, "name"), message, first=(earlier, "name"))
     return backends
+
+
+SWAP_PATIENCE = 1 / 3
+"""The longest a request waits for its swap to be due, as a share of its max_wait: the swap
+itself (the drain, the load) must still fit in what is left before its 503."""
+
+
+def check_swap_waits(backends: list[BackendConfig], patience: float, where: str) -> None:
+    """Refuse a ``swap_after`` longer than a person waits for a swap (``patience``, of the
+    max_wait under ``where``): it would be cut short without a word."""
+    for index, backend in enumerate(backends):
+        wait = backend.swap_after
+        if wait != "auto" and wait > patience:
+            message = (
+                f"{wait:g}s is longer than a person's request waits for a swap: a third of "
+                f"max_wait ({patience:g}s), so that the drain and the load still fit before "
+                f"its 503; raise {where}.max_wait to {wait / SWAP_PATIENCE:g}s, or shorten this"
+            )
+            raise problem_at(("backends", index, "swap_after"), message)
 
 
 def _checked_url(url: str) -> str:

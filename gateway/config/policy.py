@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from gateway.config.backends import BackendConfig, check_backends
+from gateway.config.backends import SWAP_PATIENCE, BackendConfig, check_backends, check_swap_waits
 from gateway.config.base import AddressRange, Strict, model_key
 from gateway.config.budgets import Budget, BudgetConfig, merged_budget
 from gateway.config.cors import CorsPolicy
@@ -113,6 +113,10 @@ class Policy(Strict):
         if lane is Lane.BACKGROUND:
             return self.lanes.background.max_wait
         return self.lanes.interactive.max_wait or self.queue.max_wait
+
+    def swap_patience(self, lane: Lane) -> float:
+        """The longest a request of ``lane`` waits for a swap to be due (``SWAP_PATIENCE``)."""
+        return self.max_wait_of(lane) * SWAP_PATIENCE
 
     def limits_of(self, user: str) -> Limits:
         """The user's limits, each unset field taken from ``defaults``."""
@@ -268,6 +272,12 @@ class Policy(Strict):
     def _names_match(self) -> Policy:
         check_model_names(self.aliases, self.models, self.backends, self.lanes.rules)
         check_lane_users(self.lanes.rules, self.users)
+        return self
+
+    @model_validator(mode="after")
+    def _swaps_can_wait(self) -> Policy:
+        where = "lanes.interactive" if self.lanes.interactive.max_wait else "queue"
+        check_swap_waits(self.backends, self.swap_patience(Lane.INTERACTIVE), where)
         return self
 
     @field_validator("aliases")
