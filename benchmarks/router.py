@@ -11,8 +11,10 @@ house (the two loads), and whatever gathered for either model meanwhile goes in 
 Prints, per run: requests, the family's light TTFT p50/p95, the coder's TTFT p95 and
 replies, 5xx reaching a client, and the router's loads (its log's "spawning server
 instance" lines); then the ratios. SmolLM2-135M on the CPU, 2 slots per child. With
-SWAP_AFTER (``20s``), a third run through a gateway whose backend holds a switch that
-long (``swap_after``) while the family's model is in use: what a longer hold buys.
+SWAP_AFTER (``40s``), a third run through a gateway whose backend holds a switch that
+long (``swap_after``) while the family's model is in use: what a longer hold buys. A
+person waits at most 40 s for a swap here (a third of ``max_wait``, 120 s); a hold that
+long wants a run of a few minutes, so that the visits it rations are not all past the end.
 
     .venv/bin/python -m benchmarks.router [SECONDS [SWAP_AFTER]]
 """
@@ -83,7 +85,7 @@ def _policy(url: str, swap_after: str | None) -> str:
     return (
         "monitoring: {interval: 500ms}\n"
         "defaults: {max_concurrent: 1, max_queued: 2}\n"
-        "queue: {max_depth: 16, max_wait: 60s}\n"
+        "queue: {max_depth: 16, max_wait: 120s}\n"
         "timeouts: {first_byte: 60s}\n"
         f"users:\n{users}"
         f"backends:\n  - {{name: router, url: {url}, kind: llamacpp-router"
