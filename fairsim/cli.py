@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 
 from gateway.core import parse_size
 
@@ -42,6 +43,12 @@ def _models(text: str) -> list[str]:
     if not models:
         raise argparse.ArgumentTypeError("at least one model name")
     return models
+
+
+def _version(text: str) -> str:
+    if re.fullmatch(r"\d+\.\d+(\.\d+)?", text) is None:
+        raise argparse.ArgumentTypeError(f"{text!r}: a release such as 0.24.0")
+    return text
 
 
 def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
@@ -111,6 +118,13 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
         help="ollama: memory for loaded models (24GiB); unset: every model fits",
     )
     add(
+        "--ollama-version",
+        type=_version,
+        default=d.ollama_version,
+        help="ollama: the release to imitate; before 0.30 its own runner's prompt cache, one "
+        "prompt a slot (default: %(default)s)",
+    )
+    add(
         "--max-loaded-models",
         type=int,
         default=d.max_loaded_models,
@@ -163,6 +177,7 @@ def sim_config_from_args(args: argparse.Namespace) -> SimConfig:
         load_seconds=args.load_seconds,
         load_seconds_per_gib=args.load_seconds_per_gib,
         memory=args.memory,
+        ollama_version=args.ollama_version,
         max_loaded_models=args.max_loaded_models,
         context_length=args.context_length,
         default_keep_alive=args.keep_alive,

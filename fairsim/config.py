@@ -18,6 +18,7 @@ __all__ = [
     "SimStats",
     "SlotInfo",
     "faults_from",
+    "own_runner",
 ]
 
 
@@ -41,6 +42,10 @@ class SimConfig:
     (sched.go waitForVRAMRecovery; 0.5-1.5 s on a discrete GPU)."""
     memory: int | None = None
     """Ollama: bytes its runners may take together; None: every model fits."""
+    ollama_version: str = "0.32.15"
+    """Ollama: the release it says it is (``/api/version``; its wire formats are this
+    one's), which decides its engine: before 0.30 its own runner (``SlotPool`` with
+    ``forks``), since then a llama-server per model (slots by similarity, a host cache)."""
     max_loaded_models: int = 0
     """Ollama: OLLAMA_MAX_LOADED_MODELS; 0 is its automatic 3 (per GPU, one GPU here)."""
     context_length: int = 4096
@@ -55,6 +60,13 @@ class SimConfig:
     ``restore`` copy a slot's prompt (else 501, as the real one answers)."""
     record_replies: bool = False
     """Keep every request's headers and every reply's bytes (Simulator.replies), for tests."""
+
+
+def own_runner(version: str) -> bool:
+    """Whether an Ollama of ``version`` ran its own runner: releases before 0.30 (a build
+    from source says 0.0.0, and is current)."""
+    major, minor = (int(part) for part in version.split(".")[:2])
+    return (0, 0) < (major, minor) < (0, 30)
 
 
 @dataclass

@@ -26,9 +26,9 @@ class Engine:
         self.clock = clock
         self.stats = SimStats()
         # llama-server's slots; an Ollama runner has slots of its own (scheduler.loaded).
-        self.pool = SlotPool(config.parallel, self.stats, self.changed)
+        host_cache = HostCache() if config.flavor == "llamacpp" else None
+        self.pool = SlotPool(config.parallel, self.stats, self.changed, host_cache=host_cache)
         self.slots = self.pool.slots
-        self.host_cache = HostCache() if config.flavor == "llamacpp" else None
         self.saved_slots: dict[str, str] = {}  # --slot-save-path's files: the text they hold
         self.scheduler = OllamaScheduler(config, clock, self.stats, self.changed)
         self.started_at = clock()
@@ -99,7 +99,7 @@ class Engine:
                 pool = self.pool if runner is None else runner.slots
                 slot = await pool.acquire(job.text, job.slot)
                 try:
-                    return await self._run(job, slot, emit, start, loaded)
+                    return await self._run(job, pool, slot, emit, start, loaded)
                 finally:
                     pool.release(slot)
             finally:
@@ -119,7 +119,7 @@ class Engine:
         return await self.scheduler.get_runner(model, load, keep_alive)
 
     async def _run(
-        self, job: GenJob, slot: SlotInfo, emit: Emit, start: int, loaded: int
+        self, job: GenJob, pool: SlotPool, slot: SlotInfo, emit: Emit, start: int, loaded: int
     ) -> GenResult:
         slot.n_prompt_tokens = job.prompt_tokens
         slot.n_predict = job.output_tokens if job.length_limited else -1
@@ -128,9 +128,9 @@ class Engine:
         prefill_start = time.perf_counter_ns()
         # A slot named by id_slot is taken as it is: llama-server swaps prompts with its
         # host cache only for a slot it chose itself (get_available_slot's update_cache).
-        named = job.slot is not None and 0 <= job.slot < len(self.slots)
-        if self.host_cache is not None and job.text and not named:
-            self.host_cache.swap(slot, job.text)
+        named = job.slot is not None and 0 <= job.slot < len(pool.slots)
+        if pool.host_cache is not None and job.text and not named:
+            pool.host_cache.swap(slot, job.text)
         cached = cached_tokens(slot.cached, job) if job.reuse else 0
         slot.cached = ""  # overwritten from where the prompts part, as the engine does
         await self.prefill(job.prompt_tokens - cached)

@@ -15,7 +15,6 @@ from .engine import Engine
 from .ollama_common import (
     MAX_QUEUE_MESSAGE,
     NDJSON,
-    OLLAMA_VERSION,
     RequestError,
     cut_connection,
     embed_text,
@@ -86,7 +85,7 @@ class OllamaAPI:
         return web.Response(text="Ollama is running", content_type="text/plain", charset="utf-8")
 
     async def version(self, request: web.Request) -> web.Response:
-        return json_response({"version": OLLAMA_VERSION})
+        return json_response({"version": self.engine.config.ollama_version})
 
     async def tags(self, request: web.Request) -> web.Response:
         models = [

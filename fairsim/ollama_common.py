@@ -27,7 +27,6 @@ __all__ = [
     "JSON_UTF8",
     "MAX_QUEUE_MESSAGE",
     "NDJSON",
-    "OLLAMA_VERSION",
     "RequestError",
     "chat_text",
     "cut_connection",
@@ -42,7 +41,6 @@ __all__ = [
     "read_body",
 ]
 
-OLLAMA_VERSION = "0.32.15"  # the release whose wire formats this copies
 JSON_UTF8 = "application/json; charset=utf-8"
 NDJSON = "application/x-ndjson"
 MAX_QUEUE_MESSAGE = "server busy, please try again.  maximum pending requests exceeded"

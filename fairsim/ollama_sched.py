@@ -30,8 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from .catalog import model_path, model_spec, runner_size
-from .config import LoadOptions, QueueFull, SimConfig, SimStats
-from .slots import SlotPool
+from .config import LoadOptions, QueueFull, SimConfig, SimStats, own_runner
+from .slots import HostCache, SlotPool
 from .wire import FOREVER
 
 __all__ = ["OllamaScheduler", "Runner"]
@@ -226,13 +226,20 @@ class OllamaScheduler:
             request.model,
             request.wanted,
             size,
-            SlotPool(self.config.parallel, self.stats, self.changed, forks=True),
+            self._slots(),
             session if request.keep_alive is None else request.keep_alive,
         )
         self.loaded[request.model] = runner
         if not self._grant(request, runner):
             runner.refs = 1  # the caller left during the load: idle from now on
             self.done(runner)
+
+    def _slots(self) -> SlotPool:
+        """A new runner's slots: its own runner's before 0.30, a llama-server's since."""
+        config = self.config
+        if own_runner(config.ollama_version):
+            return SlotPool(config.parallel, self.stats, self.changed, forks=True)
+        return SlotPool(config.parallel, self.stats, self.changed, host_cache=HostCache())
 
     def _size(self, request: _Pending) -> int:
         num_ctx = request.wanted.num_ctx or self.config.context_length  # set by _normalized

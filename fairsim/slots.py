@@ -5,9 +5,11 @@ llm/llama_server.go ``s.sem.Acquire``).
 Each slot keeps the prompt it last ran as its prompt cache: a request that starts the same
 way is evaluated only from where the two part. Which free slot a request takes:
 
-- llama-server (``get_available_slot``): the one whose cache shares the most of its prompt
-  (more than a tenth of it, ``--slot-prompt-similarity`` 0.1), else the least recently used.
-- Ollama's runner (``InputCache.findBestCacheSlot``, several slots): the slot whose whole
+- llama-server (``get_available_slot``), and Ollama since 0.30, which runs a llama-server
+  per model: the one whose cache shares the most of its prompt (more than a tenth of it,
+  ``--slot-prompt-similarity`` 0.1), else the least recently used; its host cache
+  (``HostCache``) keeps the prompts slots let go of.
+- Ollama's own runner, before 0.30 (``InputCache.findBestCacheSlot``): the slot whose whole
   cache starts the prompt, if free; else the least recently used free slot, into which the
   longest common prefix of any slot is first copied ("forking cache slot"), so that one
   conversation never overwrites another's."""
@@ -51,9 +53,12 @@ class SlotPool:
         stats: SimStats,
         changed: Callable[[], None],
         forks: bool = False,
+        host_cache: HostCache | None = None,
     ) -> None:
-        """``forks``: choose and fill slots as Ollama's runner does, not llama-server."""
+        """``forks``: choose and fill slots as Ollama's runner does, not llama-server;
+        ``host_cache``: llama-server's, where its slots' prompts go and come back from."""
         self._forks = forks
+        self.host_cache = host_cache
         self.slots = [SlotInfo(i) for i in range(max(1, parallel))]
         self._stats = stats
         self._changed = changed

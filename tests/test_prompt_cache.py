@@ -187,13 +187,23 @@ async def test_a_backend_that_comes_back_holds_nothing(start_gateway: StartGatew
     assert classes == [RequestClass.HEAVY, RequestClass.LIGHT, RequestClass.HEAVY]
 
 
-async def test_an_ollama_runner_holds_one_prompt_a_slot(
-    start_sim: StartSim, start_gateway: StartGateway
+@pytest.mark.parametrize(
+    ("version", "last"),
+    [
+        ("0.24.0", RequestClass.HEAVY),
+        ("0.32.15", RequestClass.LIGHT),
+        ("0.0.0", RequestClass.LIGHT),
+    ],
+)
+async def test_an_ollama_before_0_30_holds_one_prompt_a_slot_and_a_later_one_more(
+    start_sim: StartSim, start_gateway: StartGateway, version: str, last: RequestClass
 ) -> None:
-    """Ollama's runner keeps one prompt in each of its slots: a prompt asked again at once
-    is held (light), but three prompts taking turns on two slots push the first out, and
-    it is heavy again, however much room its blocks would take."""
-    _, url = await start_sim(parallel=2)
+    """Ollama's own runner (before 0.30) keeps one prompt in each of its slots: a prompt
+    asked again at once is held (light), but three prompts taking turns on two slots push
+    the first out, and it is heavy again, however much room its blocks would take. Since
+    0.30 each model runs on a llama-server, whose host cache keeps the first (a build from
+    source, 0.0.0, is taken for a current one). The gateway reads which from /api/version."""
+    _, url = await start_sim(parallel=2, ollama_version=version)
     gateway = await start_gateway(HEAVY_AT_500 + one_backend(url, slots=2))
     first, second, third = ([{"role": "user", "content": f"{n} {SYSTEM}"}] for n in range(3))
     classes = []
@@ -205,7 +215,7 @@ async def test_an_ollama_runner_holds_one_prompt_a_slot(
                 assert reply.status == 200
             classes.append((await finished.first(("/api/chat",))).request_class)
     heavy, light = RequestClass.HEAVY, RequestClass.LIGHT
-    assert classes == [heavy, light, heavy, heavy, heavy]
+    assert classes == [heavy, light, heavy, heavy, last]
 
 
 async def test_a_conversation_goes_back_to_the_backend_that_holds_it(
@@ -516,7 +526,7 @@ async def test_the_simulated_ollama_forks_a_shared_prefix_rather_than_overwrite_
     """Ollama's runner (InputCache.findBestCacheSlot) copies the longest common prefix into
     its oldest free slot rather than overwrite another conversation's: after a second
     conversation with the same tools, the first is still held whole beside it."""
-    simulator, url = await start_sim(parallel=2)
+    simulator, url = await start_sim(parallel=2, ollama_version="0.24.0")
     texts = []
     async with aiohttp.ClientSession() as session:
         for who in ("first", "second"):
@@ -529,3 +539,21 @@ async def test_the_simulated_ollama_forks_a_shared_prefix_rather_than_overwrite_
     assert any("the first conversation" in text for text in held)
     assert any("the second conversation" in text for text in held)
     assert texts[1]["prompt_eval_count"] > 500  # the whole prompt, cached or not
+
+
+@pytest.mark.parametrize(("version", "held"), [("0.24.0", False), ("0.32.15", True)])
+async def test_the_simulated_ollama_since_0_30_gets_a_prompt_back_from_host_memory(
+    start_sim: StartSim, version: str, held: bool
+) -> None:
+    """Since 0.30 each Ollama model runs on a llama-server, whose slots save the prompt they
+    let go of in host memory: of three conversations taking turns on two slots, the first
+    finds its prompt again, where Ollama's own runner had lost it."""
+    _, url = await start_sim(parallel=2, prefill_tokens_per_s=1000, ollama_version=version)
+    durations = []
+    async with aiohttp.ClientSession() as session:
+        for n in (0, 1, 2, 0):
+            body = {"model": MODEL, "stream": False}
+            body["messages"] = [{"role": "user", "content": f"{n} {SYSTEM}"}]
+            async with session.post(url + "/api/chat", json=body) as reply:
+                durations.append((await reply.json())["prompt_eval_duration"])
+    assert (durations[3] < durations[0] / 10) is held

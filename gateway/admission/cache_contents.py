@@ -3,7 +3,9 @@
 - llama-server: each slot's last prompt, and many more in host memory (``--cache-ram``,
   8 GiB by default), any of which a request whose prompt starts alike reads back: a
   least-recently-used set of blocks, bounded per slot (``HostBlocks``).
-- Ollama: one runner per loaded model, and in it one prompt per slot
+- Ollama since 0.30: a llama-server per loaded model, kept as llama-server's (the host
+  cache is llama-server's default: Ollama does not set ``--cache-ram``).
+- Ollama before 0.30: one runner per loaded model, and in it one prompt per slot
   (``OLLAMA_NUM_PARALLEL``), whatever its length. A request takes the slot whose whole
   cache starts its prompt, else the least recently used one, after a copy into it of the
   longest prefix any slot shares (``InputCache.findBestCacheSlot``); either way that slot

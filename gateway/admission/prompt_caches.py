@@ -52,9 +52,13 @@ __all__ = [
 # How much of a prompt cache the gateway remembers, per slot, in blocks: llama-server
 # keeps slots' prompts and as many again in host memory (8 GiB by default); another
 # OpenAI-compatible server, as much as one prompt of 8,192 tokens a slot. An engine holding
-# more than this is only cheaper than estimated; its counts settle the charge. (Ollama's
-# runners hold one prompt a slot: ``RunnerSlots``.)
-_BLOCKS_PER_SLOT: dict[BackendKind, int] = {"llamacpp": 512, "llamacpp-router": 512}
+# more than this is only cheaper than estimated; its counts settle the charge. (Ollama
+# before 0.30 ran its own runners, which hold one prompt a slot: ``RunnerSlots``.)
+_BLOCKS_PER_SLOT: dict[BackendKind, int] = {
+    "llamacpp": 512,
+    "llamacpp-router": 512,
+    "ollama": 512,  # llama-server since 0.30, with its default host cache
+}
 _DEFAULT_BLOCKS_PER_SLOT = 128
 # A slot's prompt is copied to an idle slot when evaluating it there would take at least
 # this long (a pause a person notices) and several times what copying it takes: a copy
@@ -283,8 +287,8 @@ class PromptCaches:
         if slot is not None and pinned is not None and slot < len(pinned):
             pinned[slot].held, pinned[slot].size = prefix.blocks, size
         held = self._by_backend.get(backend.name)
-        if held is None or held.comebacks != backend.state.comebacks:
-            kept = RunnerSlots if backend.kind == "ollama" else HostBlocks
+        kept = RunnerSlots if backend.state.one_prompt_a_slot else HostBlocks
+        if not isinstance(held, kept) or held.comebacks != backend.state.comebacks:
             held = self._by_backend[backend.name] = kept(backend.state.comebacks)
         model, slots = prefix.model, max(1, backend.slots)
         if engine_share is not None:

@@ -133,7 +133,7 @@ class BackendMonitor:
         state.ambiguous = seen.ambiguous
         # What the gateway sent after the probe started is newer than what it read.
         state.sizes, state.observed_at = seen.sizes, started
-        state.sleeping = seen.sleeping
+        state.sleeping, state.one_prompt_a_slot = seen.sleeping, seen.one_prompt_a_slot
         changed |= _note_failed_loads(config, state, seen, started)
         if not state.healthy and state.successes >= self._settings.healthy_after:
             state.healthy = True

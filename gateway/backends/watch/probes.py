@@ -1,7 +1,8 @@
 """What each kind of backend says about itself: health, slots, models, loaded models.
 
-- Ollama: ``GET /api/version`` (health), ``/api/tags`` (models), ``/api/ps`` (loaded now, with
-  ``expires_at``). Its parallelism cannot be read: the policy states it.
+- Ollama: ``GET /api/version`` (health; and its engine: before 0.30 its own runner, which
+  keeps one prompt a slot; since, llama-server's), ``/api/tags`` (models), ``/api/ps``
+  (loaded now, with ``expires_at``). Its parallelism cannot be read: the policy states it.
 - llama.cpp: ``GET /health`` (503 "Loading model" while loading), ``/props`` (``total_slots``,
   ``is_sleeping``), ``/v1/models``.
 - llama.cpp's router (``--models-dir``): ``GET /health``, ``/props`` (``"role": "router"``,
@@ -13,6 +14,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +50,7 @@ class Observation:
     # Keys the router's names share (``coder`` and an alias ``Coder`` of another): the
     # router's names for each, which the gateway's spelling-blind keys cannot tell apart.
     ambiguous: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    one_prompt_a_slot: bool = False  # an Ollama whose own runner caches (before 0.30)
 
 
 Getter = Callable[[str], Awaitable[Any]]
@@ -79,14 +82,33 @@ async def probe(
 
 
 async def _ollama(get: Getter) -> Observation:
-    await get("/api/version")
+    version = await get("/api/version")
     tags = _entries(await get("/api/tags"), "models")
     running = _entries(await get("/api/ps"), "models")
     return Observation(
         models=frozenset(model_key(str(entry.get("name"))) for entry in tags),
         loaded={model_key(str(e.get("name"))): _loaded(e) for e in running},
         sizes={model_key(str(e.get("name"))): _count(e.get("size")) or 0 for e in tags},
+        one_prompt_a_slot=_own_runner(
+            version.get("version") if isinstance(version, dict) else None
+        ),
     )
+
+
+# Ollama 0.30 (June 2026) runs llama-server for every GGUF model (its commit "use
+# llama-server exclusively for GGML models"), whose slots and host-memory cache keep prompts
+# as a llama-server's do; the releases before, up to 0.24, ran its own runner.
+_LLAMA_SERVER_SINCE = (0, 30)
+
+
+def _own_runner(version: Any) -> bool:
+    """Whether an Ollama of ``version`` runs its own runner. A version that does not say
+    (a build from source says 0.0.0) is taken for a current one."""
+    found = re.match(r"v?(\d+)\.(\d+)", version) if isinstance(version, str) else None
+    if found is None:
+        return False
+    release = (int(found[1]), int(found[2]))
+    return (0, 0) < release < _LLAMA_SERVER_SINCE
 
 
 def _loaded(entry: dict[str, Any]) -> LoadedModel:
