@@ -68,6 +68,17 @@ class TestParsePolicy:
         message = _error_of(GOOD.replace("    slots: 4\n", ""))
         assert "house.yaml:2: backends[0]: an ollama backend needs slots" in message
 
+    @pytest.mark.parametrize(("swap_after", "max_wait"), [("1100ms", "3.3s"), ("2.9s", "8.7s")])
+    def test_a_swap_after_of_exactly_a_third_of_max_wait_is_taken(
+        self, swap_after: str, max_wait: str
+    ) -> None:
+        """The refusal's own advice passes, however the floats round."""
+        text = (
+            f"queue: {{max_wait: {max_wait}}}\nbackends:\n  - {{name: box, url: http://box, "
+            f"kind: llamacpp-router, swap_after: {swap_after}}}\n"
+        )
+        assert parse_policy(text).backends[0].swap_after == pytest.approx(float(max_wait[:-1]) / 3)
+
     def test_duplicate_backend_names_are_refused(self) -> None:
         """Two backends with one name would be indistinguishable in metrics."""
         text = (

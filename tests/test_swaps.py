@@ -441,10 +441,15 @@ class TestPlanner:
         assert planner.room_for([backend], PHI, None, {}, {}, 0.0, 10.0, CAL, away) is backend
         fixed = replace(backend, swap_after=0.5)
         assert planner.room_for([fixed], PHI, None, busy, {}, 0.5, 10.0, CAL, away)
-        # A fixed wait whoever the switch interrupts: three of llama's, one waiting for phi.
+        # A fixed wait whoever the switch interrupts: three of llama's, one waiting for phi;
+        # one of llama's, two waiting for phi (the rule's own would swap at once).
         plans.users[LLAMA] = {u: self.now - 0.1 for u in ("ann", "cy", "eve")}
         assert planner.room_for([fixed], PHI, None, busy, {}, 0.49, 10.0, CAL, away) is None
         assert planner.room_for([fixed], PHI, None, busy, {}, 0.5, 10.0, CAL, away)
+        plans.users[LLAMA] = {"ann": self.now - 0.1}
+        two = CAL | {"dan"}
+        assert planner.room_for([backend], PHI, None, busy, {}, 0.0, 10.0, two, away)
+        assert planner.room_for([fixed], PHI, None, busy, {}, 0.49, 10.0, two, away) is None
 
     def test_a_model_being_loaded_stays_held_after_its_request_went(self) -> None:
         """Ollama goes on loading a model whose request was cancelled; a probe during the

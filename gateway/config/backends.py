@@ -148,9 +148,12 @@ def check_backends(backends: list[BackendConfig]) -> list[BackendConfig]:
     return backends
 
 
-SWAP_PATIENCE = 1 / 3
-"""The longest a request waits for its swap to be due, as a share of its max_wait: the swap
+SWAP_PATIENCE = 3
+"""The longest a request waits for its swap to be due is its max_wait over this: the swap
 itself (the drain, the load) must still fit in what is left before its 503."""
+
+
+_ROUNDING = 1e-9  # seconds: 1.1s is a third of 3.3s, whatever the floats say
 
 
 def check_swap_waits(backends: list[BackendConfig], patience: float, where: str) -> None:
@@ -158,11 +161,11 @@ def check_swap_waits(backends: list[BackendConfig], patience: float, where: str)
     max_wait under ``where``): it would be cut short without a word."""
     for index, backend in enumerate(backends):
         wait = backend.swap_after
-        if wait != "auto" and wait > patience:
+        if wait != "auto" and wait > patience + _ROUNDING:
             message = (
                 f"{wait:g}s is longer than a person's request waits for a swap: a third of "
                 f"max_wait ({patience:g}s), so that the drain and the load still fit before "
-                f"its 503; raise {where}.max_wait to {wait / SWAP_PATIENCE:g}s, or shorten this"
+                f"its 503; raise {where}.max_wait to {wait * SWAP_PATIENCE:g}s, or shorten this"
             )
             raise problem_at(("backends", index, "swap_after"), message)
 

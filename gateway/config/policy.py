@@ -116,7 +116,7 @@ class Policy(Strict):
 
     def swap_patience(self, lane: Lane) -> float:
         """The longest a request of ``lane`` waits for a swap to be due (``SWAP_PATIENCE``)."""
-        return self.max_wait_of(lane) * SWAP_PATIENCE
+        return self.max_wait_of(lane) / SWAP_PATIENCE
 
     def limits_of(self, user: str) -> Limits:
         """The user's limits, each unset field taken from ``defaults``."""

@@ -126,8 +126,9 @@ def swap_due(
     patience: a person reading a reply). A person's request goes at once when
     the victims have no users, or fewer than the people waiting for ``model``; else once
     the people waiting have waited, together, what the switch costs the victims' users
-    together (the cost, times their users, over the people waiting), or the backend's
-    ``swap_after`` as it is (the policy keeps it within ``patience``). Background work's:
+    together (the cost, times their users, over the people waiting). With the backend's
+    ``swap_after``, a person's request waits that, as it is, while the victims have users
+    (the policy keeps it within ``patience``). Background work's:
     after the cost when the victims have no users, else after ``patience``, so that it is
     never refused for want of a swap, nor swaps a person's model out from under them.
 
@@ -148,11 +149,9 @@ def swap_due(
     users = max((_users_of(backend, plans, v, busy, demand, since) for v in chosen), default=0)
     if not wanting:
         return cost if not users else patience
-    if users < wanting:
-        return 0.0
-    # swap_after is the wait the admin chose, whoever the switch interrupts.
-    fixed = backend.swap_after is not None
-    return cost if fixed else min(cost * users / wanting, patience)
+    if backend.swap_after is not None:  # the wait the admin chose, whoever it interrupts
+        return cost if users else 0.0
+    return 0.0 if users < wanting else min(cost * users / wanting, patience)
 
 
 def _users_of(
