@@ -46,7 +46,8 @@ def _models(text: str) -> list[str]:
 
 
 def _version(text: str) -> str:
-    if re.fullmatch(r"\d+\.\d+(\.\d+)?", text) is None:
+    # As Ollama says it: 0.24.0, 0.30.0-rc1, v0.32.15, 0.0.0 (a build from source).
+    if re.fullmatch(r"v?\d+\.\d+(\.\d+)?(-[0-9A-Za-z.]+)?", text) is None:
         raise argparse.ArgumentTypeError(f"{text!r}: a release such as 0.24.0")
     return text
 

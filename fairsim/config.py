@@ -18,7 +18,6 @@ __all__ = [
     "SimStats",
     "SlotInfo",
     "faults_from",
-    "own_runner",
 ]
 
 
@@ -60,13 +59,6 @@ class SimConfig:
     ``restore`` copy a slot's prompt (else 501, as the real one answers)."""
     record_replies: bool = False
     """Keep every request's headers and every reply's bytes (Simulator.replies), for tests."""
-
-
-def own_runner(version: str) -> bool:
-    """Whether an Ollama of ``version`` ran its own runner: releases before 0.30 (a build
-    from source says 0.0.0, and is current)."""
-    major, minor = (int(part) for part in version.split(".")[:2])
-    return (0, 0) < (major, minor) < (0, 30)
 
 
 @dataclass

@@ -29,8 +29,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from gateway.wire import runs_own_runner
+
 from .catalog import model_path, model_spec, runner_size
-from .config import LoadOptions, QueueFull, SimConfig, SimStats, own_runner
+from .config import LoadOptions, QueueFull, SimConfig, SimStats
 from .slots import HostCache, SlotPool
 from .wire import FOREVER
 
@@ -237,7 +239,7 @@ class OllamaScheduler:
     def _slots(self) -> SlotPool:
         """A new runner's slots: its own runner's before 0.30, a llama-server's since."""
         config = self.config
-        if own_runner(config.ollama_version):
+        if runs_own_runner(config.ollama_version):
             return SlotPool(config.parallel, self.stats, self.changed, forks=True)
         return SlotPool(config.parallel, self.stats, self.changed, host_cache=HostCache())
 

@@ -19,10 +19,13 @@ import pytest
 
 from fairsim import SimConfig, Simulator
 from fairsim.slots import HostCache
+from gateway.admission.prompt_caches import Prefix, PromptCaches
 from gateway.app import bound_url, start_server
+from gateway.backends import Backend
+from gateway.backends.pool import BackendState
 from gateway.core import RequestClass
 from gateway.intake import prefix_of
-from gateway.wire import with_slot
+from gateway.wire import runs_own_runner, with_slot
 from tests.conftest import Finished, Gateway, StartGateway, StartSim, one_backend
 from tests.llama_server import MODEL_ALIAS
 from tests.test_admission import idle, until
@@ -557,3 +560,39 @@ async def test_the_simulated_ollama_since_0_30_gets_a_prompt_back_from_host_memo
             async with session.post(url + "/api/chat", json=body) as reply:
                 durations.append((await reply.json())["prompt_eval_duration"])
     assert (durations[3] < durations[0] / 10) is held
+
+
+@pytest.mark.parametrize(
+    ("version", "own"),
+    [
+        ("0.24.0", True),
+        ("v0.24.0", True),
+        ("0.1.32", True),
+        ("0.30.0-rc1", False),
+        ("0.32.15", False),
+        ("1.0.0", False),
+        ("0.0.0", False),  # a build from source: current
+        ("", False),
+        ("garbage", False),
+        (None, False),
+        (24, False),
+    ],
+)
+def test_which_ollama_runs_its_own_runner(version: object, own: bool) -> None:
+    """What /api/version says decides the cache kept for an Ollama: releases before 0.30
+    ran their own runner; a version that does not say is taken for a current one."""
+    assert runs_own_runner(version) is own
+
+
+def test_an_ollama_seen_to_change_engine_is_taken_to_hold_nothing() -> None:
+    """An Ollama upgraded (or downgraded) between two probes restarted: what was kept of
+    it is gone, though its probes never failed."""
+    caches = PromptCaches()
+    backend = Backend("gpu", "http://gpu", "ollama", 2, BackendState())
+    prefix = Prefix(tuple(range(1, 11)), 2560, MODEL, tuple(range(256, 2561, 256)), 2560)
+    for own in (False, True, False):
+        backend.state.one_prompt_a_slot = own
+        caches.evaluated(backend, prefix, 0, None)
+        assert caches.matched(backend, prefix)[0] == 10
+        backend.state.one_prompt_a_slot = not own
+        assert caches.matched(backend, prefix) == (0, 0)

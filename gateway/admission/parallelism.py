@@ -4,9 +4,10 @@
 Ollama does not say its ``OLLAMA_NUM_PARALLEL`` (1 unless set), so the policy states it; an
 admin who writes ``slots: 2`` in front of an Ollama that runs 1 has every second request
 wait inside Ollama's own first-come queue, unseen by the fair scheduler. Ollama's reply
-cannot tell: its ``prompt_eval_duration`` runs from the sequence's creation, before the
-runner's slot semaphore (runner/ollamarunner, ``NewSequence`` then ``seqsSem.Acquire``), so
-a wait for a slot reads as a slow prompt. What the gateway sees for itself can:
+is no help on every release: before 0.30 its ``prompt_eval_duration`` ran from the
+sequence's creation, before the runner's slot semaphore (runner/ollamarunner,
+``NewSequence`` then ``seqsSem.Acquire``), so a wait for a slot read as a slow prompt (since,
+it is llama-server's own prompt time). What the gateway sees for itself can tell, on any:
 
 - a request sent while others ran on its slot group whose first byte came while every one
   of them still ran: the backend ran them side by side (``level``: it and those others);

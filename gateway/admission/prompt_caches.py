@@ -1,7 +1,8 @@
 """What each backend's engine holds in its prompt cache, as far as the gateway can tell.
 
-An engine keeps the prompts it evaluated: llama-server each slot's last prompt (and more in
-host memory, ``--cache-ram``), Ollama's runner one prompt per parallel slot. A request
+An engine keeps the prompts it evaluated: llama-server (and Ollama since 0.30, which runs
+one per model) each slot's last prompt and more in host memory (``--cache-ram``); Ollama's
+own runner, before 0.30, one prompt per parallel slot. A request
 whose start matches one of them is evaluated only from where they part: a chat's later
 turns, whose front end sends the same tools, system prompt and history again, cost the
 engine their new suffix, not the whole prompt.
@@ -245,13 +246,23 @@ class PromptCaches:
 
     def matched(self, backend: Backend, prefix: Prefix) -> tuple[int, int]:
         """Leading blocks of ``prefix`` that ``backend``'s engine likely holds, and bytes."""
-        held = self._by_backend.get(backend.name)
-        if held is not None and held.comebacks != backend.state.comebacks:
-            self.emptied(backend)  # its probes failed and passed again: a restart, likely
-            return 0, 0
+        held = self._held(backend)
         if held is None or not prefix.blocks:
             return 0, 0
         return held.matched(prefix.model, prefix.blocks)
+
+    def _held(self, backend: Backend) -> HostBlocks | RunnerSlots | None:
+        """What is kept of ``backend``'s engine, if it still stands: not once its probes
+        failed and passed again (a restart, likely), nor once it says it is an engine that
+        keeps prompts otherwise (an Ollama upgraded between two probes)."""
+        held = self._by_backend.get(backend.name)
+        if held is None:
+            return None
+        kept = RunnerSlots if backend.state.one_prompt_a_slot else HostBlocks
+        if held.comebacks != backend.state.comebacks or not isinstance(held, kept):
+            self.emptied(backend)
+            return None
+        return held
 
     def cached_share(self, backends: Iterable[Backend], prefix: Prefix) -> float:
         """The part of ``prefix`` the best of ``backends`` likely holds (0 to 1)."""
@@ -286,9 +297,9 @@ class PromptCaches:
         pinned = self._slots.get(backend.name)
         if slot is not None and pinned is not None and slot < len(pinned):
             pinned[slot].held, pinned[slot].size = prefix.blocks, size
-        held = self._by_backend.get(backend.name)
-        kept = RunnerSlots if backend.state.one_prompt_a_slot else HostBlocks
-        if not isinstance(held, kept) or held.comebacks != backend.state.comebacks:
+        held = self._held(backend)
+        if held is None:
+            kept = RunnerSlots if backend.state.one_prompt_a_slot else HostBlocks
             held = self._by_backend[backend.name] = kept(backend.state.comebacks)
         model, slots = prefix.model, max(1, backend.slots)
         if engine_share is not None:

@@ -1,7 +1,7 @@
 """What the backends' wire formats demand of a body: JSON decoded as Go's ``encoding/json``
-decodes it, bodies whose meaning depends on the reader refused, Ollama's field types, the
-tools a server would run itself, a chat's list of messages, the token tallies at the end
-of a reply, and whether a stream reached its end.
+decodes it, bodies whose meaning depends on the reader refused, Ollama's field types (and
+which engine a release runs), the tools a server would run itself, a chat's list of
+messages, the token tallies at the end of a reply, and whether a stream reached its end.
 
 May import: ``core`` (never aiohttp).
 """
@@ -25,6 +25,7 @@ from gateway.wire.ollama_fields import (
     go_type_name,
     option_type_error,
 )
+from gateway.wire.ollama_releases import runs_own_runner
 from gateway.wire.server_tools import openai_refusal, server_tools
 from gateway.wire.stream_ends import STREAM_END_BYTES, stream_end
 from gateway.wire.tallies import TALLY_WINDOW, FinalCounts, TokenEvents, final_counts, token_events
@@ -54,6 +55,7 @@ __all__ = [
     "openai_refusal",
     "option_type_error",
     "parse_object_pairs",
+    "runs_own_runner",
     "server_tools",
     "stream_end",
     "token_events",

@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +24,7 @@ import aiohttp
 from gateway.backends.pool import LoadedModel
 from gateway.backends.watch.failures import cause_of, http_cause
 from gateway.config import BackendKind, model_key
+from gateway.wire import runs_own_runner
 
 __all__ = ["Observation", "ProbeFailed", "entries_of", "names_of", "probe"]
 
@@ -89,26 +89,10 @@ async def _ollama(get: Getter) -> Observation:
         models=frozenset(model_key(str(entry.get("name"))) for entry in tags),
         loaded={model_key(str(e.get("name"))): _loaded(e) for e in running},
         sizes={model_key(str(e.get("name"))): _count(e.get("size")) or 0 for e in tags},
-        one_prompt_a_slot=_own_runner(
+        one_prompt_a_slot=runs_own_runner(
             version.get("version") if isinstance(version, dict) else None
         ),
     )
-
-
-# Ollama 0.30 (June 2026) runs llama-server for every GGUF model (its commit "use
-# llama-server exclusively for GGML models"), whose slots and host-memory cache keep prompts
-# as a llama-server's do; the releases before, up to 0.24, ran its own runner.
-_LLAMA_SERVER_SINCE = (0, 30)
-
-
-def _own_runner(version: Any) -> bool:
-    """Whether an Ollama of ``version`` runs its own runner. A version that does not say
-    (a build from source says 0.0.0) is taken for a current one."""
-    found = re.match(r"v?(\d+)\.(\d+)", version) if isinstance(version, str) else None
-    if found is None:
-        return False
-    release = (int(found[1]), int(found[2]))
-    return (0, 0) < release < _LLAMA_SERVER_SINCE
 
 
 def _loaded(entry: dict[str, Any]) -> LoadedModel:
