@@ -634,11 +634,14 @@ def test_cli_flags_build_a_sim_config() -> None:
             "8192",
             "--load-seconds-per-gib",
             "0.5",
+            "--ollama-version",
+            "v0.24.0",
             "--port",
             "0",
         ]
     )
     config = sim_config_from_args(args)
+    assert config.ollama_version == "v0.24.0"
     assert (config.memory, config.max_loaded_models) == (12 * 2**30, 2)
     assert (config.context_length, config.load_seconds_per_gib) == (8192, 0.5)
     assert (config.flavor, config.parallel, config.models) == ("llamacpp", 4, ["a:1b", "b:2b"])
@@ -647,6 +650,10 @@ def test_cli_flags_build_a_sim_config() -> None:
     # Two slots on 11434 without flags: the example policy's Ollama (`make sim`).
     assert sim_config_from_args(parser.parse_args([])) == SimConfig(parallel=2)
     assert parser.parse_args([]).port == 11434
+    # A release as Ollama says it, or nothing: "latest" is not one.
+    assert parser.parse_args(["--ollama-version", "0.30.0-rc1"]).ollama_version == "0.30.0-rc1"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--ollama-version", "latest"])
 
 
 # -- the llama.cpp flavour -----------------------------------------------------------------
