@@ -217,8 +217,11 @@ async def test_an_ollama_before_0_30_holds_one_prompt_a_slot_and_a_later_one_mor
             async with session.post(gateway.url + "/api/chat", json=body) as reply:
                 assert reply.status == 200
             classes.append((await finished.first(("/api/chat",))).request_class)
+        async with session.get(gateway.url + "/status") as reply:
+            backend = (await reply.json())["backends"]["sim"]
     heavy, light = RequestClass.HEAVY, RequestClass.LIGHT
     assert classes == [heavy, light, heavy, heavy, last]
+    assert backend["version"] == version  # what the admin sees the gateway took it for
 
 
 async def test_a_conversation_goes_back_to_the_backend_that_holds_it(

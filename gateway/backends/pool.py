@@ -108,6 +108,7 @@ class BackendState:
     sizes: dict[str, int] = field(default_factory=dict)  # model key -> bytes on disk (tags)
     observed_at: float = float("-inf")  # when the probe that read `loaded` started
     sleeping: bool = False
+    version: str | None = None  # as it says it (Ollama's)
     one_prompt_a_slot: bool = False  # an Ollama before 0.30: its own runner's prompt cache
     failed_loads: dict[str, FailedLoad] = field(default_factory=dict)  # by model key
     last_error: str | None = None

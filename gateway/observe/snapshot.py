@@ -57,6 +57,7 @@ class BackendSnapshot:
     runs_fewer: str | None = None  # found to run fewer at once than its slots: what to do
     failed_to_load: str | None = None  # ``failed_loads`` in words, where to look
     failed_loads: dict[str, int | None] = field(default_factory=dict)  # model -> exit code
+    version: str | None = None  # as it says it (Ollama's /api/version)
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +200,7 @@ def _backend(backend: Backend, room: RoomSnapshot, heavy_slots: int) -> BackendS
         runs_fewer=runs_fewer(backend),
         failed_loads=failed,
         failed_to_load=failed_to_load(failed),
+        version=state.version,
     )
 
 

@@ -114,6 +114,7 @@ def _backend(backend: BackendSnapshot, snapshot: GatewaySnapshot) -> dict[str, A
     return {
         "kind": backend.kind,
         "url": backend.url,
+        "version": backend.version,  # Ollama's: before 0.30 its own runner, since llama-server
         "healthy": backend.healthy,
         "busy": backend.busy,
         "slots": backend.slots,

@@ -23,6 +23,7 @@ from gateway.backends.watch.probes import Observation, ProbeFailed, probe
 from gateway.config import BackendConfig, Monitoring
 from gateway.core import KeyedTasks, repeat
 from gateway.relay import Upstream
+from gateway.wire import runs_own_runner
 
 __all__ = ["BackendMonitor"]
 
@@ -133,7 +134,9 @@ class BackendMonitor:
         state.ambiguous = seen.ambiguous
         # What the gateway sent after the probe started is newer than what it read.
         state.sizes, state.observed_at = seen.sizes, started
-        state.sleeping, state.one_prompt_a_slot = seen.sleeping, seen.one_prompt_a_slot
+        state.sleeping = seen.sleeping
+        if seen.version != state.version:  # read once a release, not at every probe
+            state.version, state.one_prompt_a_slot = seen.version, runs_own_runner(seen.version)
         changed |= _note_failed_loads(config, state, seen, started)
         if not state.healthy and state.successes >= self._settings.healthy_after:
             state.healthy = True

@@ -24,7 +24,6 @@ import aiohttp
 from gateway.backends.pool import LoadedModel
 from gateway.backends.watch.failures import cause_of, http_cause
 from gateway.config import BackendKind, model_key
-from gateway.wire import runs_own_runner
 
 __all__ = ["Observation", "ProbeFailed", "entries_of", "names_of", "probe"]
 
@@ -50,7 +49,7 @@ class Observation:
     # Keys the router's names share (``coder`` and an alias ``Coder`` of another): the
     # router's names for each, which the gateway's spelling-blind keys cannot tell apart.
     ambiguous: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    one_prompt_a_slot: bool = False  # an Ollama whose own runner caches (before 0.30)
+    version: str | None = None  # as it says it (Ollama's /api/version)
 
 
 Getter = Callable[[str], Awaitable[Any]]
@@ -89,10 +88,13 @@ async def _ollama(get: Getter) -> Observation:
         models=frozenset(model_key(str(entry.get("name"))) for entry in tags),
         loaded={model_key(str(e.get("name"))): _loaded(e) for e in running},
         sizes={model_key(str(e.get("name"))): _count(e.get("size")) or 0 for e in tags},
-        one_prompt_a_slot=runs_own_runner(
-            version.get("version") if isinstance(version, dict) else None
-        ),
+        version=_text(version.get("version") if isinstance(version, dict) else None),
     )
+
+
+def _text(value: Any) -> str | None:
+    """A version as the backend says it, if it says one: at most a line's worth."""
+    return value[:64] if isinstance(value, str) else None
 
 
 def _loaded(entry: dict[str, Any]) -> LoadedModel:
