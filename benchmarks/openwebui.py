@@ -80,7 +80,7 @@ DOCUMENTED_LANES = (
     "lanes:\n"
     "  presets: [open-webui]\n"
     "  interactive: {max_wait: 20s}\n"
-    "  background: {max_concurrent: 1, max_queued: 4, max_wait: 120s}\n"
+    "  background: {max_concurrent: 1, max_queued: 8, max_wait: 120s}\n"
 )
 
 

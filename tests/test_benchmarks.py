@@ -9,6 +9,7 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -29,3 +30,14 @@ def test_an_in_process_benchmark_measures_the_gateway_of_today(name: str) -> Non
     assert run.returncode == 0, run.stderr[-2000:]
     figures = json.loads(run.stdout.strip().splitlines()[-1])
     assert figures and all(math.isfinite(v) and v > 0 for v in figures.values()), figures
+
+
+def test_the_open_webui_replay_runs_the_lanes_setting_the_page_documents() -> None:
+    """The replay's "documented lanes setting" is the one docs/open-webui.md tells admins
+    to copy, value for value: its figures are quoted there as that setting's."""
+    from benchmarks.openwebui import DOCUMENTED_LANES
+
+    page = (Path(__file__).parent.parent / "docs" / "open-webui.md").read_text()
+    written = [line.split("#")[0].strip() for line in page.splitlines()]
+    for line in DOCUMENTED_LANES.splitlines():
+        assert line.strip() in written, line

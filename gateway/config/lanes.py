@@ -151,9 +151,7 @@ class BackgroundLane(Strict):
         "again from its saved body; after that it keeps its slot to the end. 0: never.",
     )
     max_concurrent: int = Field(default=1, ge=1, description="Running at once, per user.")
-    # Eight: a front end's tasks wait out every chat that starts beside them, and with two
-    # people chatting in turn four of one person's were found waiting and a fifth refused.
-    max_queued: int = Field(default=8, ge=0, description="Waiting at once, per user.")
+    max_queued: int = Field(default=4, ge=0, description="Waiting at once, per user.")
     max_wait: Duration = Field(default=120.0, gt=0, description="Longest wait before a 503.")
     budget: BudgetConfig = Field(
         default_factory=BudgetConfig,
