@@ -446,3 +446,31 @@ async def test_a_replica_killed_with_requests_running_and_waiting_leaves_nothing
                 await state.released(within=0.1)
         with pytest.raises(aiohttp.ClientError):
             await waiting  # its client was cut off with its replica
+
+
+async def test_a_person_is_not_refused_for_tasks_filling_the_house_on_another_replica(
+    start_sim: StartSim,
+    start_gateway: StartGateway,
+    redis_url: str,  # noqa: F811
+) -> None:
+    """max_depth 1, held by a task waiting on B: a person's chat through A waits for the
+    slot, rather than a 503, and both are served (one gateway turns the task away; across
+    replicas it stays, one place past the bound). A second task is refused."""
+    from tests.test_lanes import PEOPLE, TITLE_PROMPT, ask, running
+
+    _, url = await start_sim(parallel=8)
+    text = (
+        PEOPLE
+        + "queue: {max_depth: 1}\nlanes: {presets: [open-webui]}\n"
+        + f"backends:\n  - {{name: sim, url: {url}, kind: ollama, slots: 1}}\n"
+    )
+    a = await start_gateway(text, redis_url=redis_url)
+    b = await start_gateway(text, redis_url=redis_url)
+    async with running(a, "bob-key", "holding the slot"):
+        task = asyncio.create_task(ask(b, "alice-key", TITLE_PROMPT))
+        await until(b.services.admission, lambda snap: snap.queue_depth == 1)
+        chat = asyncio.create_task(ask(a, "alice-key", "hello"))
+        await until(a.services.admission, lambda snap: snap.queue_depth == 2)
+        assert (await ask(b, "bob-key", TITLE_PROMPT))[0] == 503
+    assert (await asyncio.wait_for(chat, timeout=10))[0] == 200
+    assert (await asyncio.wait_for(task, timeout=10))[0] == 200

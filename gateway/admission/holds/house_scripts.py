@@ -25,6 +25,18 @@ JOIN = (
     + FORGET_EXPIRED
     + TAG
     + """
+-- A full house is full for background work; a person is not refused for the background
+-- places in it (one gateway turns the newest away; here they stay), only for people's:
+-- the house then holds at most max_depth places more.
+local function full_for(place)
+  if place[3] ~= 0 then return true end
+  local people = 0
+  for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+    local json = redis.call('HGET', KEYS[2], id)
+    if json and cjson.decode(json)[3] == 0 then people = people + 1 end
+  end
+  return people >= tonumber(ARGV[4])
+end
 forget_expired(KEYS[1], KEYS[2], KEYS[3])
 redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
 local joined = redis.call('HGET', KEYS[2], ARGV[1])
@@ -35,7 +47,9 @@ if KEYS[8] then
   local most = tonumber(ARGV[9])
   if most >= 0 and redis.call('ZCARD', KEYS[8]) >= most then return -1 end
 end
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then return -2 end
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) and full_for(cjson.decode(ARGV[2])) then
+  return -2
+end
 local finish = tag(KEYS[5], KEYS[6], ARGV[6], ARGV[7])
 redis.call('HSET', KEYS[6], ARGV[6], tostring(finish))
 local place = cjson.decode(ARGV[2])
