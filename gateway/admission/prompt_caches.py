@@ -258,8 +258,7 @@ class PromptCaches:
         held = self._by_backend.get(backend.name)
         if held is None:
             return None
-        kept = RunnerSlots if backend.state.one_prompt_a_slot else HostBlocks
-        if held.comebacks != backend.state.comebacks or not isinstance(held, kept):
+        if held.comebacks != backend.state.comebacks or not isinstance(held, _kept(backend)):
             self.emptied(backend)
             return None
         return held
@@ -299,8 +298,7 @@ class PromptCaches:
             pinned[slot].held, pinned[slot].size = prefix.blocks, size
         held = self._held(backend)
         if held is None:
-            kept = RunnerSlots if backend.state.one_prompt_a_slot else HostBlocks
-            held = self._by_backend[backend.name] = kept(backend.state.comebacks)
+            held = self._by_backend[backend.name] = _kept(backend)(backend.state.comebacks)
         model, slots = prefix.model, max(1, backend.slots)
         if engine_share is not None:
             engine_blocks = int(engine_share * prefix.size) // BLOCK_BYTES
@@ -321,3 +319,9 @@ class PromptCaches:
         self._by_backend.pop(backend.name, None)
         for slot in self._slots.get(backend.name, ()):
             slot.held, slot.size = (), 0
+
+
+def _kept(backend: Backend) -> type[HostBlocks] | type[RunnerSlots]:
+    """How ``backend``'s engine keeps prompts: one a slot (Ollama's own runner, before
+    0.30), or as llama-server does (every other, Ollama since 0.30 too)."""
+    return RunnerSlots if backend.state.one_prompt_a_slot else HostBlocks
